@@ -1,0 +1,7 @@
+"""The message bus adapter over nats-py: the only place that talks to NATS."""
+
+from chamber.common.bus.client import Bus
+from chamber.common.bus.consumer import Consumer
+from chamber.common.bus.errors import BusError, BusUnavailable, PublishError
+
+__all__ = ["Bus", "BusError", "BusUnavailable", "Consumer", "PublishError"]

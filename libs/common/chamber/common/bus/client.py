@@ -1,0 +1,259 @@
+"""Connect with retry, declare streams idempotently, publish with de-duplication, drain on shutdown."""
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import msgspec
+import nats
+import nats.errors
+import nats.js.errors
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext
+from nats.js.api import (
+    AckPolicy,
+    ConsumerConfig,
+    DeliverPolicy,
+    DiscardPolicy,
+    PubAck,
+    StorageType,
+    StreamConfig,
+)
+from nats.js.kv import KeyValue
+
+from chamber.common.bus.consumer import Consumer, EventHandler
+from chamber.common.bus.errors import BusError, BusUnavailable, PublishError
+from chamber.common.codec import DecodeError, Decoder, encode
+from chamber.common.log import get_logger
+from chamber.common.subjects import STREAMS, Names, StreamSpec
+
+log = get_logger(__name__)
+
+MSG_ID = "Nats-Msg-Id"
+DEDUP_WINDOW_S = 120.0
+
+
+class Bus:
+    """One NATS connection with JetStream, scoped to a namespace."""
+
+    def __init__(self, nc: Client, names: Names, service: str) -> None:
+        self.nc = nc
+        self.js: JetStreamContext = nc.jetstream()
+        self.names = names
+        self.service = service
+        self._consumers: list[Consumer[Any]] = []
+        self._subscriptions: list[Any] = []
+
+    @classmethod
+    async def connect(cls, url: str, names: Names, service: str, *, timeout_s: float = 30.0) -> "Bus":
+        """Connect, retrying with backoff until `timeout_s`; afterwards nats-py reconnects by itself forever."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        delay = 0.1
+        while True:
+            try:
+                nc = await nats.connect(
+                    url,
+                    name=f"chamber-{service}",
+                    connect_timeout=2,
+                    allow_reconnect=True,
+                    max_reconnect_attempts=-1,
+                    reconnect_time_wait=0.5,
+                    error_cb=_log_error,
+                    disconnected_cb=_log_disconnected,
+                    reconnected_cb=_log_reconnected,
+                )
+                return cls(nc, names, service)
+            except (OSError, nats.errors.Error) as exc:
+                if loop.time() + delay > deadline:
+                    raise BusUnavailable(f"cannot reach NATS at {url}: {exc}") from exc
+                log.warning("nats.connect_retry", url=url, error=str(exc), retry_in_s=delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)
+
+    async def ensure_streams(self, specs: tuple[StreamSpec, ...] = STREAMS) -> None:
+        """Create each stream, or update it to the declared configuration; safe to call from every service."""
+        for spec in specs:
+            config = self.stream_config(spec)
+            try:
+                await self.js.stream_info(config.name or "")
+            except nats.js.errors.NotFoundError:
+                try:
+                    await self.js.add_stream(config)
+                    continue
+                except nats.js.errors.BadRequestError:
+                    pass  # created concurrently by another service: fall through to update
+            except nats.errors.Error as exc:
+                raise BusError(f"cannot inspect stream {config.name}: {exc}") from exc
+            try:
+                await self.js.update_stream(config)
+            except nats.errors.Error as exc:
+                raise BusError(f"cannot update stream {config.name}: {exc}") from exc
+
+    def stream_config(self, spec: StreamSpec) -> StreamConfig:
+        return StreamConfig(
+            name=self.names.stream(spec),
+            subjects=[self.names.subject(spec.subjects)],
+            storage=StorageType.FILE,
+            discard=DiscardPolicy.OLD,
+            max_age=spec.max_age_s,
+            max_bytes=spec.max_bytes,
+            max_msgs_per_subject=spec.max_msgs_per_subject,
+            duplicate_window=DEDUP_WINDOW_S,
+            allow_direct=True,
+        )
+
+    async def publish(self, subject: str, event: msgspec.Struct, *, msg_id: str | None = None) -> PubAck:
+        """Publish to JetStream and wait for the store's ack. `msg_id` makes retries harmless (de-duplicated)."""
+        headers = {MSG_ID: msg_id} if msg_id else None
+        try:
+            return await self.js.publish(subject, encode(event), headers=headers, timeout=5.0)
+        except nats.errors.Error as exc:
+            raise PublishError(f"publish to {subject} not acknowledged: {exc}") from exc
+
+    async def publish_raw(self, subject: str, data: bytes, headers: dict[str, str] | None = None) -> PubAck:
+        try:
+            return await self.js.publish(subject, data, headers=headers, timeout=5.0)
+        except nats.errors.Error as exc:
+            raise PublishError(f"publish to {subject} not acknowledged: {exc}") from exc
+
+    async def dead_letter(self, msg: Msg, reason: str) -> None:
+        """Keep a message no consumer can use, with why, for an operator; never raise."""
+        headers = {
+            "Chamber-Reason": reason[:1000],
+            "Chamber-Subject": msg.subject,
+            "Chamber-Service": self.service,
+        }
+        try:
+            await self.publish_raw(self.names.deadletter(self.service), msg.data, headers)
+        except PublishError as exc:
+            log.error("deadletter.publish_failed", subject=msg.subject, error=str(exc))
+
+    def consumer(
+        self,
+        *,
+        stream: StreamSpec,
+        durable: str,
+        filter_subjects: list[str],
+        decoder: Decoder,
+        handler: EventHandler[Any],
+        batch: int = 64,
+        ack_wait_s: float = 30.0,
+        max_attempts: int = 10,
+    ) -> Consumer[Any]:
+        """A durable pull consumer with explicit acks; start it with `await consumer.start()`."""
+        consumer: Consumer[Any] = Consumer(
+            bus=self,
+            stream=self.names.stream(stream),
+            durable=durable,
+            filter_subjects=filter_subjects,
+            decoder=decoder,
+            handler=handler,
+            batch=batch,
+            ack_wait_s=ack_wait_s,
+            max_attempts=max_attempts,
+        )
+        self._consumers.append(consumer)
+        return consumer
+
+    async def watch_latest(
+        self, subject: str, decoder: Decoder, callback: Callable[[Any], Awaitable[None] | None]
+    ) -> None:
+        """Follow the last message per subject (then every new one) with an ordered, ephemeral consumer.
+
+        For state streams (inventory, quota state) where only the latest value matters. Garbage is logged
+        and skipped.
+        """
+
+        async def on_msg(msg: Msg) -> None:
+            try:
+                value = decoder.decode(msg.data)
+            except DecodeError as exc:
+                log.warning("watch.undecodable", subject=msg.subject, error=str(exc))
+                return
+            try:
+                result = callback(value)
+                if asyncio.iscoroutine(result):
+                    await result
+            except Exception:
+                log.exception("watch.callback_failed", subject=msg.subject)
+
+        sub = await self.js.subscribe(
+            subject, cb=on_msg, ordered_consumer=True, deliver_policy=DeliverPolicy.LAST_PER_SUBJECT
+        )
+        self._subscriptions.append(sub)
+
+    async def read_latest(self, stream: StreamSpec, subject: str, decoder: Decoder) -> list[Any]:
+        """The last message of every subject matching `subject`, decoded (garbage skipped). For start-up state."""
+        try:
+            info = await self.js.stream_info(self.names.stream(stream))
+        except nats.errors.Error as exc:
+            raise BusError(f"cannot read stream {stream.key}: {exc}") from exc
+        if info.state.messages == 0:
+            return []
+        config = ConsumerConfig(
+            deliver_policy=DeliverPolicy.LAST_PER_SUBJECT, ack_policy=AckPolicy.NONE, inactive_threshold=30.0
+        )
+        psub = await self.js.pull_subscribe(subject, stream=self.names.stream(stream), config=config)
+        values: list[Any] = []
+        try:
+            done = False
+            while not done:
+                try:
+                    msgs = await psub.fetch(512, timeout=1.0)
+                except nats.errors.TimeoutError:
+                    break
+                for msg in msgs:
+                    done = done or msg.metadata.num_pending == 0
+                    try:
+                        values.append(decoder.decode(msg.data))
+                    except DecodeError as exc:
+                        log.warning("read_latest.undecodable", subject=msg.subject, error=str(exc))
+        finally:
+            await psub.unsubscribe()
+        return values
+
+    async def key_value(self, bucket: str, *, history: int = 1) -> KeyValue:
+        name = self.names.bucket(bucket)
+        try:
+            return await self.js.key_value(name)
+        except nats.js.errors.BucketNotFoundError:
+            try:
+                return await self.js.create_key_value(bucket=name, history=history, storage=StorageType.FILE)
+            except nats.js.errors.BadRequestError:
+                return await self.js.key_value(name)
+
+    async def last_message(self, stream: StreamSpec, subject: str) -> bytes | None:
+        try:
+            raw = await self.js.get_last_msg(self.names.stream(stream), subject)
+        except nats.js.errors.NotFoundError:
+            return None
+        return raw.data
+
+    async def close(self) -> None:
+        """Stop consumers (in-flight handlers finish and ack), then drain the connection."""
+        for consumer in self._consumers:
+            await consumer.stop()
+        for sub in self._subscriptions:
+            try:
+                await sub.unsubscribe()
+            except nats.errors.Error:
+                pass
+        if not self.nc.is_closed:
+            try:
+                await self.nc.drain()
+            except nats.errors.Error as exc:
+                log.warning("nats.drain_failed", error=str(exc))
+
+
+async def _log_error(exc: Exception) -> None:
+    log.warning("nats.error", error=str(exc))
+
+
+async def _log_disconnected() -> None:
+    log.warning("nats.disconnected")
+
+
+async def _log_reconnected() -> None:
+    log.info("nats.reconnected")

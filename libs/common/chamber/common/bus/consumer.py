@@ -1,0 +1,133 @@
+"""A durable pull consumer: decode, apply, and only then ack.
+
+A message that does not decode is dead-lettered and terminated (it would never decode on redelivery). A handler
+that raises gets the message redelivered with backoff; after `max_attempts` it is dead-lettered rather than
+retried forever, so one poison message cannot stall a service.
+"""
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+import nats.errors
+import nats.js.errors
+from nats.aio.msg import Msg
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+
+from chamber.common.codec import DecodeError, Decoder
+from chamber.common.log import get_logger
+
+if TYPE_CHECKING:
+    from chamber.common.bus.client import Bus
+
+log = get_logger(__name__)
+
+T = TypeVar("T")
+EventHandler = Callable[[T], Awaitable[None]]
+
+
+class Consumer(Generic[T]):
+    def __init__(
+        self,
+        *,
+        bus: "Bus",
+        stream: str,
+        durable: str,
+        filter_subjects: list[str],
+        decoder: Decoder,
+        handler: EventHandler[T],
+        batch: int,
+        ack_wait_s: float,
+        max_attempts: int,
+    ) -> None:
+        self.bus = bus
+        self.stream = stream
+        self.durable = durable
+        self.filter_subjects = filter_subjects
+        self.decoder = decoder
+        self.handler = handler
+        self.batch = batch
+        self.ack_wait_s = ack_wait_s
+        self.max_attempts = max_attempts
+        self._task: asyncio.Task[None] | None = None
+        self._psub: Any = None
+        self._stopping = asyncio.Event()
+        self.processed = 0
+        self.rejected = 0
+
+    async def start(self) -> None:
+        config = ConsumerConfig(
+            durable_name=self.durable,
+            ack_policy=AckPolicy.EXPLICIT,
+            deliver_policy=DeliverPolicy.ALL,
+            ack_wait=self.ack_wait_s,
+            max_ack_pending=10_000,
+            filter_subjects=self.filter_subjects if len(self.filter_subjects) > 1 else None,
+            filter_subject=self.filter_subjects[0] if len(self.filter_subjects) == 1 else None,
+        )
+        await self.bus.js.add_consumer(self.stream, config)
+        psub = await self.bus.js.pull_subscribe_bind(durable=self.durable, stream=self.stream)
+        self._psub = psub
+        self._task = asyncio.create_task(self._run(psub), name=f"consumer-{self.durable}")
+
+    async def stop(self) -> None:
+        self._stopping.set()
+        if self._task is not None:
+            try:
+                await asyncio.wait_for(self._task, timeout=5.0)
+            except (TimeoutError, asyncio.CancelledError):
+                self._task.cancel()
+            self._task = None
+        if self._psub is not None:
+            try:
+                await self._psub.unsubscribe()
+            except (nats.errors.Error, nats.js.errors.Error):
+                pass
+            self._psub = None
+
+    async def _run(self, psub: Any) -> None:
+        while not self._stopping.is_set():
+            try:
+                msgs = await psub.fetch(self.batch, timeout=0.5)
+            except nats.errors.TimeoutError:
+                continue
+            except (nats.errors.Error, nats.js.errors.Error) as exc:
+                if self._stopping.is_set() or self.bus.nc.is_closed:
+                    return
+                log.warning("consumer.fetch_failed", durable=self.durable, error=str(exc))
+                await asyncio.sleep(0.5)
+                continue
+            for msg in msgs:
+                await self._process(msg)
+
+    async def _process(self, msg: Msg) -> None:
+        try:
+            event = self.decoder.decode(msg.data)
+        except DecodeError as exc:
+            self.rejected += 1
+            log.warning("consumer.rejected", durable=self.durable, subject=msg.subject, error=str(exc)[:200])
+            await self.bus.dead_letter(msg, f"undecodable: {exc}")
+            await _settle(msg.term())
+            return
+        try:
+            await self.handler(event)
+        except Exception as exc:
+            attempts = msg.metadata.num_delivered or 1
+            if attempts >= self.max_attempts:
+                log.error("consumer.gave_up", durable=self.durable, subject=msg.subject, attempts=attempts)
+                await self.bus.dead_letter(msg, f"handler failed {attempts} times: {exc}")
+                await _settle(msg.term())
+            else:
+                log.warning("consumer.handler_failed", durable=self.durable, subject=msg.subject, error=str(exc))
+                await _settle(msg.nak(delay=min(0.2 * 2**attempts, 10.0)))
+            return
+        self.processed += 1
+        await _settle(msg.ack())
+
+
+async def _settle(awaitable: Awaitable[None]) -> None:
+    """Ack/nak/term; a failure here only means redelivery, which every handler tolerates."""
+    try:
+        await awaitable
+    except (nats.errors.Error, nats.js.errors.Error) as exc:
+        log.warning("consumer.settle_failed", error=str(exc))

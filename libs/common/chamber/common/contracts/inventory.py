@@ -1,0 +1,49 @@
+"""What hardware exists: pools, nodes, GPUs and the topology labels placement uses."""
+
+from typing import Annotated
+
+import msgspec
+
+from chamber.common.contracts.base import Contract, Event
+
+Name = Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]
+
+
+class TopologyLabels(Contract, frozen=True):
+    """Where a node sits. Placement keeps gangs inside one NVLink domain, rack or zone when asked."""
+
+    zone: str = "zone-a"
+    rack: str = ""
+    nvlink_domain: str = ""
+
+
+class GpuDevice(Contract, frozen=True):
+    index: int
+    uuid: str
+    model: str
+    memory_mb: int = 0
+
+
+class Node(Contract, frozen=True):
+    name: Name
+    pool: str
+    gpus: list[GpuDevice]
+    topology: TopologyLabels = TopologyLabels()
+    cluster: str = "local"
+
+
+class Pool(Contract, frozen=True):
+    """A capacity pool: one GPU model in one cluster, with its price."""
+
+    name: str
+    gpu_model: str
+    cost_per_gpu_hour: float = 0.0
+    cluster: str = "local"
+
+
+class NodeInventory(Event, frozen=True):
+    """The full inventory of one node; the last one per node subject is the truth."""
+
+    node: Node
+    pool: Pool
+    observed_at: float

@@ -1,0 +1,127 @@
+"""Jobs: what users submit, the lifecycle events about them, and the record the scheduler keeps.
+
+The job state machine (see docs/architecture.md):
+pending -> running -> succeeded | failed; pending | running -> cancelled; running -> preempted -> running.
+A placed job whose executor has not yet reported its start stays `pending` with a `placement`.
+"""
+
+from enum import StrEnum
+from typing import Annotated
+
+import msgspec
+
+from chamber.common.contracts.base import Contract, Event
+
+JobName = Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]
+TeamName = Annotated[str, msgspec.Meta(min_length=1, max_length=64, pattern=r"^[a-z0-9][a-z0-9-]*$")]
+
+
+class JobState(StrEnum):
+    PENDING = "pending"
+    RUNNING = "running"
+    PREEMPTED = "preempted"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+TERMINAL_STATES = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED})
+
+
+class JobSpec(Contract, frozen=True):
+    """A job as submitted: a gang of `replicas`, each needing `gpus_per_replica` GPUs on one node."""
+
+    name: JobName
+    team: TeamName
+    gpus_per_replica: Annotated[int, msgspec.Meta(ge=1, le=64)]
+    replicas: Annotated[int, msgspec.Meta(ge=1, le=1024)] = 1
+    priority: str = "train"
+    duration_s: Annotated[float, msgspec.Meta(ge=0, le=365 * 86400)] | None = None
+    max_runtime_s: Annotated[float, msgspec.Meta(gt=0)] | None = None
+    min_runtime_s: Annotated[float, msgspec.Meta(ge=0)] = 0.0
+    checkpoint_grace_s: Annotated[float, msgspec.Meta(ge=0)] = 0.0
+    pool: str | None = None
+    gpu_model: str | None = None
+
+    @property
+    def gpus(self) -> int:
+        return self.gpus_per_replica * self.replicas
+
+
+class GpuRef(Contract, frozen=True, array_like=True):
+    """One GPU slot: a node name and the GPU's index on it. Encoded as `["node", index]`."""
+
+    node: str
+    index: int
+
+    @property
+    def slot(self) -> str:
+        return f"{self.node}/{self.index}"
+
+
+class Placement(Contract, frozen=True):
+    """Where one attempt of a job runs: all GPUs of the gang, replica by replica."""
+
+    attempt: int
+    gpus: list[GpuRef]
+    reason: str = ""
+
+
+class JobRecord(Contract, frozen=True):
+    """The scheduler's record of a job; the durable copy lives in the jobs KV bucket, keyed by id."""
+
+    id: str
+    spec: JobSpec
+    state: JobState
+    submitted_at: float
+    updated_at: float
+    version: int = 1
+    attempt: int = 0
+    placement: Placement | None = None
+    started_at: float | None = None
+    finished_at: float | None = None
+    run_s: float = 0.0
+    reason: str = ""
+    preemptions: int = 0
+    cancel_requested: bool = False
+
+
+class JobSubmitted(Event, frozen=True):
+    job_id: str
+    spec: JobSpec
+    submitted_at: float
+
+
+class JobCancelRequested(Event, frozen=True):
+    job_id: str
+    requested_at: float
+
+
+class JobStarted(Event, frozen=True):
+    """The executor reports that an attempt started running."""
+
+    job_id: str
+    attempt: int
+    started_at: float
+
+
+class JobFinished(Event, frozen=True):
+    """The executor reports that an attempt ran to its end."""
+
+    job_id: str
+    attempt: int
+    finished_at: float
+    succeeded: bool = True
+    message: str = ""
+
+
+class JobStopped(Event, frozen=True):
+    """The executor reports that it stopped an attempt it was asked to stop (cancel or preemption)."""
+
+    job_id: str
+    attempt: int
+    stopped_at: float
+    reason: str = ""
+
+
+JobEvent = JobSubmitted | JobCancelRequested | JobStarted | JobFinished | JobStopped

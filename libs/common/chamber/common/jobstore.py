@@ -1,0 +1,103 @@
+"""The durable job records: a JetStream KV bucket, written only by the scheduler, read by everyone.
+
+Writes are compare-and-set on the entry's revision, so a stale writer cannot overwrite a newer record.
+"""
+
+from collections.abc import Awaitable, Callable
+
+import nats.errors
+import nats.js.errors
+from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
+
+from chamber.common.bus.errors import BusError
+from chamber.common.codec import DecodeError, Decoder, encode
+from chamber.common.contracts import JobRecord
+from chamber.common.log import get_logger
+
+log = get_logger(__name__)
+
+_decoder = Decoder(JobRecord)
+
+
+class StaleWrite(BusError):
+    """The record changed since it was read."""
+
+
+class JobStore:
+    def __init__(self, kv: KeyValue) -> None:
+        self.kv = kv
+
+    async def get(self, job_id: str) -> tuple[JobRecord, int] | None:
+        try:
+            entry = await self.kv.get(job_id)
+        except nats.js.errors.KeyNotFoundError:
+            return None
+        except nats.errors.Error as exc:
+            raise BusError(f"cannot read job {job_id}: {exc}") from exc
+        if entry.value is None:
+            return None
+        try:
+            return _decoder.decode(entry.value), entry.revision or 0
+        except DecodeError:
+            log.error("jobstore.undecodable_record", job_id=job_id)
+            return None
+
+    async def create(self, record: JobRecord) -> int | None:
+        """Store a new record; None when one already exists (the submit was a duplicate)."""
+        try:
+            return await self.kv.create(record.id, encode(record))
+        except nats.js.errors.KeyWrongLastSequenceError:
+            return None
+        except nats.errors.Error as exc:
+            raise BusError(f"cannot create job {record.id}: {exc}") from exc
+
+    async def update(self, record: JobRecord, revision: int) -> int:
+        try:
+            return await self.kv.update(record.id, encode(record), last=revision)
+        except nats.js.errors.KeyWrongLastSequenceError as exc:
+            raise StaleWrite(f"job {record.id} changed since revision {revision}") from exc
+        except nats.errors.Error as exc:
+            raise BusError(f"cannot update job {record.id}: {exc}") from exc
+
+    async def load_all(self) -> dict[str, tuple[JobRecord, int]]:
+        records: dict[str, tuple[JobRecord, int]] = {}
+        watcher = await self.kv.watchall(ignore_deletes=True)
+        try:
+            async for entry in watcher:
+                if entry is None:
+                    break
+                if entry.value is None:
+                    continue
+                try:
+                    records[entry.key] = (_decoder.decode(entry.value), entry.revision or 0)
+                except DecodeError:
+                    log.error("jobstore.undecodable_record", job_id=entry.key)
+        finally:
+            await watcher.stop()
+        return records
+
+    async def follow(self, on_record: Callable[[JobRecord], Awaitable[None] | None]) -> Callable[[], Awaitable[None]]:
+        """Call `on_record` for every current record and every later change; returns a stop function."""
+        import asyncio
+
+        watcher = await self.kv.watchall()
+
+        async def pump() -> None:
+            async for entry in watcher:
+                if entry is None or entry.value is None or entry.operation in (KV_DEL, KV_PURGE):
+                    continue
+                try:
+                    record = _decoder.decode(entry.value)
+                except DecodeError:
+                    continue
+                result = on_record(record)
+                if result is not None:
+                    await result
+
+        task = asyncio.create_task(pump(), name="jobstore-follow")
+
+        async def stop() -> None:
+            await watcher.stop()
+            task.cancel()
+
+        return stop

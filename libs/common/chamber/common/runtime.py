@@ -1,0 +1,58 @@
+"""Running a service process: logging, tracing, signals, and the shared connections every shell needs."""
+
+import asyncio
+import signal
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from chamber.common.bus import Bus
+from chamber.common.clock import Clock, SystemClock
+from chamber.common.ledger import Ledger
+from chamber.common.log import get_logger, setup_logging
+from chamber.common.settings import Settings
+from chamber.common.subjects import Names
+from chamber.common.tracing import setup_tracing
+
+log = get_logger(__name__)
+
+
+@dataclass
+class Context:
+    """What a service shell gets: settings, names, clock, and (opened on demand) the bus and the ledger."""
+
+    settings: Settings
+    service: str
+    clock: Clock
+    names: Names
+
+    async def bus(self) -> Bus:
+        bus = await Bus.connect(self.settings.nats_url, self.names, self.service)
+        await bus.ensure_streams()
+        return bus
+
+    def ledger(self) -> Ledger:
+        return Ledger.from_url(self.settings.redis_url, self.names.redis_prefix())
+
+
+ServiceMain = Callable[[Context, asyncio.Event], Awaitable[None]]
+
+
+def make_context(settings: Settings, service: str, clock: Clock | None = None) -> Context:
+    return Context(settings, service, clock or SystemClock(), Names(settings.namespace))
+
+
+def run_service(service: str, main: ServiceMain, settings: Settings) -> None:
+    """Run `main` until SIGINT or SIGTERM, then let it shut down cleanly."""
+    setup_logging(settings.log_level, settings.log_format, service)
+    setup_tracing(service, settings.otel_exporter)
+
+    async def runner() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        log.info("service.starting", namespace=settings.namespace)
+        await main(make_context(settings, service), stop)
+        log.info("service.stopped")
+
+    asyncio.run(runner())

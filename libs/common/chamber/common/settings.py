@@ -1,0 +1,54 @@
+"""Settings from the environment (`CHAMBER_*`), validated once at start-up with a clear message when wrong."""
+
+import os
+import re
+from collections.abc import Mapping
+from typing import Annotated
+
+import msgspec
+
+NAMESPACE_PATTERN = r"^[a-z][a-z0-9_]{0,31}$"
+
+
+class SettingsError(ValueError):
+    """A setting in the environment is missing or malformed."""
+
+
+class Settings(msgspec.Struct, frozen=True, kw_only=True):
+    nats_url: str = "nats://127.0.0.1:4222"
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    namespace: Annotated[str, msgspec.Meta(pattern=NAMESPACE_PATTERN)] = "chamber"
+    """Prefix of every subject, stream, KV bucket and Redis key, so several installs (or tests) share a server."""
+    http_host: str = "127.0.0.1"
+    http_port: Annotated[int, msgspec.Meta(ge=0, le=65535)] = 8080
+    fleet_nodes: Annotated[int, msgspec.Meta(ge=0)] = 16
+    gpus_per_node: Annotated[int, msgspec.Meta(ge=1, le=64)] = 8
+    nodes_per_rack: Annotated[int, msgspec.Meta(ge=1)] = 4
+    gpu_model: str = "H100"
+    telemetry_interval_s: Annotated[float, msgspec.Meta(gt=0)] = 5.0
+    inventory_interval_s: Annotated[float, msgspec.Meta(gt=0)] = 30.0
+    schedule_interval_s: Annotated[float, msgspec.Meta(gt=0)] = 1.0
+    log_level: str = "INFO"
+    log_format: str = "console"
+    otel_exporter: str = ""
+    """Empty: tracing is a no-op. `console`: spans to stderr. `otlp`: to OTEL_EXPORTER_OTLP_ENDPOINT."""
+    seed: int = 0
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, **overrides: object) -> "Settings":
+        env = os.environ if env is None else env
+        raw: dict[str, object] = {}
+        for field in msgspec.structs.fields(cls):
+            key = f"CHAMBER_{field.name.upper()}"
+            if key in env:
+                raw[field.name] = env[key]
+        raw.update(overrides)
+        try:
+            return msgspec.convert(raw, cls, strict=False)
+        except msgspec.ValidationError as exc:
+            field = re.sub(r"^.*`\$\.(\w+)`.*$", r"\1", str(exc))
+            raise SettingsError(f"invalid setting CHAMBER_{field.upper()}: {exc}") from exc
+
+    def to_env(self) -> dict[str, str]:
+        """The environment that reproduces these settings in a child process."""
+        return {f"CHAMBER_{k.upper()}": str(v) for k, v in msgspec.structs.asdict(self).items()}

@@ -1,0 +1,145 @@
+"""Every NATS subject, JetStream stream and KV bucket Chamber uses, declared once.
+
+Names are relative to a namespace (`CHAMBER_NAMESPACE`, default `chamber`): subject `jobs.submit.<job>` is
+`chamber.jobs.submit.<job>` on the wire and stream `JOBS` is `CHAMBER_JOBS`. docs/architecture.md carries the
+table that `render_markdown_table()` produces; a test keeps the two identical.
+"""
+
+from dataclasses import dataclass
+
+HOUR = 3600.0
+DAY = 24 * HOUR
+MIB = 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class StreamSpec:
+    key: str
+    subjects: str
+    durable: bool
+    """Durable streams keep every message (file storage, no age limit); bounded ones drop by age or size."""
+    description: str
+    max_age_s: float | None = None
+    max_bytes: int | None = None
+    max_msgs_per_subject: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SubjectSpec:
+    pattern: str
+    stream: str
+    payload: str
+    publishers: str
+    consumers: str
+
+
+JOBS = StreamSpec("JOBS", "jobs.>", True, "job commands and executor reports: the durable log of every job")
+DECISIONS = StreamSpec("DECISIONS", "decisions.>", True, "what the scheduler decided, for peers and audit")
+INVENTORY = StreamSpec(
+    "INVENTORY", "inventory.>", True, "last inventory of each node", max_msgs_per_subject=1
+)
+TELEMETRY = StreamSpec(
+    "TELEMETRY", "telemetry.>", False, "per-node GPU telemetry batches", max_age_s=HOUR, max_bytes=512 * MIB
+)
+HEALTH = StreamSpec("HEALTH", "health.>", True, "health verdicts: the audit trail of quarantines and recoveries")
+QUOTA = StreamSpec("QUOTA", "quota.>", True, "latest published quota state", max_msgs_per_subject=1)
+DEADLETTER = StreamSpec(
+    "DEADLETTER", "deadletter.>", False, "messages a consumer could not decode", max_age_s=7 * DAY, max_bytes=64 * MIB
+)
+
+STREAMS: tuple[StreamSpec, ...] = (JOBS, DECISIONS, INVENTORY, TELEMETRY, HEALTH, QUOTA, DEADLETTER)
+
+SUBJECTS: tuple[SubjectSpec, ...] = (
+    SubjectSpec("jobs.submit.<job>", "JOBS", "JobSubmitted", "gateway", "scheduler"),
+    SubjectSpec("jobs.cancel.<job>", "JOBS", "JobCancelRequested", "gateway", "scheduler"),
+    SubjectSpec("jobs.lifecycle.<job>", "JOBS", "JobStarted, JobFinished, JobStopped", "executor", "scheduler"),
+    SubjectSpec("decisions.placed.<job>", "DECISIONS", "JobPlaced", "scheduler", "(audit, dashboard)"),
+    SubjectSpec("decisions.state.<job>", "DECISIONS", "JobStateChanged", "scheduler", "quota"),
+    SubjectSpec("inventory.<node>", "INVENTORY", "NodeInventory", "collector", "scheduler, gateway"),
+    SubjectSpec("telemetry.<node>", "TELEMETRY", "NodeTelemetry", "collector", "health"),
+    SubjectSpec("health.verdicts.<node>.<gpu>", "HEALTH", "GpuHealthVerdict", "health", "gateway"),
+    SubjectSpec("quota.state", "QUOTA", "QuotaState", "quota", "scheduler, gateway"),
+    SubjectSpec("deadletter.<service>", "DEADLETTER", "the raw message, headers say why", "every consumer", "operators"),
+)
+
+JOBS_BUCKET = "jobs"
+"""JetStream KV bucket (`<namespace>_jobs`) holding the current JobRecord of every job, written by the scheduler."""
+
+
+class Names:
+    """Concrete names for one namespace."""
+
+    def __init__(self, namespace: str) -> None:
+        self.ns = namespace
+
+    def subject(self, relative: str) -> str:
+        return f"{self.ns}.{relative}"
+
+    def stream(self, spec: StreamSpec | str) -> str:
+        key = spec.key if isinstance(spec, StreamSpec) else spec
+        return f"{self.ns.upper()}_{key}"
+
+    def bucket(self, name: str) -> str:
+        return f"{self.ns}_{name}"
+
+    def job_submit(self, job_id: str) -> str:
+        return f"{self.ns}.jobs.submit.{job_id}"
+
+    def job_cancel(self, job_id: str) -> str:
+        return f"{self.ns}.jobs.cancel.{job_id}"
+
+    def job_lifecycle(self, job_id: str) -> str:
+        return f"{self.ns}.jobs.lifecycle.{job_id}"
+
+    def decision_placed(self, job_id: str) -> str:
+        return f"{self.ns}.decisions.placed.{job_id}"
+
+    def decision_state(self, job_id: str) -> str:
+        return f"{self.ns}.decisions.state.{job_id}"
+
+    def inventory(self, node: str) -> str:
+        return f"{self.ns}.inventory.{node}"
+
+    def telemetry(self, node: str) -> str:
+        return f"{self.ns}.telemetry.{node}"
+
+    def health_verdict(self, node: str, gpu_index: int | None) -> str:
+        """One subject per GPU (`node` for node-wide verdicts), so the stream keeps each one's history."""
+        return f"{self.ns}.health.verdicts.{node}.{'node' if gpu_index is None else gpu_index}"
+
+    def quota_state(self) -> str:
+        return f"{self.ns}.quota.state"
+
+    def deadletter(self, service: str) -> str:
+        return f"{self.ns}.deadletter.{service}"
+
+    def redis_prefix(self) -> str:
+        """Redis keys share one hash tag so a Redis Cluster keeps them in one slot (Lua needs that)."""
+        return f"{{{self.ns}}}"
+
+
+def render_markdown_table() -> str:
+    """The subjects table as it appears in docs/architecture.md (namespace shown as `<ns>`)."""
+    streams = {s.key: s for s in STREAMS}
+    lines = [
+        "| subject | stream | retention | payload | published by | consumed by |",
+        "|---|---|---|---|---|---|",
+    ]
+    for sub in SUBJECTS:
+        st = streams[sub.stream]
+        lines.append(
+            f"| `<ns>.{sub.pattern}` | `<NS>_{st.key}` | {_retention(st)} | {sub.payload} "
+            f"| {sub.publishers} | {sub.consumers} |"
+        )
+    return "\n".join(lines)
+
+
+def _retention(spec: StreamSpec) -> str:
+    parts = ["durable" if spec.durable else "bounded"]
+    if spec.max_msgs_per_subject:
+        parts.append(f"last {spec.max_msgs_per_subject} per subject")
+    if spec.max_age_s:
+        parts.append(f"max age {spec.max_age_s / HOUR:g} h")
+    if spec.max_bytes:
+        parts.append(f"max {spec.max_bytes // MIB} MiB")
+    return ", ".join(parts)

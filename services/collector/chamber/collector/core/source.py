@@ -1,0 +1,19 @@
+"""The one interface every telemetry source implements: the simulated fleet now, NVML on each node next.
+
+A source reports what it sees; it never publishes. The collector shell turns its output into bus messages:
+one `NodeInventory` per node (periodically and on change), one `NodeTelemetry` batch per node per interval.
+"""
+
+from typing import Protocol
+
+from chamber.common.contracts import NodeInventory, NodeTelemetry
+
+
+class TelemetrySource(Protocol):
+    def inventory(self, now: float) -> list[NodeInventory]:
+        """The nodes this source covers (a node agent: its own node; the simulator: the whole fleet)."""
+        ...
+
+    def sample(self, now: float, busy_slots: frozenset[str]) -> list[NodeTelemetry]:
+        """One telemetry batch per node. `busy_slots` (`node/index`) lets a simulator derive activity from jobs."""
+        ...

@@ -1,0 +1,161 @@
+"""HTTP routes (Litestar, msgspec-native): validate, publish to the bus, read from the views.
+
+Writes never touch state directly: a submit or cancel is an event on the durable JOBS stream, acknowledged
+by JetStream before the API answers, so an accepted request is never lost.
+"""
+
+import secrets
+from typing import Annotated, Any
+
+import msgspec
+from litestar import Litestar, Request, delete, get, post
+from litestar.datastructures import State
+from litestar.exceptions import ClientException, HTTPException, NotFoundException, ValidationException
+from litestar.openapi import OpenAPIConfig
+from litestar.params import Parameter
+from litestar.status_codes import HTTP_202_ACCEPTED, HTTP_409_CONFLICT, HTTP_503_SERVICE_UNAVAILABLE
+
+from chamber.common.contracts import TERMINAL_STATES, JobCancelRequested, JobSpec, JobState, JobSubmitted
+from chamber.common.contracts.jobs import JobName, TeamName
+from chamber.common.priorities import DEFAULT_CLASSES
+from chamber.gateway.core.views import (
+    FleetView,
+    JobView,
+    NodeView,
+    fleet_view,
+    job_view,
+    node_views,
+    submitted_view,
+)
+from chamber.gateway.state import GatewayState
+
+
+class SubmitJobRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    name: JobName
+    team: TeamName
+    gpus_per_replica: Annotated[int, msgspec.Meta(ge=1, le=64)]
+    replicas: Annotated[int, msgspec.Meta(ge=1, le=1024)] = 1
+    priority: str = "train"
+    duration_s: Annotated[float, msgspec.Meta(ge=0, le=365 * 86400)] | None = None
+    max_runtime_s: Annotated[float, msgspec.Meta(gt=0)] | None = None
+    min_runtime_s: Annotated[float, msgspec.Meta(ge=0)] = 0.0
+    checkpoint_grace_s: Annotated[float, msgspec.Meta(ge=0)] = 0.0
+    pool: str | None = None
+    gpu_model: str | None = None
+
+
+def new_job_id(now: float) -> str:
+    """Time-ordered and unique: milliseconds since the epoch in hex, then 32 random bits."""
+    return f"j{int(now * 1000):011x}{secrets.token_hex(4)}"
+
+
+def _gw(state: State) -> GatewayState:
+    gw: GatewayState = state.gateway
+    return gw
+
+
+def _validate(body: SubmitJobRequest, gw: GatewayState) -> JobSpec:
+    if body.priority not in DEFAULT_CLASSES:
+        raise ValidationException(f"unknown priority {body.priority!r}; use one of {', '.join(DEFAULT_CLASSES)}")
+    largest = gw.largest_node_gpus()
+    if largest and body.gpus_per_replica > largest:
+        raise ValidationException(
+            f"gpus_per_replica={body.gpus_per_replica} exceeds the largest node ({largest} GPUs); "
+            "split the job into more replicas"
+        )
+    return msgspec.convert(msgspec.structs.asdict(body), JobSpec)
+
+
+@post("/v1/jobs", summary="Submit a job")
+async def submit_job(data: SubmitJobRequest, state: State) -> JobView:
+    gw = _gw(state)
+    spec = _validate(data, gw)
+    now = gw.clock.now()
+    job_id = new_job_id(now)
+    await gw.bus.publish(
+        gw.bus.names.job_submit(job_id), JobSubmitted(job_id=job_id, spec=spec, submitted_at=now), msg_id=job_id
+    )
+    return submitted_view(job_id, spec, now)
+
+
+@get("/v1/jobs/{job_id:str}", summary="One job, with the reason for its state")
+async def get_job(job_id: str, state: State) -> JobView:
+    view = await _gw(state).job(job_id)
+    if view is None:
+        raise NotFoundException(f"no job {job_id!r}")
+    return view
+
+
+@get("/v1/jobs", summary="Jobs, newest first")
+async def list_jobs(
+    state: State,
+    job_state: Annotated[JobState | None, Parameter(query="state")] = None,
+    team: Annotated[str | None, Parameter(query="team")] = None,
+    limit: Annotated[int, Parameter(query="limit", ge=1, le=10_000)] = 100,
+) -> list[JobView]:
+    records = sorted(_gw(state).records.values(), key=lambda r: (r.submitted_at, r.id), reverse=True)
+    out = []
+    for r in records:
+        if (job_state is None or r.state == job_state) and (team is None or r.spec.team == team):
+            out.append(job_view(r))
+            if len(out) >= limit:
+                break
+    return out
+
+
+@delete("/v1/jobs/{job_id:str}", status_code=HTTP_202_ACCEPTED, summary="Cancel a job")
+async def cancel_job(job_id: str, state: State) -> JobView:
+    gw = _gw(state)
+    view = await gw.job(job_id)
+    if view is None:
+        raise NotFoundException(f"no job {job_id!r}")
+    if view.state in TERMINAL_STATES:
+        raise ClientException(f"job {job_id} already {view.state}", status_code=HTTP_409_CONFLICT)
+    await gw.bus.publish(
+        gw.bus.names.job_cancel(job_id),
+        JobCancelRequested(job_id=job_id, requested_at=gw.clock.now()),
+        msg_id=f"{job_id}:cancel",
+    )
+    return msgspec.structs.replace(view, cancel_requested=True)
+
+
+@get("/v1/nodes", summary="Nodes with their GPUs' allocation and schedulability")
+async def list_nodes(state: State) -> list[NodeView]:
+    gw = _gw(state)
+    snap = await gw.ledger.snapshot()
+    return node_views(gw.nodes.values(), snap.owners, snap.cordoned)
+
+
+@get("/v1/fleet", summary="Fleet totals")
+async def get_fleet(state: State) -> FleetView:
+    gw = _gw(state)
+    snap = await gw.ledger.snapshot()
+    return fleet_view(node_views(gw.nodes.values(), snap.owners, snap.cordoned), gw.records.values())
+
+
+@get("/healthz", summary="Liveness and readiness: NATS connected, Redis answering")
+async def healthz(state: State) -> dict[str, str]:
+    gw = _gw(state)
+    problems = await gw.problems()
+    if problems:
+        raise HTTPException(detail="; ".join(problems), status_code=HTTP_503_SERVICE_UNAVAILABLE)
+    return {"status": "ok"}
+
+
+@get("/openapi.json", include_in_schema=False)
+async def openapi_json(request: Request[Any, Any, Any]) -> dict[str, Any]:
+    schema: dict[str, Any] = request.app.openapi_schema.to_schema()
+    return schema
+
+
+ROUTES = [submit_job, get_job, list_jobs, cancel_job, list_nodes, get_fleet, healthz, openapi_json]
+
+
+def create_app(gateway: GatewayState) -> Litestar:
+    return Litestar(
+        route_handlers=ROUTES,
+        state=State({"gateway": gateway}),
+        openapi_config=OpenAPIConfig(title="Chamber", version="0.1.0", path="/schema"),
+        on_startup=[gateway.start],
+        on_shutdown=[gateway.stop],
+    )

@@ -1,0 +1,1 @@
+"""Pure views the API serves, computed from inventory, ledger and job records."""

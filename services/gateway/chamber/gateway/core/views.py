@@ -1,0 +1,126 @@
+"""API response shapes and the pure functions that compute them."""
+
+from collections.abc import Iterable, Mapping
+
+import msgspec
+
+from chamber.common.contracts import JobRecord, JobSpec, JobState, Node, Placement
+
+
+class JobView(msgspec.Struct, kw_only=True):
+    id: str
+    name: str
+    team: str
+    state: JobState
+    reason: str
+    priority: str
+    gpus_per_replica: int
+    replicas: int
+    gpus: int
+    submitted_at: float
+    started_at: float | None = None
+    finished_at: float | None = None
+    attempt: int = 0
+    placement: Placement | None = None
+    preemptions: int = 0
+    duration_s: float | None = None
+    cancel_requested: bool = False
+
+
+class NodeView(msgspec.Struct, kw_only=True):
+    name: str
+    pool: str
+    gpu_model: str
+    zone: str
+    rack: str
+    gpus_total: int
+    gpus_allocated: int
+    gpus_unschedulable: int
+    unschedulable: dict[str, str]
+    """GPU index -> reason."""
+
+
+class FleetView(msgspec.Struct, kw_only=True):
+    nodes: int
+    gpus_total: int
+    gpus_allocated: int
+    gpus_unschedulable: int
+    gpus_free: int
+    allocation_ratio: float
+    queue_depth: int
+    jobs_running: int
+
+
+def job_view(record: JobRecord) -> JobView:
+    s = record.spec
+    return JobView(
+        id=record.id,
+        name=s.name,
+        team=s.team,
+        state=record.state,
+        reason=record.reason,
+        priority=s.priority,
+        gpus_per_replica=s.gpus_per_replica,
+        replicas=s.replicas,
+        gpus=s.gpus,
+        submitted_at=record.submitted_at,
+        started_at=record.started_at,
+        finished_at=record.finished_at,
+        attempt=record.attempt,
+        placement=record.placement,
+        preemptions=record.preemptions,
+        duration_s=s.duration_s,
+        cancel_requested=record.cancel_requested,
+    )
+
+
+def submitted_view(job_id: str, spec: JobSpec, submitted_at: float) -> JobView:
+    """A job the gateway accepted but the scheduler has not recorded yet."""
+    record = JobRecord(
+        id=job_id, spec=spec, state=JobState.PENDING, submitted_at=submitted_at, updated_at=submitted_at,
+        reason="submitted",
+    )
+    return job_view(record)
+
+
+def node_views(nodes: Iterable[Node], owners: Mapping[str, str], cordoned: Mapping[str, str]) -> list[NodeView]:
+    views = []
+    for node in sorted(nodes, key=lambda n: n.name):
+        slots = [f"{node.name}/{g.index}" for g in node.gpus]
+        bad = {slot.rsplit("/", 1)[1]: cordoned[slot] for slot in slots if slot in cordoned}
+        views.append(
+            NodeView(
+                name=node.name,
+                pool=node.pool,
+                gpu_model=node.gpus[0].model if node.gpus else "",
+                zone=node.topology.zone,
+                rack=node.topology.rack,
+                gpus_total=len(slots),
+                gpus_allocated=sum(slot in owners for slot in slots),
+                gpus_unschedulable=len(bad),
+                unschedulable=bad,
+            )
+        )
+    return views
+
+
+def fleet_view(nodes: list[NodeView], records: Iterable[JobRecord]) -> FleetView:
+    total = sum(n.gpus_total for n in nodes)
+    allocated = sum(n.gpus_allocated for n in nodes)
+    unschedulable = sum(n.gpus_unschedulable for n in nodes)
+    queue = running = 0
+    for r in records:
+        if r.state in (JobState.PENDING, JobState.PREEMPTED):
+            queue += 1
+        elif r.state == JobState.RUNNING:
+            running += 1
+    return FleetView(
+        nodes=len(nodes),
+        gpus_total=total,
+        gpus_allocated=allocated,
+        gpus_unschedulable=unschedulable,
+        gpus_free=max(0, total - allocated - unschedulable),
+        allocation_ratio=round(allocated / total, 4) if total else 0.0,
+        queue_depth=queue,
+        jobs_running=running,
+    )

@@ -1,0 +1,69 @@
+"""What the gateway reads from: the jobs KV (followed into memory), node inventory, and the ledger."""
+
+from chamber.common.bus import Bus
+from chamber.common.clock import Clock
+from chamber.common.codec import DecodeError, Decoder
+from chamber.common.contracts import JobRecord, JobSubmitted, Node, NodeInventory
+from chamber.common.jobstore import JobStore
+from chamber.common.ledger import Ledger
+from chamber.common.subjects import JOBS, JOBS_BUCKET
+from chamber.gateway.core.views import JobView, job_view, submitted_view
+
+_submitted = Decoder(JobSubmitted)
+
+
+class GatewayState:
+    def __init__(self, bus: Bus, ledger: Ledger, clock: Clock) -> None:
+        self.bus = bus
+        self.ledger = ledger
+        self.clock = clock
+        self.store: JobStore | None = None
+        self.records: dict[str, JobRecord] = {}
+        self.nodes: dict[str, Node] = {}
+        self._stop_follow = None
+
+    async def start(self) -> None:
+        self.store = JobStore(await self.bus.key_value(JOBS_BUCKET))
+        self._stop_follow = await self.store.follow(self._on_record)
+        await self.bus.watch_latest(self.bus.names.subject("inventory.>"), Decoder(NodeInventory), self._on_inventory)
+
+    async def stop(self) -> None:
+        if self._stop_follow is not None:
+            await self._stop_follow()
+
+    def _on_record(self, record: JobRecord) -> None:
+        known = self.records.get(record.id)
+        if known is None or known.version <= record.version:
+            self.records[record.id] = record
+
+    def _on_inventory(self, inv: NodeInventory) -> None:
+        self.nodes[inv.node.name] = inv.node
+
+    def largest_node_gpus(self) -> int:
+        return max((len(n.gpus) for n in self.nodes.values()), default=0)
+
+    async def job(self, job_id: str) -> JobView | None:
+        """The freshest view of a job: its record, else its accepted submission, else None."""
+        assert self.store is not None
+        stored = await self.store.get(job_id)
+        if stored is not None:
+            self._on_record(stored[0])
+            return job_view(stored[0])
+        data = await self.bus.last_message(JOBS, self.bus.names.job_submit(job_id))
+        if data is None:
+            return None
+        try:
+            event: JobSubmitted = _submitted.decode(data)
+        except DecodeError:
+            return None
+        return submitted_view(event.job_id, event.spec, event.submitted_at)
+
+    async def problems(self) -> list[str]:
+        problems = []
+        if not self.bus.nc.is_connected:
+            problems.append("NATS disconnected")
+        try:
+            await self.ledger.redis.ping()
+        except Exception as exc:  # any failure means not ready
+            problems.append(f"Redis: {exc}")
+        return problems

@@ -1,0 +1,1 @@
+"""The pure rule engine: telemetry and the current states in, verdicts out."""

@@ -1,0 +1,1 @@
+"""The pure quota arithmetic (shared with the scheduler once fair share lands)."""

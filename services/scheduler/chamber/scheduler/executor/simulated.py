@@ -1,0 +1,79 @@
+"""A simulated executor: a placed job starts at once and finishes after its `duration_s`.
+
+Jobs without a duration run until cancelled. After a restart, `resync` re-arms the finish timers from the
+records' start times, so a job finishes when it would have, not later.
+"""
+
+import asyncio
+from collections.abc import Iterable
+
+from chamber.common.bus import Bus, PublishError
+from chamber.common.clock import Clock
+from chamber.common.contracts import JobFinished, JobRecord, JobStarted, JobState, JobStopped
+from chamber.common.log import get_logger
+
+log = get_logger(__name__)
+
+
+class SimulatedExecutor:
+    def __init__(self, bus: Bus, clock: Clock) -> None:
+        self.bus = bus
+        self.clock = clock
+        self._timers: dict[tuple[str, int], asyncio.Task[None]] = {}
+
+    async def launch(self, record: JobRecord) -> None:
+        started_at = self.clock.now()
+        await self.bus.publish(
+            self.bus.names.job_lifecycle(record.id),
+            JobStarted(job_id=record.id, attempt=record.attempt, started_at=started_at),
+            msg_id=f"{record.id}:{record.attempt}:started",
+        )
+        self._arm(record, started_at)
+
+    async def stop(self, record: JobRecord, reason: str) -> None:
+        timer = self._timers.pop((record.id, record.attempt), None)
+        if timer is not None:
+            timer.cancel()
+        await self.bus.publish(
+            self.bus.names.job_lifecycle(record.id),
+            JobStopped(job_id=record.id, attempt=record.attempt, stopped_at=self.clock.now(), reason=reason),
+            msg_id=f"{record.id}:{record.attempt}:stopped",
+        )
+
+    async def resync(self, records: Iterable[JobRecord]) -> None:
+        for record in records:
+            if record.placement is None:
+                continue
+            if record.cancel_requested:
+                await self.stop(record, "cancelled")
+            elif record.state == JobState.RUNNING and record.started_at is not None:
+                self._arm(record, record.started_at)
+            else:
+                await self.launch(record)
+
+    async def close(self) -> None:
+        for timer in self._timers.values():
+            timer.cancel()
+        self._timers.clear()
+
+    def _arm(self, record: JobRecord, started_at: float) -> None:
+        key = (record.id, record.attempt)
+        if key in self._timers or record.spec.duration_s is None:
+            return
+        remaining = max(0.0, record.spec.duration_s - record.run_s)
+        finish_at = started_at + remaining
+        self._timers[key] = asyncio.create_task(self._finish_at(record, finish_at), name=f"sim-{record.id}")
+
+    async def _finish_at(self, record: JobRecord, finish_at: float) -> None:
+        await asyncio.sleep(max(0.0, finish_at - self.clock.now()))
+        event = JobFinished(job_id=record.id, attempt=record.attempt, finished_at=finish_at)
+        while True:
+            try:
+                await self.bus.publish(
+                    self.bus.names.job_lifecycle(record.id), event, msg_id=f"{record.id}:{record.attempt}:finished"
+                )
+                break
+            except PublishError as exc:
+                log.warning("sim_executor.publish_failed", job_id=record.id, error=str(exc))
+                await asyncio.sleep(0.5)
+        self._timers.pop((record.id, record.attempt), None)

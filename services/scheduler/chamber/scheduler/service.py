@@ -1,0 +1,212 @@
+"""The scheduler shell: load state, decide with the pure core, apply through the ledger (guarded), publish.
+
+Crash safety, step by step (docs/architecture.md has the full argument):
+- an event is acked only after its effect is in the ledger and the jobs KV, so a crash redelivers it, and the
+  state machine ignores what was already applied;
+- a placement is claimed in the ledger before the record says so; a claim without a record (crash in between)
+  is released at start-up;
+- the ledger is rebuilt from the records whenever it is found empty (Redis restarted or flushed).
+"""
+
+import asyncio
+from typing import Any
+
+from chamber.common.bus import Bus
+from chamber.common.codec import Decoder
+from chamber.common.contracts import (
+    JobEvent,
+    JobPlaced,
+    JobRecord,
+    JobState,
+    JobStateChanged,
+    Node,
+    NodeInventory,
+    Placement,
+    QuotaState,
+)
+from chamber.common.jobstore import JobStore
+from chamber.common.ledger import Claim, Ledger, LedgerConflict, LedgerNotReady
+from chamber.common.log import get_logger
+from chamber.common.runtime import Context
+from chamber.common.subjects import JOBS, JOBS_BUCKET
+from chamber.scheduler.core.fifo import Place, decide
+from chamber.scheduler.core.fleet import build_fleet
+from chamber.scheduler.core.lifecycle import apply_event, holds_gpus, note, place
+from chamber.scheduler.executor import Executor, SimulatedExecutor
+
+log = get_logger(__name__)
+
+
+class Scheduler:
+    def __init__(self, ctx: Context, bus: Bus, ledger: Ledger, store: JobStore, executor: Executor) -> None:
+        self.ctx = ctx
+        self.bus = bus
+        self.ledger = ledger
+        self.store = store
+        self.executor = executor
+        self.names = bus.names
+        self.records: dict[str, JobRecord] = {}
+        self.revisions: dict[str, int] = {}
+        self.nodes: dict[str, Node] = {}
+        self.quota: QuotaState | None = None
+        self._lock = asyncio.Lock()
+        self._wake = asyncio.Event()
+
+    async def start(self) -> None:
+        for job_id, (record, revision) in (await self.store.load_all()).items():
+            self.records[job_id] = record
+            self.revisions[job_id] = revision
+        await self.bus.watch_latest(self.names.subject("inventory.>"), Decoder(NodeInventory), self._on_inventory)
+        await self.bus.watch_latest(self.names.quota_state(), Decoder(QuotaState), self._on_quota)
+        async with self._lock:
+            await self._reconcile_ledger()
+        await self.executor.resync([r for r in self.records.values() if holds_gpus(r)])
+        consumer = self.bus.consumer(
+            stream=JOBS,
+            durable="scheduler",
+            filter_subjects=[self.names.subject("jobs.>")],
+            decoder=Decoder(JobEvent),
+            handler=self.on_event,
+        )
+        await consumer.start()
+        log.info("scheduler.started", jobs=len(self.records), active=sum(holds_gpus(r) for r in self.records.values()))
+
+    async def run(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            try:
+                await asyncio.wait_for(self._wake.wait(), timeout=self.ctx.settings.schedule_interval_s)
+            except TimeoutError:
+                pass
+            self._wake.clear()
+            if stop.is_set():
+                break
+            try:
+                await self.cycle()
+            except Exception:
+                log.exception("scheduler.cycle_failed")
+                await asyncio.sleep(0.5)
+
+    # ---- events -------------------------------------------------------------------------------------------
+
+    async def on_event(self, event: Any) -> None:
+        async with self._lock:
+            now = self.ctx.clock.now()
+            record = self.records.get(event.job_id)
+            transition = apply_event(record, event, now)
+            if transition is None:
+                return
+            if transition.release_attempt is not None:
+                await self.ledger.release(event.job_id, transition.release_attempt)
+            await self._save(transition.record, transition.previous)
+            if transition.stop_attempt is not None:
+                await self.executor.stop(transition.record, "cancelled")
+        self._wake.set()
+
+    def _on_inventory(self, inv: NodeInventory) -> None:
+        if self.nodes.get(inv.node.name) != inv.node:
+            self.nodes[inv.node.name] = inv.node
+            self._wake.set()
+
+    def _on_quota(self, state: QuotaState) -> None:
+        self.quota = state
+
+    # ---- the scheduling cycle -----------------------------------------------------------------------------
+
+    async def cycle(self) -> None:
+        async with self._lock:
+            snap = await self.ledger.snapshot()
+            if not snap.ready:
+                await self._rebuild_ledger()
+                snap = await self.ledger.snapshot()
+            fleet = build_fleet(self.nodes.values(), snap.owners, snap.cordoned)
+            now = self.ctx.clock.now()
+            for decision in decide(fleet, self.records.values()):
+                record = self.records[decision.job_id]
+                if not isinstance(decision, Place):
+                    if record.reason != decision.reason:
+                        await self._save(note(record, now, decision.reason), record.state, publish=False)
+                    continue
+                slots = [g.slot for g in decision.gpus]
+                try:
+                    await self.ledger.claim(decision.job_id, decision.attempt, slots)
+                except LedgerConflict as exc:
+                    log.warning("scheduler.claim_refused", job_id=decision.job_id, error=str(exc))
+                    continue
+                except LedgerNotReady:
+                    log.warning("scheduler.ledger_lost")
+                    self._wake.set()
+                    return
+                placed = place(record, Placement(decision.attempt, list(decision.gpus), decision.reason), now)
+                await self._save(placed, record.state)
+                await self.bus.publish(
+                    self.names.decision_placed(placed.id),
+                    JobPlaced(
+                        job_id=placed.id, attempt=decision.attempt, gpus=list(decision.gpus), reason=decision.reason,
+                        decided_at=now,
+                    ),
+                    msg_id=f"{placed.id}:{decision.attempt}:placed",
+                )
+                await self.executor.launch(placed)
+
+    # ---- persistence and ledger recovery ------------------------------------------------------------------
+
+    async def _save(self, record: JobRecord, previous: JobState | None, *, publish: bool = True) -> None:
+        if previous is None and record.id not in self.revisions:
+            revision = await self.store.create(record)
+            if revision is None:  # created before a crash: take what is stored
+                stored = await self.store.get(record.id)
+                if stored is None:
+                    raise RuntimeError(f"job {record.id} exists and does not")
+                record, revision = stored
+        else:
+            revision = await self.store.update(record, self.revisions[record.id])
+        self.records[record.id] = record
+        self.revisions[record.id] = revision
+        if publish:
+            await self.bus.publish(
+                self.names.decision_state(record.id),
+                JobStateChanged(record=record, previous=str(previous or ""), at=record.updated_at),
+                msg_id=f"{record.id}:v{record.version}",
+            )
+
+    async def _reconcile_ledger(self) -> None:
+        """Make the ledger agree with the records after a restart: drop orphan claims, restore missing ones."""
+        snap = await self.ledger.snapshot()
+        if not snap.ready:
+            await self._rebuild_ledger()
+            return
+        for job_id, claim in snap.claims.items():
+            record = self.records.get(job_id)
+            if record is None or not holds_gpus(record) or record.attempt != claim.attempt:
+                log.info("scheduler.release_orphan_claim", job_id=job_id, attempt=claim.attempt)
+                await self.ledger.release(job_id, claim.attempt)
+        for record in list(self.records.values()):
+            if holds_gpus(record) and record.id not in snap.claims and record.placement is not None:
+                try:
+                    await self.ledger.claim(record.id, record.attempt, [g.slot for g in record.placement.gpus])
+                except LedgerConflict as exc:
+                    log.error("scheduler.restore_claim_refused", job_id=record.id, error=str(exc))
+
+    async def _rebuild_ledger(self) -> None:
+        claims = [
+            Claim(r.id, r.attempt, tuple(g.slot for g in r.placement.gpus))
+            for r in self.records.values()
+            if holds_gpus(r) and r.placement is not None
+        ]
+        version = await self.ledger.rebuild(claims)
+        log.warning("scheduler.ledger_rebuilt", claims=len(claims), version=version)
+
+
+async def main(ctx: Context, stop: asyncio.Event) -> None:
+    bus = await ctx.bus()
+    ledger = ctx.ledger()
+    store = JobStore(await bus.key_value(JOBS_BUCKET))
+    executor = SimulatedExecutor(bus, ctx.clock)
+    scheduler = Scheduler(ctx, bus, ledger, store, executor)
+    try:
+        await scheduler.start()
+        await scheduler.run(stop)
+    finally:
+        await executor.close()
+        await bus.close()
+        await ledger.close()
