@@ -16,6 +16,7 @@ import sys
 import sysconfig
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlparse
@@ -112,7 +113,7 @@ def _valkey_binary() -> str:
     return str(get_binary_path())
 
 
-def _wait_until(check: "callable[[], bool]", proc: subprocess.Popen[bytes], what: str, timeout: float = 20.0) -> None:  # type: ignore[valid-type]
+def _wait_until(check: Callable[[], bool], proc: subprocess.Popen[bytes], what: str, timeout: float = 20.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -143,8 +144,19 @@ def start_embedded_redis(tmpdir: str) -> tuple[str, subprocess.Popen[bytes]]:
     data = Path(tmpdir, "valkey")
     data.mkdir(parents=True, exist_ok=True)
     proc = subprocess.Popen(
-        [_valkey_binary(), "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-         "--dir", str(data)],
+        [
+            _valkey_binary(),
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(data),
+        ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )

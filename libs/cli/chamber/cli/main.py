@@ -37,7 +37,8 @@ def _up(args: argparse.Namespace) -> int:
         print(f"chamber: {exc}", file=sys.stderr)
         return 1
     try:
-        print(f"chamber: NATS {infra.nats_url} ({infra.origin['nats']}), Redis {infra.redis_url} ({infra.origin['redis']})")
+        nats_from, redis_from = infra.origin["nats"], infra.origin["redis"]
+        print(f"chamber: NATS {infra.nats_url} ({nats_from}), Redis {infra.redis_url} ({redis_from})")
         url = f"http://{settings.http_host}:{settings.http_port}"
         print(f"chamber: starting services; API will be at {url} (OpenAPI at {url}/openapi.json)", flush=True)
         return supervise(infra, {}, url, started, out=lambda line: print(line, flush=True))

@@ -65,7 +65,7 @@ def supervise(
                 code = child.proc.poll()
                 if code is None or stopping:
                     continue
-                backoff = min(2 ** child.restarts, 30) if time.monotonic() - child.started_at < 10 else 0
+                backoff = min(2**child.restarts, 30) if time.monotonic() - child.started_at < 10 else 0
                 out(f"chamber: {child.name} exited with code {code}; restarting in {backoff} s")
                 time.sleep(backoff)
                 child.proc = spawn(child.name, env)

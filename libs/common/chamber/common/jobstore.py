@@ -73,7 +73,7 @@ class JobStore:
                 except DecodeError:
                     log.error("jobstore.undecodable_record", job_id=entry.key)
         finally:
-            await watcher.stop()
+            await watcher.stop()  # type: ignore[no-untyped-call]
         return records
 
     async def follow(self, on_record: Callable[[JobRecord], Awaitable[None] | None]) -> Callable[[], Awaitable[None]]:
@@ -97,7 +97,7 @@ class JobStore:
         task = asyncio.create_task(pump(), name="jobstore-follow")
 
         async def stop() -> None:
-            await watcher.stop()
+            await watcher.stop()  # type: ignore[no-untyped-call]
             task.cancel()
 
         return stop

@@ -56,3 +56,12 @@ def run_service(service: str, main: ServiceMain, settings: Settings) -> None:
         log.info("service.stopped")
 
     asyncio.run(runner())
+
+
+async def wait_event(event: asyncio.Event, timeout_s: float) -> bool:
+    """Wait until `event` is set or `timeout_s` passes; True when it was set. The loop tick of every shell."""
+    try:
+        await asyncio.wait_for(event.wait(), timeout=timeout_s)
+    except TimeoutError:
+        return False
+    return True

@@ -46,8 +46,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
         try:
             return msgspec.convert(raw, cls, strict=False)
         except msgspec.ValidationError as exc:
-            field = re.sub(r"^.*`\$\.(\w+)`.*$", r"\1", str(exc))
-            raise SettingsError(f"invalid setting CHAMBER_{field.upper()}: {exc}") from exc
+            name = re.sub(r"^.*`\$\.(\w+)`.*$", r"\1", str(exc))
+            raise SettingsError(f"invalid setting CHAMBER_{name.upper()}: {exc}") from exc
 
     def to_env(self) -> dict[str, str]:
         """The environment that reproduces these settings in a child process."""

@@ -35,9 +35,7 @@ class SubjectSpec:
 
 JOBS = StreamSpec("JOBS", "jobs.>", True, "job commands and executor reports: the durable log of every job")
 DECISIONS = StreamSpec("DECISIONS", "decisions.>", True, "what the scheduler decided, for peers and audit")
-INVENTORY = StreamSpec(
-    "INVENTORY", "inventory.>", True, "last inventory of each node", max_msgs_per_subject=1
-)
+INVENTORY = StreamSpec("INVENTORY", "inventory.>", True, "last inventory of each node", max_msgs_per_subject=1)
 TELEMETRY = StreamSpec(
     "TELEMETRY", "telemetry.>", False, "per-node GPU telemetry batches", max_age_s=HOUR, max_bytes=512 * MIB
 )
@@ -57,9 +55,11 @@ SUBJECTS: tuple[SubjectSpec, ...] = (
     SubjectSpec("decisions.state.<job>", "DECISIONS", "JobStateChanged", "scheduler", "quota"),
     SubjectSpec("inventory.<node>", "INVENTORY", "NodeInventory", "collector", "scheduler, gateway"),
     SubjectSpec("telemetry.<node>", "TELEMETRY", "NodeTelemetry", "collector", "health"),
-    SubjectSpec("health.verdicts.<node>.<gpu>", "HEALTH", "GpuHealthVerdict", "health", "gateway"),
+    SubjectSpec("health.verdicts.<node>.<gpu>", "HEALTH", "GpuHealthVerdict", "health", "health (its state at start-up)"),
     SubjectSpec("quota.state", "QUOTA", "QuotaState", "quota", "scheduler, gateway"),
-    SubjectSpec("deadletter.<service>", "DEADLETTER", "the raw message, headers say why", "every consumer", "operators"),
+    SubjectSpec(
+        "deadletter.<service>", "DEADLETTER", "the raw message, headers say why", "every consumer", "operators"
+    ),
 )
 
 JOBS_BUCKET = "jobs"

@@ -3,12 +3,12 @@ publish each node's inventory at start, on change and every `inventory_interval_
 
 import asyncio
 
+from chamber.collector.core.simfleet import FleetShape, SimulatedFleet
+from chamber.collector.core.source import TelemetrySource
 from chamber.common.bus import Bus, PublishError
 from chamber.common.ledger import Ledger, LedgerUnavailable
 from chamber.common.log import get_logger
-from chamber.common.runtime import Context
-from chamber.collector.core.simfleet import FleetShape, SimulatedFleet
-from chamber.collector.core.source import TelemetrySource
+from chamber.common.runtime import Context, wait_event
 
 log = get_logger(__name__)
 
@@ -44,10 +44,7 @@ class Collector:
                 await self.tick()
             except PublishError as exc:
                 log.warning("collector.publish_failed", error=str(exc))
-            try:
-                await asyncio.wait_for(stop.wait(), timeout=self.ctx.settings.telemetry_interval_s)
-            except TimeoutError:
-                pass
+            await wait_event(stop, self.ctx.settings.telemetry_interval_s)
 
 
 def simulated_source(ctx: Context) -> SimulatedFleet:

@@ -1,5 +1,7 @@
 """What the gateway reads from: the jobs KV (followed into memory), node inventory, and the ledger."""
 
+from collections.abc import Awaitable, Callable
+
 from chamber.common.bus import Bus
 from chamber.common.clock import Clock
 from chamber.common.codec import DecodeError, Decoder
@@ -20,7 +22,7 @@ class GatewayState:
         self.store: JobStore | None = None
         self.records: dict[str, JobRecord] = {}
         self.nodes: dict[str, Node] = {}
-        self._stop_follow = None
+        self._stop_follow: Callable[[], Awaitable[None]] | None = None
 
     async def start(self) -> None:
         self.store = JobStore(await self.bus.key_value(JOBS_BUCKET))

@@ -10,7 +10,7 @@ from chamber.common.codec import Decoder
 from chamber.common.contracts import GpuHealthVerdict, HealthState, NodeTelemetry
 from chamber.common.ledger import Ledger, LedgerUnavailable
 from chamber.common.log import get_logger
-from chamber.common.runtime import Context
+from chamber.common.runtime import Context, wait_event
 from chamber.common.subjects import HEALTH, TELEMETRY
 from chamber.health.core.rules import evaluate
 
@@ -73,10 +73,7 @@ class Health:
 
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
-            try:
-                await asyncio.wait_for(stop.wait(), timeout=REASSERT_INTERVAL_S)
-            except TimeoutError:
-                pass
+            await wait_event(stop, REASSERT_INTERVAL_S)
             try:
                 await self.reassert()
             except LedgerUnavailable as exc:

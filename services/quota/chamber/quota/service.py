@@ -7,7 +7,7 @@ from chamber.common.codec import Decoder
 from chamber.common.contracts import JobRecord, JobStateChanged, QuotaState
 from chamber.common.jobstore import JobStore
 from chamber.common.log import get_logger
-from chamber.common.runtime import Context
+from chamber.common.runtime import Context, wait_event
 from chamber.common.subjects import DECISIONS, JOBS_BUCKET
 from chamber.quota.core.usage import team_usage
 
@@ -54,10 +54,7 @@ class Quota:
                 await self.publish()
             except PublishError as exc:
                 log.warning("quota.publish_failed", error=str(exc))
-            try:
-                await asyncio.wait_for(stop.wait(), timeout=PUBLISH_INTERVAL_S)
-            except TimeoutError:
-                pass
+            await wait_event(stop, PUBLISH_INTERVAL_S)
 
 
 async def main(ctx: Context, stop: asyncio.Event) -> None:

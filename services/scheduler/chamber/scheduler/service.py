@@ -27,7 +27,7 @@ from chamber.common.contracts import (
 from chamber.common.jobstore import JobStore
 from chamber.common.ledger import Claim, Ledger, LedgerConflict, LedgerNotReady
 from chamber.common.log import get_logger
-from chamber.common.runtime import Context
+from chamber.common.runtime import Context, wait_event
 from chamber.common.subjects import JOBS, JOBS_BUCKET
 from chamber.scheduler.core.fifo import Place, decide
 from chamber.scheduler.core.fleet import build_fleet
@@ -73,10 +73,7 @@ class Scheduler:
 
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
-            try:
-                await asyncio.wait_for(self._wake.wait(), timeout=self.ctx.settings.schedule_interval_s)
-            except TimeoutError:
-                pass
+            await wait_event(self._wake, self.ctx.settings.schedule_interval_s)
             self._wake.clear()
             if stop.is_set():
                 break
@@ -141,7 +138,10 @@ class Scheduler:
                 await self.bus.publish(
                     self.names.decision_placed(placed.id),
                     JobPlaced(
-                        job_id=placed.id, attempt=decision.attempt, gpus=list(decision.gpus), reason=decision.reason,
+                        job_id=placed.id,
+                        attempt=decision.attempt,
+                        gpus=list(decision.gpus),
+                        reason=decision.reason,
                         decided_at=now,
                     ),
                     msg_id=f"{placed.id}:{decision.attempt}:placed",

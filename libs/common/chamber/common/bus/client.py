@@ -1,6 +1,7 @@
 """Connect with retry, declare streams idempotently, publish with de-duplication, drain on shutdown."""
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -99,7 +100,7 @@ class Bus:
             discard=DiscardPolicy.OLD,
             max_age=spec.max_age_s,
             max_bytes=spec.max_bytes,
-            max_msgs_per_subject=spec.max_msgs_per_subject,
+            max_msgs_per_subject=spec.max_msgs_per_subject or -1,
             duplicate_window=DEDUP_WINDOW_S,
             allow_direct=True,
         )
@@ -236,10 +237,8 @@ class Bus:
         for consumer in self._consumers:
             await consumer.stop()
         for sub in self._subscriptions:
-            try:
+            with contextlib.suppress(nats.errors.Error):
                 await sub.unsubscribe()
-            except nats.errors.Error:
-                pass
         if not self.nc.is_closed:
             try:
                 await self.nc.drain()

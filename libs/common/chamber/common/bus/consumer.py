@@ -6,6 +6,7 @@ retried forever, so one poison message cannot stall a service.
 """
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
@@ -79,10 +80,8 @@ class Consumer(Generic[T]):
                 self._task.cancel()
             self._task = None
         if self._psub is not None:
-            try:
+            with contextlib.suppress(nats.errors.Error, nats.js.errors.Error):
                 await self._psub.unsubscribe()
-            except (nats.errors.Error, nats.js.errors.Error):
-                pass
             self._psub = None
 
     async def _run(self, psub: Any) -> None:

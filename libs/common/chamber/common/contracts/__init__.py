@@ -6,9 +6,11 @@ have a default, so old messages still decode (tests/contracts/test_schema_evolut
 """
 
 from chamber.common.contracts.base import SCHEMA_VERSION, Contract, Event
+from chamber.common.contracts.decisions import Decision, JobPlaced, JobStateChanged
 from chamber.common.contracts.health import GpuHealthVerdict, HealthState
 from chamber.common.contracts.inventory import GpuDevice, Node, NodeInventory, Pool, TopologyLabels
 from chamber.common.contracts.jobs import (
+    TERMINAL_STATES,
     GpuRef,
     JobCancelRequested,
     JobEvent,
@@ -20,9 +22,7 @@ from chamber.common.contracts.jobs import (
     JobStopped,
     JobSubmitted,
     Placement,
-    TERMINAL_STATES,
 )
-from chamber.common.contracts.decisions import Decision, JobPlaced, JobStateChanged
 from chamber.common.contracts.quota import QuotaState, TeamUsage
 from chamber.common.contracts.telemetry import GpuSample, NodeTelemetry
 

@@ -2,6 +2,8 @@
 
 from enum import StrEnum
 
+import msgspec
+
 from chamber.common.contracts.base import Event
 
 
@@ -20,4 +22,4 @@ class GpuHealthVerdict(Event, frozen=True):
     reason: str
     observed_at: float
     uuid: str = ""
-    evidence: dict[str, float] = {}
+    evidence: dict[str, float] = msgspec.field(default_factory=dict)

@@ -1,5 +1,7 @@
 """Per-GPU samples, batched per node. A capability a GPU lacks is an absent (None) field, never a fake zero."""
 
+import msgspec
+
 from chamber.common.contracts.base import Contract, Event
 
 
@@ -15,7 +17,7 @@ class GpuSample(Contract, frozen=True):
     power_limit_w: float | None = None
     ecc_dbe_volatile: int | None = None
     ecc_sbe_volatile: int | None = None
-    xids: list[int] = []
+    xids: list[int] = msgspec.field(default_factory=list)
 
 
 class NodeTelemetry(Event, frozen=True):

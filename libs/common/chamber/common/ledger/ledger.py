@@ -90,7 +90,7 @@ class Ledger:
 
     async def cordon(self, slots: Iterable[str], reason: str) -> None:
         """Mark slots unschedulable. Jobs already on them keep their claim until the scheduler moves them."""
-        mapping = {slot: reason for slot in slots}
+        mapping: dict[Any, Any] = dict.fromkeys(slots, reason)
         if not mapping:
             return
         try:
@@ -124,8 +124,8 @@ class Ledger:
 
         Cordons are kept: they belong to the health service, which re-asserts them from its own log.
         """
-        owner: dict[str, str] = {}
-        claim_map: dict[str, str] = {}
+        owner: dict[Any, Any] = {}
+        claim_map: dict[Any, Any] = {}
         for c in claims:
             claim_map[c.job_id] = f"{c.attempt}|{','.join(c.slots)}"
             for slot in c.slots:

@@ -81,5 +81,7 @@ class SimulatedFleet:
                         ecc_sbe_volatile=0,
                     )
                 )
-            batches.append(NodeTelemetry(node=node.name, sampled_at=now, interval_s=self.shape.interval_s, gpus=samples))
+            batches.append(
+                NodeTelemetry(node=node.name, sampled_at=now, interval_s=self.shape.interval_s, gpus=samples)
+            )
         return batches

@@ -77,7 +77,11 @@ def job_view(record: JobRecord) -> JobView:
 def submitted_view(job_id: str, spec: JobSpec, submitted_at: float) -> JobView:
     """A job the gateway accepted but the scheduler has not recorded yet."""
     record = JobRecord(
-        id=job_id, spec=spec, state=JobState.PENDING, submitted_at=submitted_at, updated_at=submitted_at,
+        id=job_id,
+        spec=spec,
+        state=JobState.PENDING,
+        submitted_at=submitted_at,
+        updated_at=submitted_at,
         reason="submitted",
     )
     return job_view(record)

@@ -68,32 +68,36 @@ def apply_event(record: JobRecord | None, event: JobEvent, now: float) -> Transi
         reason = "completed" if event.succeeded else f"failed: {event.message}"
         done = _bump(record, now, state=state, finished_at=event.finished_at, run_s=ran, reason=reason)
         return Transition(done, record.state, release_attempt=record.attempt)
-    if isinstance(event, JobStopped):
-        ran = _run_time(record, event.stopped_at)
-        if record.cancel_requested:
-            stopped = _bump(
-                record, now, state=JobState.CANCELLED, finished_at=event.stopped_at, run_s=ran, reason="cancelled"
-            )
-        else:
-            stopped = _bump(
-                record,
-                now,
-                state=JobState.PREEMPTED,
-                placement=None,
-                started_at=None,
-                run_s=ran,
-                preemptions=record.preemptions + 1,
-                reason=event.reason or "preempted",
-            )
-        return Transition(stopped, record.state, release_attempt=record.attempt)
-    return None
+    return _stopped(record, event, now)
+
+
+def _stopped(record: JobRecord, event: JobStopped, now: float) -> Transition:
+    ran = _run_time(record, event.stopped_at)
+    if record.cancel_requested:
+        stopped = _bump(
+            record, now, state=JobState.CANCELLED, finished_at=event.stopped_at, run_s=ran, reason="cancelled"
+        )
+    else:
+        stopped = _bump(
+            record,
+            now,
+            state=JobState.PREEMPTED,
+            placement=None,
+            started_at=None,
+            run_s=ran,
+            preemptions=record.preemptions + 1,
+            reason=event.reason or "preempted",
+        )
+    return Transition(stopped, record.state, release_attempt=record.attempt)
 
 
 def _cancel(record: JobRecord, now: float) -> Transition | None:
     if record.cancel_requested:
         return None
     if record.placement is None:
-        cancelled = _bump(record, now, state=JobState.CANCELLED, finished_at=now, cancel_requested=True, reason="cancelled")
+        cancelled = _bump(
+            record, now, state=JobState.CANCELLED, finished_at=now, cancel_requested=True, reason="cancelled"
+        )
         return Transition(cancelled, record.state)
     stopping = _bump(record, now, cancel_requested=True, reason="cancelling")
     return Transition(stopping, record.state, stop_attempt=record.attempt)

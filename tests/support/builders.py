@@ -1,0 +1,99 @@
+"""Fluent builders for scenario tables: `make_node("n1").gpus(8).rack("r1").build()`, `make_job("a")...`."""
+
+from dataclasses import dataclass, field, replace
+
+from chamber.common.contracts import GpuDevice, GpuRef, JobRecord, JobSpec, JobState, Node, Placement, TopologyLabels
+
+
+@dataclass(frozen=True)
+class NodeBuilder:
+    name: str
+    n_gpus: int = 8
+    pool_name: str = "default"
+    model: str = "H100"
+    rack_name: str = "rack-0"
+    zone_name: str = "zone-a"
+
+    def gpus(self, n: int) -> "NodeBuilder":
+        return replace(self, n_gpus=n)
+
+    def pool(self, pool: str) -> "NodeBuilder":
+        return replace(self, pool_name=pool)
+
+    def rack(self, rack: str) -> "NodeBuilder":
+        return replace(self, rack_name=rack)
+
+    def build(self) -> Node:
+        return Node(
+            name=self.name,
+            pool=self.pool_name,
+            gpus=[GpuDevice(index=i, uuid=f"GPU-{self.name}-{i}", model=self.model) for i in range(self.n_gpus)],
+            topology=TopologyLabels(zone=self.zone_name, rack=self.rack_name, nvlink_domain=self.name),
+        )
+
+
+def make_node(name: str) -> NodeBuilder:
+    return NodeBuilder(name)
+
+
+@dataclass(frozen=True)
+class JobBuilder:
+    id: str
+    team_name: str = "team-a"
+    per_replica: int = 1
+    n_replicas: int = 1
+    priority_name: str = "train"
+    submitted: float = 0.0
+    state_value: JobState = JobState.PENDING
+    attempt_no: int = 0
+    gpus_held: tuple[tuple[str, int], ...] = field(default_factory=tuple)
+    duration: float | None = 10.0
+    pool_name: str | None = None
+
+    def team(self, team: str) -> "JobBuilder":
+        return replace(self, team_name=team)
+
+    def gpus(self, per_replica: int, replicas: int = 1) -> "JobBuilder":
+        return replace(self, per_replica=per_replica, n_replicas=replicas)
+
+    def priority(self, name: str) -> "JobBuilder":
+        return replace(self, priority_name=name)
+
+    def at(self, submitted: float) -> "JobBuilder":
+        return replace(self, submitted=submitted)
+
+    def pool(self, pool: str) -> "JobBuilder":
+        return replace(self, pool_name=pool)
+
+    def running_on(self, *gpus: tuple[str, int], attempt: int = 1) -> "JobBuilder":
+        return replace(self, state_value=JobState.RUNNING, gpus_held=gpus, attempt_no=attempt)
+
+    def spec(self) -> JobSpec:
+        return JobSpec(
+            name=self.id,
+            team=self.team_name,
+            gpus_per_replica=self.per_replica,
+            replicas=self.n_replicas,
+            priority=self.priority_name,
+            duration_s=self.duration,
+            pool=self.pool_name,
+        )
+
+    def build(self) -> JobRecord:
+        placement = None
+        if self.gpus_held:
+            placement = Placement(attempt=self.attempt_no, gpus=[GpuRef(n, i) for n, i in self.gpus_held])
+        return JobRecord(
+            id=self.id,
+            spec=self.spec(),
+            state=self.state_value,
+            submitted_at=self.submitted,
+            updated_at=self.submitted,
+            attempt=self.attempt_no,
+            placement=placement,
+            started_at=self.submitted if placement else None,
+        )
+
+
+def make_job(job_id: str) -> JobBuilder:
+    return JobBuilder(job_id)
