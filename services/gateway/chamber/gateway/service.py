@@ -23,9 +23,7 @@ class _Server(uvicorn.Server):
 
 
 async def main(ctx: Context, stop: asyncio.Event) -> None:
-    bus = await ctx.bus()
-    ledger = ctx.ledger()
-    app = create_app(GatewayState(bus, ledger, ctx.clock))
+    app = create_app(GatewayState(ctx))
     config = uvicorn.Config(
         app, host=ctx.settings.http_host, port=ctx.settings.http_port, log_config=None, access_log=False
     )
@@ -36,5 +34,3 @@ async def main(ctx: Context, stop: asyncio.Event) -> None:
     await asyncio.wait([serving, stopped], return_when=asyncio.FIRST_COMPLETED)
     server.should_exit = True
     await serving
-    await bus.close()
-    await ledger.close()

@@ -3,11 +3,11 @@
 from collections.abc import Awaitable, Callable
 
 from chamber.common.bus import Bus
-from chamber.common.clock import Clock
 from chamber.common.codec import DecodeError, Decoder
 from chamber.common.contracts import JobRecord, JobSubmitted, Node, NodeInventory
 from chamber.common.jobstore import JobStore
 from chamber.common.ledger import Ledger
+from chamber.common.runtime import Context
 from chamber.common.subjects import JOBS, JOBS_BUCKET
 from chamber.gateway.core.views import JobView, job_view, submitted_view
 
@@ -15,16 +15,31 @@ _submitted = Decoder(JobSubmitted)
 
 
 class GatewayState:
-    def __init__(self, bus: Bus, ledger: Ledger, clock: Clock) -> None:
-        self.bus = bus
-        self.ledger = ledger
-        self.clock = clock
+    """Owns the gateway's connections; opened in the app's start-up hook, on the loop that serves requests."""
+
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+        self.clock = ctx.clock
+        self._bus: Bus | None = None
+        self._ledger: Ledger | None = None
         self.store: JobStore | None = None
         self.records: dict[str, JobRecord] = {}
         self.nodes: dict[str, Node] = {}
         self._stop_follow: Callable[[], Awaitable[None]] | None = None
 
+    @property
+    def bus(self) -> Bus:
+        assert self._bus is not None, "gateway not started"
+        return self._bus
+
+    @property
+    def ledger(self) -> Ledger:
+        assert self._ledger is not None, "gateway not started"
+        return self._ledger
+
     async def start(self) -> None:
+        self._bus = await self.ctx.bus()
+        self._ledger = self.ctx.ledger()
         self.store = JobStore(await self.bus.key_value(JOBS_BUCKET))
         self._stop_follow = await self.store.follow(self._on_record)
         await self.bus.watch_latest(self.bus.names.subject("inventory.>"), Decoder(NodeInventory), self._on_inventory)
@@ -32,6 +47,10 @@ class GatewayState:
     async def stop(self) -> None:
         if self._stop_follow is not None:
             await self._stop_follow()
+        if self._bus is not None:
+            await self._bus.close()
+        if self._ledger is not None:
+            await self._ledger.close()
 
     def _on_record(self, record: JobRecord) -> None:
         known = self.records.get(record.id)

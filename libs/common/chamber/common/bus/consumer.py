@@ -70,6 +70,11 @@ class Consumer(Generic[T]):
         psub = await self.bus.js.pull_subscribe_bind(durable=self.durable, stream=self.stream)
         self._psub = psub
         self._task = asyncio.create_task(self._run(psub), name=f"consumer-{self.durable}")
+        self._task.add_done_callback(self._on_done)
+
+    def _on_done(self, task: "asyncio.Task[None]") -> None:
+        if not task.cancelled() and task.exception() is not None:
+            log.error("consumer.crashed", durable=self.durable, error=repr(task.exception()))
 
     async def stop(self) -> None:
         self._stopping.set()

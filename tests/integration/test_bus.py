@@ -1,0 +1,102 @@
+"""The bus adapter on a real NATS JetStream server."""
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+
+from chamber.common.bus import Bus
+from chamber.common.codec import Decoder
+from chamber.common.contracts import JobCancelRequested, JobEvent
+from chamber.common.settings import Settings
+from chamber.common.subjects import DEADLETTER, JOBS, STREAMS, TELEMETRY, Names
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+async def bus(settings: Settings, cleanup: None) -> AsyncIterator[Bus]:
+    b = await Bus.connect(settings.nats_url, Names(settings.namespace), "test")
+    await b.ensure_streams()
+    yield b
+    await b.close()
+
+
+async def until(predicate: "object", timeout: float = 10.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not predicate():  # type: ignore[operator]
+        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
+        await asyncio.sleep(0.02)
+
+
+async def test_streams_are_declared_idempotently_with_their_limits(bus: Bus) -> None:
+    await bus.ensure_streams()
+    await bus.ensure_streams()
+    for spec in STREAMS:
+        info = await bus.js.stream_info(bus.names.stream(spec))
+        assert info.config.subjects == [bus.names.subject(spec.subjects)]
+    telemetry = await bus.js.stream_info(bus.names.stream(TELEMETRY))
+    assert telemetry.config.max_age == TELEMETRY.max_age_s
+    assert telemetry.config.max_bytes == TELEMETRY.max_bytes
+    jobs = await bus.js.stream_info(bus.names.stream(JOBS))
+    assert not jobs.config.max_age, "the job log is durable"
+
+
+async def test_publish_with_a_message_id_is_stored_once(bus: Bus) -> None:
+    event = JobCancelRequested(job_id="j1", requested_at=1.0)
+    first = await bus.publish(bus.names.job_cancel("j1"), event, msg_id="j1:cancel")
+    second = await bus.publish(bus.names.job_cancel("j1"), event, msg_id="j1:cancel")
+    assert not first.duplicate
+    assert second.duplicate
+    info = await bus.js.stream_info(bus.names.stream(JOBS))
+    assert info.state.messages == 1
+
+
+async def test_a_message_is_acked_only_after_the_handler_succeeds(bus: Bus) -> None:
+    seen: list[str] = []
+
+    async def flaky(event: JobCancelRequested) -> None:
+        seen.append(event.job_id)
+        if len(seen) == 1:
+            raise RuntimeError("effect not applied")
+
+    consumer = bus.consumer(
+        stream=JOBS, durable="t", filter_subjects=[bus.names.subject("jobs.>")], decoder=Decoder(JobEvent), handler=flaky
+    )
+    await consumer.start()
+    await bus.publish(bus.names.job_cancel("j1"), JobCancelRequested(job_id="j1", requested_at=1.0))
+    await until(lambda: consumer.processed == 1)
+    assert seen == ["j1", "j1"], "redelivered after the failure"
+
+
+async def test_garbage_is_dead_lettered_and_the_consumer_goes_on(bus: Bus) -> None:
+    handled: list[str] = []
+
+    async def handler(event: JobCancelRequested) -> None:
+        handled.append(event.job_id)
+
+    consumer = bus.consumer(
+        stream=JOBS, durable="t", filter_subjects=[bus.names.subject("jobs.>")], decoder=Decoder(JobEvent),
+        handler=handler,
+    )
+    await consumer.start()
+    await bus.publish_raw(bus.names.job_cancel("x"), b"\x00\xffnot json")
+    await bus.publish_raw(bus.names.job_cancel("y"), b'{"kind":"JobCancelRequested","job_id":42}')
+    await bus.publish_raw(bus.names.job_cancel("z"), b'{"kind":"NoSuchEvent"}')
+    await bus.publish(bus.names.job_cancel("ok"), JobCancelRequested(job_id="ok", requested_at=1.0))
+    await until(lambda: handled == ["ok"])
+    assert consumer.rejected == 3
+    info = await bus.js.stream_info(bus.names.stream(DEADLETTER))
+    assert info.state.messages == 3
+    raw = await bus.js.get_last_msg(bus.names.stream(DEADLETTER), bus.names.deadletter("test"))
+    assert raw.headers is not None
+    assert "undecodable" in raw.headers["Chamber-Reason"]
+
+
+async def test_read_latest_returns_the_last_message_per_subject(bus: Bus) -> None:
+    for t in (1.0, 2.0):
+        await bus.publish(bus.names.job_cancel("a"), JobCancelRequested(job_id="a", requested_at=t))
+    await bus.publish(bus.names.job_cancel("b"), JobCancelRequested(job_id="b", requested_at=3.0))
+    await bus.publish_raw(bus.names.job_cancel("c"), b"garbage")
+    latest = await bus.read_latest(JOBS, bus.names.subject("jobs.cancel.>"), Decoder(JobEvent))
+    assert sorted((e.job_id, e.requested_at) for e in latest) == [("a", 2.0), ("b", 3.0)]

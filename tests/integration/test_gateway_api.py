@@ -1,0 +1,118 @@
+"""The HTTP API against real NATS and Redis: validation, the job lifecycle, the fleet, OpenAPI."""
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from litestar.testing import AsyncTestClient
+
+from chamber.collector import service as collector
+from chamber.common.runtime import make_context
+from chamber.common.settings import Settings
+from chamber.gateway.api import create_app
+from chamber.gateway.state import GatewayState
+from chamber.scheduler import service as scheduler
+from tests.support.services import eventually, running
+
+pytestmark = pytest.mark.integration
+
+JOB = {"name": "train-llm", "team": "ml", "gpus_per_replica": 4, "replicas": 2, "priority": "train", "duration_s": 0.5}
+
+
+@pytest.fixture
+async def client(settings: Settings, cleanup: None) -> AsyncIterator[AsyncTestClient[Any]]:
+    async with AsyncTestClient(app=create_app(GatewayState(make_context(settings, "gateway")))) as c:
+        yield c
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ({**JOB, "gpus_per_replica": 0}, "gpus_per_replica"),
+        ({**JOB, "replicas": -1}, "replicas"),
+        ({**JOB, "team": "Bad Team!"}, "team"),
+        ({**JOB, "priority": "urgent"}, "unknown priority"),
+        ({**JOB, "duration_s": "soon"}, "duration_s"),
+        ({**JOB, "gpu": 3}, "gpu"),
+        ({k: v for k, v in JOB.items() if k != "name"}, "name"),
+    ],
+    ids=["zero-gpus", "negative-replicas", "bad-team", "unknown-priority", "bad-duration", "unknown-field",
+         "missing-name"],
+)
+async def test_invalid_submissions_are_rejected_with_a_clear_message(
+    client: AsyncTestClient[Any], body: dict[str, Any], message: str
+) -> None:
+    resp = await client.post("/v1/jobs", json=body)
+    assert resp.status_code == 400, resp.text
+    assert message in resp.text
+    assert (await client.get("/v1/jobs")).json() == [], "nothing half-written"
+
+
+async def test_malformed_json_is_rejected(client: AsyncTestClient[Any]) -> None:
+    resp = await client.post("/v1/jobs", content=b"{not json", headers={"content-type": "application/json"})
+    assert resp.status_code == 400
+
+
+async def test_an_accepted_job_is_visible_before_the_scheduler_sees_it(client: AsyncTestClient[Any]) -> None:
+    resp = await client.post("/v1/jobs", json=JOB)
+    assert resp.status_code == 201, resp.text
+    job = resp.json()
+    assert job["state"] == "pending"
+    got = await client.get(f"/v1/jobs/{job['id']}")
+    assert got.status_code == 200
+    assert got.json()["state"] == "pending"
+
+
+async def test_unknown_jobs_are_404(client: AsyncTestClient[Any]) -> None:
+    assert (await client.get("/v1/jobs/nope")).status_code == 404
+    assert (await client.delete("/v1/jobs/nope")).status_code == 404
+
+
+async def test_openapi_and_health(client: AsyncTestClient[Any]) -> None:
+    spec = (await client.get("/openapi.json")).json()
+    assert {"/v1/jobs", "/v1/jobs/{job_id}", "/v1/fleet", "/v1/nodes", "/healthz"} <= set(spec["paths"])
+    assert (await client.get("/healthz")).json() == {"status": "ok"}
+
+
+async def test_a_job_runs_succeeds_and_the_fleet_shows_it(client: AsyncTestClient[Any], settings: Settings) -> None:
+    async with running(settings, ("collector", collector.main), ("scheduler", scheduler.main)):
+        await eventually(lambda: _fleet_total(client), what="inventory reaches the gateway")
+        job = (await client.post("/v1/jobs", json={**JOB, "duration_s": 1.0})).json()
+
+        async def state() -> str:
+            return str((await client.get(f"/v1/jobs/{job['id']}")).json()["state"])
+
+        await eventually(lambda: _is(state, "running"), timeout=5, what="job running")
+        fleet = (await client.get("/v1/fleet")).json()
+        assert fleet["gpus_total"] == 32
+        assert fleet["gpus_allocated"] == 8
+        nodes = (await client.get("/v1/nodes")).json()
+        assert sum(n["gpus_allocated"] for n in nodes) == 8
+        await eventually(lambda: _is(state, "succeeded"), timeout=10, what="job succeeded")
+        final = (await client.get(f"/v1/jobs/{job['id']}")).json()
+        assert len(final["placement"]["gpus"]) == 8
+        assert (await client.delete(f"/v1/jobs/{job['id']}")).status_code == 409
+        assert (await client.get("/v1/fleet")).json()["gpus_allocated"] == 0
+
+
+async def test_cancelling_a_running_job_frees_its_gpus(client: AsyncTestClient[Any], settings: Settings) -> None:
+    async with running(settings, ("collector", collector.main), ("scheduler", scheduler.main)):
+        await eventually(lambda: _fleet_total(client), what="inventory")
+        job = (await client.post("/v1/jobs", json={**JOB, "duration_s": None})).json()
+
+        async def state() -> str:
+            return str((await client.get(f"/v1/jobs/{job['id']}")).json()["state"])
+
+        await eventually(lambda: _is(state, "running"), timeout=5, what="job running")
+        resp = await client.delete(f"/v1/jobs/{job['id']}")
+        assert resp.status_code == 202
+        await eventually(lambda: _is(state, "cancelled"), timeout=5, what="job cancelled")
+        assert (await client.get("/v1/fleet")).json()["gpus_allocated"] == 0
+
+
+async def _fleet_total(client: AsyncTestClient[Any]) -> bool:
+    return bool((await client.get("/v1/fleet")).json()["gpus_total"])
+
+
+async def _is(state: Any, expected: str) -> bool:
+    return bool(await state() == expected)

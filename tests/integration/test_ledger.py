@@ -1,0 +1,119 @@
+"""The slot ledger on a real Redis: atomic gang claims, idempotence, cordons, readiness and rebuild."""
+
+from collections.abc import AsyncIterator
+
+import pytest
+from hypothesis import HealthCheck, given, settings as hsettings
+from hypothesis import strategies as st
+
+from chamber.common.ledger import Claim, Ledger, LedgerConflict, LedgerNotReady
+from chamber.common.settings import Settings
+from chamber.common.subjects import Names
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+async def ledger(settings: Settings, cleanup: None) -> AsyncIterator[Ledger]:
+    led = Ledger.from_url(settings.redis_url, Names(settings.namespace).redis_prefix())
+    await led.rebuild([])
+    yield led
+    await led.close()
+
+
+async def test_a_gang_claims_all_or_nothing(ledger: Ledger) -> None:
+    await ledger.claim("a", 1, ["n1/0", "n1/1"])
+    with pytest.raises(LedgerConflict) as err:
+        await ledger.claim("b", 1, ["n1/2", "n1/1", "n1/3"])
+    assert err.value.code == "TAKEN"
+    snap = await ledger.snapshot()
+    assert snap.owners == {"n1/0": "a/1", "n1/1": "a/1"}, "b claimed nothing"
+
+
+async def test_claims_are_idempotent_per_job_and_attempt(ledger: Ledger) -> None:
+    v1 = await ledger.claim("a", 1, ["n1/0"])
+    assert await ledger.claim("a", 1, ["n1/0"]) == v1
+    with pytest.raises(LedgerConflict) as err:
+        await ledger.claim("a", 2, ["n1/1"])
+    assert err.value.code == "JOB_HOLDS_OTHER_CLAIM"
+
+
+async def test_release_is_idempotent_and_only_for_the_right_attempt(ledger: Ledger) -> None:
+    await ledger.claim("a", 1, ["n1/0"])
+    assert not await ledger.release("a", 2)
+    assert await ledger.release("a", 1)
+    assert not await ledger.release("a", 1)
+    assert (await ledger.snapshot()).owners == {}
+    await ledger.claim("a", 2, ["n1/0"])
+
+
+async def test_cordoned_gpus_cannot_be_claimed(ledger: Ledger) -> None:
+    await ledger.cordon(["n1/0"], "health: DBE")
+    with pytest.raises(LedgerConflict) as err:
+        await ledger.claim("a", 1, ["n1/0"])
+    assert err.value.code == "UNSCHEDULABLE"
+    await ledger.uncordon(["n1/0"])
+    await ledger.claim("a", 1, ["n1/0"])
+
+
+async def test_every_change_bumps_the_version(ledger: Ledger) -> None:
+    v0 = (await ledger.snapshot()).version
+    v1 = await ledger.claim("a", 1, ["n1/0"])
+    await ledger.release("a", 1)
+    v2 = (await ledger.snapshot()).version
+    assert v0 < v1 < v2
+
+
+async def test_an_emptied_ledger_refuses_claims_until_rebuilt(ledger: Ledger) -> None:
+    await ledger.claim("a", 1, ["n1/0"])
+    await ledger.redis.delete(ledger.k_owner, ledger.k_claims, ledger.k_ready, ledger.k_version)
+    with pytest.raises(LedgerNotReady):
+        await ledger.claim("b", 1, ["n1/0"])
+    await ledger.rebuild([Claim("a", 1, ("n1/0",))])
+    with pytest.raises(LedgerConflict):
+        await ledger.claim("b", 1, ["n1/0"])
+
+
+async def test_rebuild_refuses_a_double_booking(ledger: Ledger) -> None:
+    with pytest.raises(LedgerConflict):
+        await ledger.rebuild([Claim("a", 1, ("n1/0",)), Claim("b", 1, ("n1/0",))])
+
+
+async def test_scripts_survive_a_script_flush(ledger: Ledger) -> None:
+    await ledger.redis.script_flush()
+    await ledger.claim("a", 1, ["n1/0"])
+    await ledger.redis.script_flush()
+    assert await ledger.release("a", 1)
+
+
+ops = st.lists(
+    st.tuples(
+        st.sampled_from(["claim", "release"]),
+        st.sampled_from(["a", "b", "c", "d"]),
+        st.integers(1, 2),
+        st.lists(st.sampled_from([f"n1/{i}" for i in range(6)]), min_size=1, max_size=4, unique=True),
+    ),
+    max_size=25,
+)
+
+
+@hsettings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(ops)
+async def test_no_slot_is_ever_held_by_two_jobs(ledger: Ledger, sequence: list[tuple[str, str, int, list[str]]]) -> None:
+    await ledger.rebuild([])
+    for op, job, attempt, slots in sequence:
+        if op == "claim":
+            try:
+                await ledger.claim(job, attempt, slots)
+            except LedgerConflict:
+                pass
+        else:
+            await ledger.release(job, attempt)
+        snap = await ledger.snapshot()
+        held: dict[str, str] = {}
+        for claim in snap.claims.values():
+            for slot in claim.slots:
+                assert slot not in held, f"{slot} held by {held[slot]} and {claim.job_id}"
+                held[slot] = claim.job_id
+                assert snap.owners[slot] == f"{claim.job_id}/{claim.attempt}"
+        assert set(held) == set(snap.owners), "owners and claims agree: every gang is whole"
