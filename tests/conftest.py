@@ -1,5 +1,6 @@
 """Shared fixtures: real servers for the session, and a unique namespace per test (streams, KV, Redis keys)."""
 
+import contextlib
 import uuid
 from collections.abc import AsyncIterator, Iterator
 
@@ -46,14 +47,10 @@ async def cleanup(settings: Settings) -> AsyncIterator[None]:
     nc = await nats.connect(settings.nats_url)
     js = nc.jetstream()
     for spec in STREAMS:
-        try:
+        with contextlib.suppress(nats.js.errors.NotFoundError):
             await js.delete_stream(names.stream(spec))
-        except nats.js.errors.NotFoundError:
-            pass
-    try:
+    with contextlib.suppress(nats.js.errors.NotFoundError):
         await js.delete_key_value(names.bucket("jobs"))
-    except nats.js.errors.NotFoundError:
-        pass
     await nc.close()
     client = aioredis.Redis.from_url(settings.redis_url)
     keys = [k async for k in client.scan_iter(match=f"{names.redis_prefix()}:*")]

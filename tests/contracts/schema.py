@@ -4,16 +4,16 @@ import inspect
 
 import msgspec
 
-import chamber.common.contracts as contracts
+from chamber.common import contracts
 
 
 def contract_types() -> dict[str, type[msgspec.Struct]]:
     found: dict[str, type[msgspec.Struct]] = {}
     for module in [contracts, *(m for _, m in inspect.getmembers(contracts, inspect.ismodule))]:
         for name, obj in inspect.getmembers(module, inspect.isclass):
-            if issubclass(obj, msgspec.Struct) and obj.__module__.startswith("chamber.common.contracts"):
-                if obj.__name__ not in ("Contract", "Event"):
-                    found[name] = obj
+            is_contract = issubclass(obj, msgspec.Struct) and obj.__module__.startswith("chamber.common.contracts")
+            if is_contract and obj.__name__ not in ("Contract", "Event"):
+                found[name] = obj  # type: ignore[assignment]  # narrowed by issubclass above
     return found
 
 

@@ -11,7 +11,8 @@ END = "<!-- subjects:end -->"
 
 def test_architecture_doc_lists_every_subject() -> None:
     text = DOC.read_text()
-    assert BEGIN in text and END in text, f"{DOC} lost its subjects table markers"
+    assert BEGIN in text, f"{DOC} lost its subjects table markers"
+    assert END in text, f"{DOC} lost its subjects table markers"
     table = text.split(BEGIN, 1)[1].split(END, 1)[0].strip()
     assert table == render_markdown_table(), (
         "docs/architecture.md is out of date; paste this table between the markers:\n" + render_markdown_table()

@@ -25,14 +25,17 @@ def test_embedded_servers_start_and_stop() -> None:
     finally:
         infra.stop()
     assert not nats_answers(infra.nats_url)
-    assert tmp is not None and not Path(tmp).exists(), "the temporary data is removed"
+    assert tmp is not None
+    assert not Path(tmp).exists(), "the temporary data is removed"
 
 
 def test_chamber_up_runs_a_job_end_to_end(tmp_path: Path) -> None:
     port = free_port()
-    env = {
-        k: v for k, v in os.environ.items() if not k.startswith("CHAMBER_")
-    } | {"CHAMBER_EMBEDDED": "1", "CHAMBER_HTTP_PORT": str(port), "PYTHONUNBUFFERED": "1"}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CHAMBER_")} | {
+        "CHAMBER_EMBEDDED": "1",
+        "CHAMBER_HTTP_PORT": str(port),
+        "PYTHONUNBUFFERED": "1",
+    }
     log = tmp_path / "up.log"
     started = time.monotonic()
     with open(log, "wb") as out:

@@ -2,6 +2,7 @@
 and Redis flushed once: every job finishes exactly once, none is lost, no GPU is ever held by two jobs."""
 
 import asyncio
+import itertools
 import random
 from collections import Counter, defaultdict
 from pathlib import Path
@@ -59,11 +60,11 @@ async def test_two_hundred_jobs_survive_a_scheduler_crash_and_a_redis_flush(
 
             async def ready() -> bool:
                 try:
-                    return (await http.get("/v1/fleet")).json()["gpus_total"] == 128
+                    return bool((await http.get("/v1/fleet")).json()["gpus_total"] == 128)
                 except (httpx.HTTPError, ValueError, KeyError):
                     return False
 
-            await eventually(ready, timeout=30, what="the system is up with 128 GPUs")
+            await eventually(ready, within=30, what="the system is up with 128 GPUs")
             ids = []
             for i in range(N_JOBS):
                 per_replica, replicas = rng.choice([(1, 1), (2, 1), (4, 1), (8, 1), (8, 2), (4, 2)])
@@ -82,19 +83,19 @@ async def test_two_hundred_jobs_survive_a_scheduler_crash_and_a_redis_flush(
                 jobs = (await http.get("/v1/jobs", params={"limit": 1000})).json()
                 return sum(j["state"] == "succeeded" for j in jobs)
 
-            await eventually(lambda: _at_least(succeeded, N_JOBS // 4), timeout=60, what="a quarter done")
+            await eventually(lambda: _at_least(succeeded, N_JOBS // 4), within=60, what="a quarter done")
             procs.kill("scheduler")
             await asyncio.sleep(1.0)
             procs.start("scheduler")
 
-            await eventually(lambda: _at_least(succeeded, N_JOBS // 2), timeout=60, what="half done")
+            await eventually(lambda: _at_least(succeeded, N_JOBS // 2), within=60, what="half done")
             client = aioredis.Redis.from_url(settings.redis_url)
             keys = [k async for k in client.scan_iter(match=f"{names.redis_prefix()}:*")]
             await client.delete(*keys)  # Redis "restarted" with nothing
             await client.script_flush()
             await client.aclose()
 
-            await eventually(lambda: _at_least(succeeded, N_JOBS), timeout=120, what="all jobs done")
+            await eventually(lambda: _at_least(succeeded, N_JOBS), within=120, what="all jobs done")
             jobs = {j["id"]: j for j in (await http.get("/v1/jobs", params={"limit": 1000})).json()}
     except BaseException:
         print(procs.logs())
@@ -131,7 +132,7 @@ async def test_two_hundred_jobs_survive_a_scheduler_crash_and_a_redis_flush(
             holds[gpu.slot].append((decision.decided_at, ended[key], key[0]))
     for slot, intervals in holds.items():
         intervals.sort()
-        for (_, end, a), (start, _, b) in zip(intervals, intervals[1:], strict=False):
+        for (_, end, a), (start, _, b) in itertools.pairwise(intervals):
             assert start >= end, f"{slot} held by {a} until {end} and by {b} from {start}"
     for job_id in ids:
         gpus = jobs[job_id]["placement"]["gpus"]

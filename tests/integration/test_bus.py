@@ -1,6 +1,5 @@
 """The bus adapter on a real NATS JetStream server."""
 
-import asyncio
 from collections.abc import AsyncIterator
 
 import pytest
@@ -10,6 +9,7 @@ from chamber.common.codec import Decoder
 from chamber.common.contracts import JobCancelRequested, JobEvent
 from chamber.common.settings import Settings
 from chamber.common.subjects import DEADLETTER, JOBS, STREAMS, TELEMETRY, Names
+from tests.support.services import eventually
 
 pytestmark = pytest.mark.integration
 
@@ -20,13 +20,6 @@ async def bus(settings: Settings, cleanup: None) -> AsyncIterator[Bus]:
     await b.ensure_streams()
     yield b
     await b.close()
-
-
-async def until(predicate: "object", timeout: float = 10.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not predicate():  # type: ignore[operator]
-        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
-        await asyncio.sleep(0.02)
 
 
 async def test_streams_are_declared_idempotently_with_their_limits(bus: Bus) -> None:
@@ -61,11 +54,15 @@ async def test_a_message_is_acked_only_after_the_handler_succeeds(bus: Bus) -> N
             raise RuntimeError("effect not applied")
 
     consumer = bus.consumer(
-        stream=JOBS, durable="t", filter_subjects=[bus.names.subject("jobs.>")], decoder=Decoder(JobEvent), handler=flaky
+        stream=JOBS,
+        durable="t",
+        filter_subjects=[bus.names.subject("jobs.>")],
+        decoder=Decoder(JobEvent),
+        handler=flaky,
     )
     await consumer.start()
     await bus.publish(bus.names.job_cancel("j1"), JobCancelRequested(job_id="j1", requested_at=1.0))
-    await until(lambda: consumer.processed == 1)
+    await eventually(lambda: consumer.processed == 1, what="processed")
     assert seen == ["j1", "j1"], "redelivered after the failure"
 
 
@@ -76,7 +73,10 @@ async def test_garbage_is_dead_lettered_and_the_consumer_goes_on(bus: Bus) -> No
         handled.append(event.job_id)
 
     consumer = bus.consumer(
-        stream=JOBS, durable="t", filter_subjects=[bus.names.subject("jobs.>")], decoder=Decoder(JobEvent),
+        stream=JOBS,
+        durable="t",
+        filter_subjects=[bus.names.subject("jobs.>")],
+        decoder=Decoder(JobEvent),
         handler=handler,
     )
     await consumer.start()
@@ -84,7 +84,7 @@ async def test_garbage_is_dead_lettered_and_the_consumer_goes_on(bus: Bus) -> No
     await bus.publish_raw(bus.names.job_cancel("y"), b'{"kind":"JobCancelRequested","job_id":42}')
     await bus.publish_raw(bus.names.job_cancel("z"), b'{"kind":"NoSuchEvent"}')
     await bus.publish(bus.names.job_cancel("ok"), JobCancelRequested(job_id="ok", requested_at=1.0))
-    await until(lambda: handled == ["ok"])
+    await eventually(lambda: handled == ["ok"], what="the good message handled")
     assert consumer.rejected == 3
     info = await bus.js.stream_info(bus.names.stream(DEADLETTER))
     assert info.state.messages == 3

@@ -36,8 +36,15 @@ async def client(settings: Settings, cleanup: None) -> AsyncIterator[AsyncTestCl
         ({**JOB, "gpu": 3}, "gpu"),
         ({k: v for k, v in JOB.items() if k != "name"}, "name"),
     ],
-    ids=["zero-gpus", "negative-replicas", "bad-team", "unknown-priority", "bad-duration", "unknown-field",
-         "missing-name"],
+    ids=[
+        "zero-gpus",
+        "negative-replicas",
+        "bad-team",
+        "unknown-priority",
+        "bad-duration",
+        "unknown-field",
+        "missing-name",
+    ],
 )
 async def test_invalid_submissions_are_rejected_with_a_clear_message(
     client: AsyncTestClient[Any], body: dict[str, Any], message: str
@@ -82,13 +89,13 @@ async def test_a_job_runs_succeeds_and_the_fleet_shows_it(client: AsyncTestClien
         async def state() -> str:
             return str((await client.get(f"/v1/jobs/{job['id']}")).json()["state"])
 
-        await eventually(lambda: _is(state, "running"), timeout=5, what="job running")
+        await eventually(lambda: _is(state, "running"), within=5, what="job running")
         fleet = (await client.get("/v1/fleet")).json()
         assert fleet["gpus_total"] == 32
         assert fleet["gpus_allocated"] == 8
         nodes = (await client.get("/v1/nodes")).json()
         assert sum(n["gpus_allocated"] for n in nodes) == 8
-        await eventually(lambda: _is(state, "succeeded"), timeout=10, what="job succeeded")
+        await eventually(lambda: _is(state, "succeeded"), within=10, what="job succeeded")
         final = (await client.get(f"/v1/jobs/{job['id']}")).json()
         assert len(final["placement"]["gpus"]) == 8
         assert (await client.delete(f"/v1/jobs/{job['id']}")).status_code == 409
@@ -103,10 +110,10 @@ async def test_cancelling_a_running_job_frees_its_gpus(client: AsyncTestClient[A
         async def state() -> str:
             return str((await client.get(f"/v1/jobs/{job['id']}")).json()["state"])
 
-        await eventually(lambda: _is(state, "running"), timeout=5, what="job running")
+        await eventually(lambda: _is(state, "running"), within=5, what="job running")
         resp = await client.delete(f"/v1/jobs/{job['id']}")
         assert resp.status_code == 202
-        await eventually(lambda: _is(state, "cancelled"), timeout=5, what="job cancelled")
+        await eventually(lambda: _is(state, "cancelled"), within=5, what="job cancelled")
         assert (await client.get("/v1/fleet")).json()["gpus_allocated"] == 0
 
 

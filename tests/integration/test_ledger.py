@@ -1,9 +1,11 @@
 """The slot ledger on a real Redis: atomic gang claims, idempotence, cordons, readiness and rebuild."""
 
+import contextlib
 from collections.abc import AsyncIterator
 
 import pytest
-from hypothesis import HealthCheck, given, settings as hsettings
+from hypothesis import HealthCheck, given
+from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
 from chamber.common.ledger import Claim, Ledger, LedgerConflict, LedgerNotReady
@@ -99,14 +101,14 @@ ops = st.lists(
 
 @hsettings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(ops)
-async def test_no_slot_is_ever_held_by_two_jobs(ledger: Ledger, sequence: list[tuple[str, str, int, list[str]]]) -> None:
+async def test_no_slot_is_ever_held_by_two_jobs(
+    ledger: Ledger, sequence: list[tuple[str, str, int, list[str]]]
+) -> None:
     await ledger.rebuild([])
     for op, job, attempt, slots in sequence:
         if op == "claim":
-            try:
+            with contextlib.suppress(LedgerConflict):
                 await ledger.claim(job, attempt, slots)
-            except LedgerConflict:
-                pass
         else:
             await ledger.release(job, attempt)
         snap = await ledger.snapshot()

@@ -36,7 +36,7 @@ class ServiceProcesses:
     def stop_all(self) -> dict[str, int | None]:
         for proc in self.procs.values():
             proc.send_signal(signal.SIGTERM)
-        codes = {}
+        codes: dict[str, int | None] = {}
         for name, proc in self.procs.items():
             try:
                 codes[name] = proc.wait(timeout=15)

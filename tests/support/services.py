@@ -23,9 +23,9 @@ async def running(settings: Settings, *services: tuple[str, ServiceMain]) -> Asy
         await asyncio.gather(*tasks)
 
 
-async def eventually(predicate: Callable[[], object], timeout: float = 10.0, what: str = "condition") -> None:
+async def eventually(predicate: Callable[[], object], within: float = 10.0, what: str = "condition") -> None:
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
+    deadline = loop.time() + within
     while True:
         result = predicate()
         if asyncio.iscoroutine(result):
@@ -33,5 +33,5 @@ async def eventually(predicate: Callable[[], object], timeout: float = 10.0, wha
         if result:
             return
         if loop.time() > deadline:
-            raise AssertionError(f"{what} not met within {timeout} s")
+            raise AssertionError(f"{what} not met within {within} s")
         await asyncio.sleep(0.05)

@@ -101,7 +101,7 @@ def fleets_and_jobs(draw: st.DrawFn) -> tuple[list[Node], list[JobRecord], set[s
     nodes = [make_node(f"n{i}").gpus(draw(st.sampled_from([2, 4, 8]))).build() for i in range(n_nodes)]
     slots = [f"{n.name}/{g.index}" for n in nodes for g in n.gpus]
     cordoned = set(draw(st.lists(st.sampled_from(slots), max_size=4)))
-    owners = {s: "other/1" for s in draw(st.lists(st.sampled_from(slots), max_size=8))}
+    owners = dict.fromkeys(draw(st.lists(st.sampled_from(slots), max_size=8)), "other/1")
     jobs = [
         make_job(f"j{i}")
         .gpus(draw(st.sampled_from([1, 2, 4, 8])), replicas=draw(st.integers(1, 3)))

@@ -96,7 +96,11 @@ class JobStore:
 
         task = asyncio.create_task(pump(), name="jobstore-follow")
         task.add_done_callback(
-            lambda t: t.cancelled() or t.exception() is None or log.error("jobstore.follow_crashed", error=repr(t.exception()))
+            lambda t: (
+                t.cancelled()
+                or t.exception() is None
+                or log.error("jobstore.follow_crashed", error=repr(t.exception()))
+            )
         )
 
         async def stop() -> None:

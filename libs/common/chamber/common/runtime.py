@@ -2,8 +2,9 @@
 
 import asyncio
 import signal
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
+from typing import Any
 
 from chamber.common.bus import Bus
 from chamber.common.clock import Clock, SystemClock
@@ -34,7 +35,7 @@ class Context:
         return Ledger.from_url(self.settings.redis_url, self.names.redis_prefix())
 
 
-ServiceMain = Callable[[Context, asyncio.Event], Awaitable[None]]
+ServiceMain = Callable[[Context, asyncio.Event], Coroutine[Any, Any, None]]
 
 
 def make_context(settings: Settings, service: str, clock: Clock | None = None) -> Context:

@@ -55,7 +55,9 @@ SUBJECTS: tuple[SubjectSpec, ...] = (
     SubjectSpec("decisions.state.<job>", "DECISIONS", "JobStateChanged", "scheduler", "quota"),
     SubjectSpec("inventory.<node>", "INVENTORY", "NodeInventory", "collector", "scheduler, gateway"),
     SubjectSpec("telemetry.<node>", "TELEMETRY", "NodeTelemetry", "collector", "health"),
-    SubjectSpec("health.verdicts.<node>.<gpu>", "HEALTH", "GpuHealthVerdict", "health", "health (its state at start-up)"),
+    SubjectSpec(
+        "health.verdicts.<node>.<gpu>", "HEALTH", "GpuHealthVerdict", "health", "health (its state at start-up)"
+    ),
     SubjectSpec("quota.state", "QUOTA", "QuotaState", "quota", "scheduler, gateway"),
     SubjectSpec(
         "deadletter.<service>", "DEADLETTER", "the raw message, headers say why", "every consumer", "operators"
