@@ -27,4 +27,8 @@ for root in ROOTS:
             packages.append(name)
             package_dir[name] = str(Path(root, *name.split(".")))
 
-setup(packages=packages, package_dir=package_dir)
+setup(
+    packages=packages,
+    package_dir=package_dir,
+    package_data={"": ["*.lua", "*.html", "*.js", "*.css", "*.yaml", "py.typed"]},
+)
