@@ -2,7 +2,19 @@
 
 from dataclasses import dataclass, field, replace
 
-from chamber.common.contracts import GpuDevice, GpuRef, JobRecord, JobSpec, JobState, Node, Placement, TopologyLabels
+from typing import Literal
+
+from chamber.common.contracts import (
+    GpuDevice,
+    GpuRef,
+    JobRecord,
+    JobSpec,
+    JobState,
+    Node,
+    Placement,
+    Topology,
+    TopologyLabels,
+)
 
 
 @dataclass(frozen=True)
@@ -13,6 +25,12 @@ class NodeBuilder:
     model: str = "H100"
     rack_name: str = "rack-0"
     zone_name: str = "zone-a"
+
+    def model_name(self, model: str) -> "NodeBuilder":
+        return replace(self, model=model)
+
+    def zone(self, zone: str) -> "NodeBuilder":
+        return replace(self, zone_name=zone)
 
     def gpus(self, n: int) -> "NodeBuilder":
         return replace(self, n_gpus=n)
@@ -49,6 +67,46 @@ class JobBuilder:
     gpus_held: tuple[tuple[str, int], ...] = field(default_factory=tuple)
     duration: float | None = 10.0
     pool_name: str | None = None
+    model: str | None = None
+    max_runtime: float | None = None
+    min_runtime: float = 0.0
+    grace: float = 0.0
+    checkpoint_every: float | None = None
+    topo: Topology | None = None
+    started: float | None = None
+    preempted_times: int = 0
+    nominated_gpus: tuple[tuple[str, int], ...] = ()
+    is_stopping: bool = False
+
+    def estimate(self, seconds: float) -> "JobBuilder":
+        return replace(self, max_runtime=seconds)
+
+    def min_runtime_s(self, seconds: float) -> "JobBuilder":
+        return replace(self, min_runtime=seconds)
+
+    def grace_s(self, seconds: float) -> "JobBuilder":
+        return replace(self, grace=seconds)
+
+    def checkpoint(self, every: float) -> "JobBuilder":
+        return replace(self, checkpoint_every=every)
+
+    def gpu_model(self, model: str) -> "JobBuilder":
+        return replace(self, model=model)
+
+    def topology(self, level: Literal["node", "rack", "zone"], required: bool = True) -> "JobBuilder":
+        return replace(self, topo=Topology(level=level, required=required))
+
+    def started_at(self, t: float) -> "JobBuilder":
+        return replace(self, started=t)
+
+    def preempted(self, times: int) -> "JobBuilder":
+        return replace(self, preempted_times=times, state_value=JobState.PREEMPTED)
+
+    def nominated(self, *gpus: tuple[str, int]) -> "JobBuilder":
+        return replace(self, nominated_gpus=gpus)
+
+    def stopping(self) -> "JobBuilder":
+        return replace(self, is_stopping=True)
 
     def team(self, team: str) -> "JobBuilder":
         return replace(self, team_name=team)
@@ -77,6 +135,12 @@ class JobBuilder:
             priority=self.priority_name,
             duration_s=self.duration,
             pool=self.pool_name,
+            gpu_model=self.model,
+            max_runtime_s=self.max_runtime,
+            min_runtime_s=self.min_runtime,
+            checkpoint_grace_s=self.grace,
+            checkpoint_interval_s=self.checkpoint_every,
+            topology=self.topo,
         )
 
     def build(self) -> JobRecord:
@@ -91,7 +155,10 @@ class JobBuilder:
             updated_at=self.submitted,
             attempt=self.attempt_no,
             placement=placement,
-            started_at=self.submitted if placement else None,
+            started_at=(self.started if self.started is not None else self.submitted) if placement else None,
+            preemptions=self.preempted_times,
+            nominated=[GpuRef(n, i) for n, i in self.nominated_gpus],
+            stopping=self.is_stopping,
         )
 
 

@@ -19,6 +19,11 @@ log = get_logger(__name__)
 REASSERT_INTERVAL_S = 5.0
 
 
+def cordon_reason(reason: str) -> str:
+    """Cordons from these rules are fatal: the scheduler interrupts the GPU's job at once, without grace."""
+    return f"fatal: health: {reason}"
+
+
 class Health:
     def __init__(self, ctx: Context, bus: Bus, ledger: Ledger) -> None:
         self.ctx = ctx
@@ -55,7 +60,7 @@ class Health:
     async def on_telemetry(self, batch: NodeTelemetry) -> None:
         for verdict in evaluate(batch, self.states):
             slot = f"{verdict.node}/{verdict.gpu_index}"
-            await self.ledger.cordon([slot], f"health: {verdict.reason}")
+            await self.ledger.cordon([slot], cordon_reason(verdict.reason))
             await self.bus.publish(
                 self.bus.names.health_verdict(verdict.node, verdict.gpu_index),
                 verdict,
@@ -67,7 +72,7 @@ class Health:
     async def reassert(self) -> None:
         by_reason: dict[str, list[str]] = {}
         for slot, reason in self.reasons.items():
-            by_reason.setdefault(f"health: {reason}", []).append(slot)
+            by_reason.setdefault(cordon_reason(reason), []).append(slot)
         for reason, slots in by_reason.items():
             await self.ledger.cordon(slots, reason)
 

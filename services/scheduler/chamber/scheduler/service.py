@@ -29,9 +29,9 @@ from chamber.common.ledger import Claim, Ledger, LedgerConflict, LedgerNotReady
 from chamber.common.log import get_logger
 from chamber.common.runtime import Context, wait_event
 from chamber.common.subjects import JOBS, JOBS_BUCKET
-from chamber.scheduler.core.fifo import Place, decide
-from chamber.scheduler.core.fleet import build_fleet
-from chamber.scheduler.core.lifecycle import apply_event, holds_gpus, note, place
+from chamber.scheduler.core.cycle import SchedulerConfig, SchedulingState
+from chamber.scheduler.core.decisions import Decision, Nominate, Preempt, Wait
+from chamber.scheduler.core.lifecycle import apply_event, holds_gpus, nominate, note, place, stop_requested
 from chamber.scheduler.executor import Executor, SimulatedExecutor
 
 log = get_logger(__name__)
@@ -49,6 +49,7 @@ class Scheduler:
         self.revisions: dict[str, int] = {}
         self.nodes: dict[str, Node] = {}
         self.quota: QuotaState | None = None
+        self.config = SchedulerConfig()
         self._lock = asyncio.Lock()
         self._wake = asyncio.Event()
 
@@ -115,38 +116,52 @@ class Scheduler:
             if not snap.ready:
                 await self._rebuild_ledger()
                 snap = await self.ledger.snapshot()
-            fleet = build_fleet(self.nodes.values(), snap.owners, snap.cordoned)
+            state = SchedulingState.from_snapshot(
+                self.nodes.values(), snap.owners, snap.cordoned, self.records.values(), config=self.config
+            )
             now = self.ctx.clock.now()
-            for decision in decide(fleet, self.records.values()):
-                record = self.records[decision.job_id]
-                if not isinstance(decision, Place):
-                    if record.reason != decision.reason:
-                        await self._save(note(record, now, decision.reason), record.state, publish=False)
-                    continue
-                slots = [g.slot for g in decision.gpus]
-                try:
-                    await self.ledger.claim(decision.job_id, decision.attempt, slots)
-                except LedgerConflict as exc:
-                    log.warning("scheduler.claim_refused", job_id=decision.job_id, error=str(exc))
-                    continue
-                except LedgerNotReady:
-                    log.warning("scheduler.ledger_lost")
-                    self._wake.set()
+            for decision in state.cycle(now):
+                if not await self._apply(decision, now):
+                    self._wake.set()  # the world moved under this cycle: decide again from a fresh snapshot
                     return
-                placed = place(record, Placement(decision.attempt, list(decision.gpus), decision.reason), now)
-                await self._save(placed, record.state)
-                await self.bus.publish(
-                    self.names.decision_placed(placed.id),
-                    JobPlaced(
-                        job_id=placed.id,
-                        attempt=decision.attempt,
-                        gpus=list(decision.gpus),
-                        reason=decision.reason,
-                        decided_at=now,
-                    ),
-                    msg_id=f"{placed.id}:{decision.attempt}:placed",
-                )
-                await self.executor.launch(placed)
+
+    async def _apply(self, decision: Decision, now: float) -> bool:
+        """Apply one decision; False when the ledger refused it (stale snapshot) and the cycle must stop."""
+        record = self.records[decision.job_id]
+        if isinstance(decision, Wait):
+            if record.reason != decision.reason:
+                await self._save(note(record, now, decision.reason), record.state, publish=False)
+            return True
+        if isinstance(decision, Nominate):
+            await self._save(nominate(record, now, list(decision.gpus), decision.reason), record.state)
+            return True
+        if isinstance(decision, Preempt):
+            if record.attempt != decision.attempt or not holds_gpus(record) or record.stopping:
+                return True
+            stopping = stop_requested(record, now, decision.reason, decision.interrupt)
+            await self._save(stopping, record.state)
+            await self.executor.stop(stopping, decision.reason, decision.grace_s)
+            return True
+        try:
+            await self.ledger.claim(decision.job_id, decision.attempt, [g.slot for g in decision.gpus])
+        except LedgerConflict as exc:
+            log.warning("scheduler.claim_refused", job_id=decision.job_id, error=str(exc))
+            return False
+        except LedgerNotReady:
+            log.warning("scheduler.ledger_lost")
+            return False
+        placed = place(record, Placement(decision.attempt, list(decision.gpus), decision.reason), now)
+        await self._save(placed, record.state)
+        await self.bus.publish(
+            self.names.decision_placed(placed.id),
+            JobPlaced(
+                job_id=placed.id, attempt=decision.attempt, gpus=list(decision.gpus), reason=decision.reason,
+                decided_at=now,
+            ),
+            msg_id=f"{placed.id}:{decision.attempt}:placed",
+        )  # fmt: skip
+        await self.executor.launch(placed)
+        return True
 
     # ---- persistence and ledger recovery ------------------------------------------------------------------
 

@@ -22,6 +22,7 @@ from chamber.common.contracts.jobs import (
     JobStopped,
     JobSubmitted,
     Placement,
+    Topology,
 )
 from chamber.common.contracts.quota import QuotaState, TeamUsage
 from chamber.common.contracts.telemetry import GpuSample, NodeTelemetry
@@ -55,5 +56,6 @@ __all__ = [
     "Pool",
     "QuotaState",
     "TeamUsage",
+    "Topology",
     "TopologyLabels",
 ]

@@ -6,7 +6,7 @@ A placed job whose executor has not yet reported its start stays `pending` with 
 """
 
 from enum import StrEnum
-from typing import Annotated
+from typing import Annotated, Literal
 
 import msgspec
 
@@ -28,6 +28,14 @@ class JobState(StrEnum):
 TERMINAL_STATES = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED})
 
 
+class Topology(Contract, frozen=True):
+    """Keep a gang's replicas together: on one node, in one rack (NVLink domain), or in one zone."""
+
+    level: Literal["node", "rack", "zone"]
+    required: bool = True
+    """Required: wait until it fits so. Preferred: so if possible, else anywhere."""
+
+
 class JobSpec(Contract, frozen=True):
     """A job as submitted: a gang of `replicas`, each needing `gpus_per_replica` GPUs on one node."""
 
@@ -42,6 +50,11 @@ class JobSpec(Contract, frozen=True):
     checkpoint_grace_s: Annotated[float, msgspec.Meta(ge=0)] = 0.0
     pool: str | None = None
     gpu_model: str | None = None
+    topology: Topology | None = None
+    checkpoint_interval_s: Annotated[float, msgspec.Meta(gt=0)] | None = None
+    """How often the job checkpoints; None: it checkpoints when told to stop, if given a grace period."""
+    requeue: Literal["always", "never"] = "always"
+    """After a preemption or interruption: back to the queue (resuming from its checkpoint) or fail."""
 
     @property
     def gpus(self) -> int:
@@ -84,6 +97,15 @@ class JobRecord(Contract, frozen=True):
     reason: str = ""
     preemptions: int = 0
     cancel_requested: bool = False
+    nominated: list[GpuRef] = msgspec.field(default_factory=list)
+    """GPUs set aside for this job while the jobs it preempted stop; nobody else may take them."""
+    stopping: bool = False
+    """The executor was asked to stop the current attempt (preemption or interruption) and has not confirmed yet."""
+    stop_reason: str = ""
+    stop_kind: Literal["", "preempt", "interrupt"] = ""
+    lost_s: float = 0.0
+    """Run time lost to preemptions and interruptions (work done after the last checkpoint)."""
+    interruptions: int = 0
 
 
 class JobSubmitted(Event, frozen=True):
@@ -122,6 +144,8 @@ class JobStopped(Event, frozen=True):
     attempt: int
     stopped_at: float
     reason: str = ""
+    graceful: bool = True
+    """The job had its checkpoint grace period (False: killed at once, e.g. its GPU failed)."""
 
 
 JobEvent = JobSubmitted | JobCancelRequested | JobStarted | JobFinished | JobStopped

@@ -1,29 +1,132 @@
-"""A view of the fleet for one scheduling cycle: which GPU slots exist, and which are free and schedulable."""
+"""The fleet as the scheduler sees it in one cycle: free GPU slots per node, indexed for fast best-fit.
 
-from collections.abc import Iterable, Mapping
+Nodes are grouped into partitions (pool, GPU model); within a partition, nodes sit in buckets by how many GPUs
+they have free, so the best-fitting node for a request is found without scanning the fleet. Slots that are
+claimed, cordoned, nominated to a preemptor or reserved for a blocked job are simply not free here.
+"""
+
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
-from chamber.common.contracts import Node
+from chamber.scheduler.core.model import Shape
+
+Partition = tuple[str, str]
+"""(pool, gpu_model)."""
 
 
-@dataclass(frozen=True, slots=True)
-class NodeView:
+@dataclass(slots=True)
+class NodeSlots:
     name: str
     pool: str
-    gpu_model: str
+    model: str
     rack: str
     zone: str
-    gpu_indices: tuple[int, ...]
-    free: tuple[int, ...]
-    """Indices of GPUs that are schedulable and not claimed, ascending."""
+    capacity: int
+    free: list[int]
+    """Free GPU indices, ascending."""
+
+    @property
+    def partition(self) -> Partition:
+        return (self.pool, self.model)
+
+    def domain(self, level: str) -> str:
+        return self.rack if level == "rack" else self.zone if level == "zone" else self.name
 
 
-def build_fleet(nodes: Iterable[Node], owners: Mapping[str, str], cordoned: Mapping[str, str]) -> list[NodeView]:
-    """Join inventory with the ledger. Nodes are returned in name order so placement is deterministic."""
-    views = []
-    for node in sorted(nodes, key=lambda n: n.name):
-        indices = tuple(sorted(g.index for g in node.gpus))
-        free = tuple(i for i in indices if f"{node.name}/{i}" not in owners and f"{node.name}/{i}" not in cordoned)
-        model = node.gpus[0].model if node.gpus else ""
-        views.append(NodeView(node.name, node.pool, model, node.topology.rack, node.topology.zone, indices, free))
-    return views
+class FleetIndex:
+    def __init__(self) -> None:
+        self.nodes: dict[str, NodeSlots] = {}
+        self._buckets: dict[Partition, list[dict[str, None]]] = {}
+        self._free: dict[Partition, int] = {}
+        self._parts_cache: dict[tuple[str | None, str | None], tuple[Partition, ...]] = {}
+
+    def add_node(
+        self, name: str, *, pool: str, model: str, rack: str, zone: str, capacity: int, free: Iterable[int]
+    ) -> None:
+        assert name not in self.nodes, f"node {name} added twice"
+        node = NodeSlots(name, pool, model, rack, zone, capacity, sorted(free))
+        self.nodes[name] = node
+        part = node.partition
+        if part not in self._buckets:
+            self._parts_cache.clear()
+            self._buckets[part] = []
+            self._free[part] = 0
+        self._bucket(part, len(node.free))[name] = None
+        self._free[part] += len(node.free)
+
+    def _bucket(self, part: Partition, count: int) -> dict[str, None]:
+        buckets = self._buckets[part]
+        while len(buckets) <= count:
+            buckets.append({})
+        return buckets[count]
+
+    def take(self, node_name: str, indices: Iterable[int]) -> None:
+        node = self.nodes[node_name]
+        before = len(node.free)
+        gone = set(indices)
+        node.free = [i for i in node.free if i not in gone]
+        self._move(node, before)
+
+    def give(self, node_name: str, indices: Iterable[int]) -> None:
+        node = self.nodes.get(node_name)
+        if node is None:
+            return
+        before = len(node.free)
+        node.free = sorted(set(node.free).union(indices))
+        self._move(node, before)
+
+    def _move(self, node: NodeSlots, before: int) -> None:
+        after = len(node.free)
+        if after == before:
+            return
+        part = node.partition
+        del self._buckets[part][before][node.name]
+        self._bucket(part, after)[node.name] = None
+        self._free[part] += after - before
+
+    def partitions_for(self, shape: Shape) -> tuple[Partition, ...]:
+        key = (shape.pool, shape.gpu_model)
+        parts = self._parts_cache.get(key)
+        if parts is None:
+            parts = tuple(
+                sorted(
+                    p
+                    for p in self._buckets
+                    if (shape.pool is None or p[0] == shape.pool)
+                    and (shape.gpu_model is None or p[1] == shape.gpu_model)
+                )
+            )
+            self._parts_cache[key] = parts
+        return parts
+
+    def free_in(self, parts: Iterable[Partition]) -> int:
+        return sum(self._free[p] for p in parts)
+
+    def free_total(self) -> int:
+        return sum(self._free.values())
+
+    def best_fit(self, parts: tuple[Partition, ...], need: int) -> str | None:
+        """The node with the fewest free GPUs that still has `need` (first in its bucket on ties)."""
+        best: tuple[int, str] | None = None
+        for part in parts:
+            buckets = self._buckets[part]
+            for count in range(need, len(buckets)):
+                bucket = buckets[count]
+                if bucket:
+                    name = next(iter(bucket))
+                    if best is None or (count, name) < best:
+                        best = (count, name)
+                    break
+        return None if best is None else best[1]
+
+    def nodes_with(self, parts: tuple[Partition, ...], at_least: int) -> Iterator[NodeSlots]:
+        """Every node in `parts` with at least `at_least` free GPUs."""
+        for part in parts:
+            buckets = self._buckets[part]
+            for count in range(max(at_least, 1), len(buckets)):
+                for name in buckets[count]:
+                    yield self.nodes[name]
+
+    def fragmented_gpus(self, whole: int = 8) -> int:
+        """Free GPUs on nodes that have fewer than `whole` free: free, yet unusable for a `whole`-GPU replica."""
+        return sum(len(n.free) for n in self.nodes.values() if 0 < len(n.free) < whole)

@@ -10,6 +10,7 @@ import msgspec
 
 from chamber.common.contracts import (
     TERMINAL_STATES,
+    GpuRef,
     JobCancelRequested,
     JobEvent,
     JobFinished,
@@ -72,23 +73,52 @@ def apply_event(record: JobRecord | None, event: JobEvent, now: float) -> Transi
 
 
 def _stopped(record: JobRecord, event: JobStopped, now: float) -> Transition:
-    ran = _run_time(record, event.stopped_at)
+    ran = max(0.0, event.stopped_at - record.started_at) if record.started_at is not None else 0.0
     if record.cancel_requested:
         stopped = _bump(
-            record, now, state=JobState.CANCELLED, finished_at=event.stopped_at, run_s=ran, reason="cancelled"
+            record, now, state=JobState.CANCELLED, finished_at=event.stopped_at, run_s=record.run_s + ran,
+            reason="cancelled",
+        )  # fmt: skip
+        return Transition(stopped, record.state, release_attempt=record.attempt)
+    saved = checkpointed(record, ran, event.graceful)
+    interrupted = record.stop_kind == "interrupt"
+    common = {
+        "run_s": record.run_s + saved,
+        "lost_s": record.lost_s + (ran - saved),
+        "preemptions": record.preemptions + (not interrupted),
+        "interruptions": record.interruptions + interrupted,
+        "stopping": False,
+    }
+    reason = record.stop_reason or event.reason or "preempted"
+    if record.spec.requeue == "never":
+        stopped = _bump(
+            record, now, state=JobState.FAILED, finished_at=event.stopped_at, reason=f"{reason}; not requeued", **common
         )
     else:
         stopped = _bump(
-            record,
-            now,
-            state=JobState.PREEMPTED,
-            placement=None,
-            started_at=None,
-            run_s=ran,
-            preemptions=record.preemptions + 1,
-            reason=event.reason or "preempted",
-        )
+            record, now, state=JobState.PREEMPTED, placement=None, started_at=None,
+            reason=f"{reason}; requeued, resumes from its checkpoint", **common,
+        )  # fmt: skip
     return Transition(stopped, record.state, release_attempt=record.attempt)
+
+
+def checkpointed(record: JobRecord, ran: float, graceful: bool) -> float:
+    """How much of `ran` seconds survives a stop: up to the last periodic checkpoint, or all of it when the job
+    checkpoints on request and was given its grace period."""
+    interval = record.spec.checkpoint_interval_s
+    if interval:
+        return ran - ran % interval
+    return ran if graceful else 0.0
+
+
+def stop_requested(record: JobRecord, now: float, reason: str, interrupt: bool) -> JobRecord:
+    """The record after the scheduler asked the executor to stop it for a preemption or an interruption."""
+    return _bump(record, now, stopping=True, stop_reason=reason, stop_kind="interrupt" if interrupt else "preempt",
+                 reason=reason)  # fmt: skip
+
+
+def nominate(record: JobRecord, now: float, gpus: list[GpuRef], reason: str) -> JobRecord:
+    return _bump(record, now, nominated=gpus, reason=reason)
 
 
 def _cancel(record: JobRecord, now: float) -> Transition | None:
@@ -111,7 +141,10 @@ def _run_time(record: JobRecord, until: float) -> float:
 
 def place(record: JobRecord, placement: Placement, now: float) -> JobRecord:
     """The record after the scheduler placed a new attempt (the claim is already in the ledger)."""
-    return _bump(record, now, attempt=placement.attempt, placement=placement, reason=placement.reason)
+    return _bump(
+        record, now, attempt=placement.attempt, placement=placement, reason=placement.reason, nominated=[],
+        stopping=False, stop_reason="", stop_kind="",
+    )  # fmt: skip
 
 
 def unplace(record: JobRecord, now: float, reason: str) -> JobRecord:

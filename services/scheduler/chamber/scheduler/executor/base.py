@@ -16,8 +16,9 @@ class Executor(Protocol):
         """Start the record's current attempt on its placement (Kubernetes: inject affinity, unsuspend)."""
         ...
 
-    async def stop(self, record: JobRecord, reason: str) -> None:
-        """Stop the record's current attempt (Kubernetes: suspend the Job again)."""
+    async def stop(self, record: JobRecord, reason: str, grace_s: float = 0.0) -> None:
+        """Stop the record's current attempt after `grace_s` seconds to checkpoint (Kubernetes: suspend the Job
+        with that termination grace period). Reports `JobStopped`, graceful when `grace_s` > 0."""
         ...
 
     async def resync(self, records: Iterable[JobRecord]) -> None:

@@ -20,6 +20,7 @@ class SimulatedExecutor:
         self.bus = bus
         self.clock = clock
         self._timers: dict[tuple[str, int], asyncio.Task[None]] = {}
+        self._stopping: dict[tuple[str, int], asyncio.Task[None]] = {}
 
     async def launch(self, record: JobRecord) -> None:
         started_at = self.clock.now()
@@ -30,15 +31,37 @@ class SimulatedExecutor:
         )
         self._arm(record, started_at)
 
-    async def stop(self, record: JobRecord, reason: str) -> None:
+    async def stop(self, record: JobRecord, reason: str, grace_s: float = 0.0) -> None:
+        key = (record.id, record.attempt)
+        if key in self._stopping:
+            return
+        if grace_s <= 0:
+            await self._stop_now(record, reason, graceful=False)
+            return
+        self._stopping[key] = asyncio.create_task(self._stop_after(record, reason, grace_s), name=f"stop-{record.id}")
+
+    async def _stop_after(self, record: JobRecord, reason: str, grace_s: float) -> None:
+        """The job checkpoints during its grace period; it may also finish in it, which the scheduler then sees."""
+        await asyncio.sleep(grace_s)
+        await self._stop_now(record, reason, graceful=True)
+        self._stopping.pop((record.id, record.attempt), None)
+
+    async def _stop_now(self, record: JobRecord, reason: str, graceful: bool) -> None:
         timer = self._timers.pop((record.id, record.attempt), None)
         if timer is not None:
             timer.cancel()
-        await self.bus.publish(
-            self.bus.names.job_lifecycle(record.id),
-            JobStopped(job_id=record.id, attempt=record.attempt, stopped_at=self.clock.now(), reason=reason),
-            msg_id=f"{record.id}:{record.attempt}:stopped",
+        event = JobStopped(
+            job_id=record.id, attempt=record.attempt, stopped_at=self.clock.now(), reason=reason, graceful=graceful
         )
+        while True:
+            try:
+                await self.bus.publish(
+                    self.bus.names.job_lifecycle(record.id), event, msg_id=f"{record.id}:{record.attempt}:stopped"
+                )
+                return
+            except PublishError as exc:
+                log.warning("sim_executor.publish_failed", job_id=record.id, error=str(exc))
+                await asyncio.sleep(0.5)
 
     async def resync(self, records: Iterable[JobRecord]) -> None:
         for record in records:
@@ -46,15 +69,21 @@ class SimulatedExecutor:
                 continue
             if record.cancel_requested:
                 await self.stop(record, "cancelled")
+            elif record.stopping:
+                if record.started_at is not None:
+                    self._arm(record, record.started_at)
+                grace = max(0.0, record.updated_at + record.spec.checkpoint_grace_s - self.clock.now())
+                await self.stop(record, record.stop_reason, grace if record.stop_kind == "preempt" else 0.0)
             elif record.state == JobState.RUNNING and record.started_at is not None:
                 self._arm(record, record.started_at)
             else:
                 await self.launch(record)
 
     async def close(self) -> None:
-        for timer in self._timers.values():
-            timer.cancel()
+        for task in [*self._timers.values(), *self._stopping.values()]:
+            task.cancel()
         self._timers.clear()
+        self._stopping.clear()
 
     def _arm(self, record: JobRecord, started_at: float) -> None:
         key = (record.id, record.attempt)

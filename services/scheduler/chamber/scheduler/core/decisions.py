@@ -1,0 +1,44 @@
+"""What a scheduling cycle decides. Every decision says why, in words a user reads on the job."""
+
+from dataclasses import dataclass
+
+from chamber.common.contracts import GpuRef
+
+
+@dataclass(frozen=True, slots=True)
+class Place:
+    job_id: str
+    attempt: int
+    gpus: tuple[GpuRef, ...]
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Preempt:
+    """Stop a running job: give it `grace_s` to checkpoint, then it returns to the queue."""
+
+    job_id: str
+    attempt: int
+    grace_s: float
+    reason: str
+    by: str | None = None
+    """The job it makes room for; None for an interruption (its GPU became unschedulable)."""
+    interrupt: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Nominate:
+    """Set GPUs aside for a preemptor until its victims have stopped."""
+
+    job_id: str
+    gpus: tuple[GpuRef, ...]
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Wait:
+    job_id: str
+    reason: str
+
+
+Decision = Place | Preempt | Nominate | Wait

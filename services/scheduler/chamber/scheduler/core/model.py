@@ -1,0 +1,160 @@
+"""The scheduler core's working model of jobs: what a waiting job needs, what a running job holds."""
+
+from dataclasses import dataclass, replace
+
+from chamber.common.contracts import GpuRef, JobRecord
+from chamber.common.priorities import DEFAULT_CLASSES, PriorityClass, priority_value
+
+TopologyLevel = str  # "node" | "rack" | "zone"
+
+
+@dataclass(frozen=True, slots=True)
+class Shape:
+    """Everything about a job that decides where it can go. Jobs of one shape fit or fail together."""
+
+    per_replica: int
+    replicas: int
+    pool: str | None = None
+    gpu_model: str | None = None
+    level: TopologyLevel | None = None
+    required: bool = True
+
+    @property
+    def gpus(self) -> int:
+        return self.per_replica * self.replicas
+
+    def describe(self) -> str:
+        where = ""
+        if self.level is not None:
+            where = f" in one {self.level}" + ("" if self.required else " (preferred)")
+        constraint = "".join(f" of {c}" for c in (self.gpu_model, self.pool) if c)
+        if self.replicas == 1:
+            return f"{self.per_replica} GPUs{constraint}{where}"
+        return f"{self.gpus} GPUs{constraint} ({self.replicas} x {self.per_replica}){where}"
+
+
+def shape_of(record: JobRecord) -> Shape:
+    s = record.spec
+    topo = s.topology
+    return Shape(
+        per_replica=s.gpus_per_replica,
+        replicas=s.replicas,
+        pool=s.pool,
+        gpu_model=s.gpu_model,
+        level=topo.level if topo else None,
+        required=topo.required if topo else True,
+    )
+
+
+@dataclass(slots=True)
+class RunningJob:
+    """A job that holds GPUs (running, or placed and starting)."""
+
+    id: str
+    team: str
+    priority: int
+    preemptible: bool
+    gpus: tuple[GpuRef, ...]
+    started_at: float
+    min_runtime_s: float
+    checkpoint_interval_s: float | None
+    checkpoint_grace_s: float
+    est_end: float | None
+    """When it should end, from the user's `max_runtime_s`; None when unknown."""
+    borrowed: bool = False
+    """Runs on capacity borrowed beyond its team's quota (reclaimed first)."""
+    stopping: bool = False
+    attempt: int = 0
+
+    def work_lost_if_stopped(self, now: float) -> float:
+        ran = max(0.0, now - self.started_at)
+        if self.checkpoint_interval_s:
+            return ran % self.checkpoint_interval_s
+        return 0.0 if self.checkpoint_grace_s > 0 else ran
+
+
+def running_from(
+    record: JobRecord, classes: dict[str, PriorityClass] = DEFAULT_CLASSES, borrowed: bool = False
+) -> RunningJob:
+    assert record.placement is not None
+    spec = record.spec
+    started = record.started_at if record.started_at is not None else record.updated_at
+    est_end = None
+    if spec.max_runtime_s is not None:
+        est_end = started + max(0.0, spec.max_runtime_s - record.run_s)
+    pc = classes.get(spec.priority)
+    return RunningJob(
+        id=record.id,
+        team=spec.team,
+        priority=priority_value(spec.priority, classes),
+        preemptible=pc.preemptible if pc else True,
+        gpus=tuple(record.placement.gpus),
+        started_at=started,
+        min_runtime_s=spec.min_runtime_s,
+        checkpoint_interval_s=spec.checkpoint_interval_s,
+        checkpoint_grace_s=spec.checkpoint_grace_s,
+        est_end=est_end,
+        borrowed=borrowed,
+        stopping=record.stopping,
+        attempt=record.attempt,
+    )
+
+
+@dataclass(slots=True)
+class PendingJob:
+    id: str
+    team: str
+    priority: int
+    shape: Shape
+    submitted_at: float
+    preemptions: int
+    attempt: int
+    est_runtime_s: float | None
+    """What is left of the user's `max_runtime_s` (for backfill); None when unknown."""
+    preemptible: bool = True
+    min_runtime_s: float = 0.0
+    checkpoint_interval_s: float | None = None
+    checkpoint_grace_s: float = 0.0
+    nominated: tuple[GpuRef, ...] = ()
+
+    def requeued(self, attempt: int, saved_s: float) -> "PendingJob":
+        """The job back in the queue after attempt `attempt` was preempted, `saved_s` of its work checkpointed."""
+        est = None if self.est_runtime_s is None else max(0.0, self.est_runtime_s - saved_s)
+        return replace(self, attempt=attempt, preemptions=self.preemptions + 1, est_runtime_s=est, nominated=())
+
+    def start(self, gpus: tuple[GpuRef, ...], now: float) -> RunningJob:
+        """The running job this becomes when placed on `gpus` at `now`."""
+        return RunningJob(
+            id=self.id,
+            team=self.team,
+            priority=self.priority,
+            preemptible=self.preemptible,
+            gpus=gpus,
+            started_at=now,
+            min_runtime_s=self.min_runtime_s,
+            checkpoint_interval_s=self.checkpoint_interval_s,
+            checkpoint_grace_s=self.checkpoint_grace_s,
+            est_end=None if self.est_runtime_s is None else now + self.est_runtime_s,
+            attempt=self.attempt + 1,
+        )
+
+
+def pending_from(record: JobRecord, classes: dict[str, PriorityClass] = DEFAULT_CLASSES) -> PendingJob:
+    spec = record.spec
+    est = None if spec.max_runtime_s is None else max(0.0, spec.max_runtime_s - record.run_s)
+    pc = classes.get(spec.priority)
+    return PendingJob(
+        id=record.id,
+        team=spec.team,
+        priority=priority_value(spec.priority, classes),
+        shape=shape_of(record),
+        submitted_at=record.submitted_at,
+        preemptions=record.preemptions,
+        attempt=record.attempt,
+        est_runtime_s=est,
+        preemptible=pc.preemptible if pc else True,
+        min_runtime_s=spec.min_runtime_s,
+        checkpoint_interval_s=spec.checkpoint_interval_s,
+        checkpoint_grace_s=spec.checkpoint_grace_s,
+        nominated=tuple(record.nominated),
+    )

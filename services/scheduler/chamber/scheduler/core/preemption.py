@@ -1,0 +1,80 @@
+"""Choosing whom to preempt: the cheapest set of victims that really makes room for a waiting gang.
+
+Victims must be preemptible, of strictly lower priority, past their minimum runtime and not already stopping.
+Strictly lower priority is what rules out preemption cycles: two jobs can never preempt each other.
+Cost order (cheapest first): capacity borrowed beyond quota, then lowest priority, then least work lost since the
+last checkpoint, then fewest GPUs. The search adds victims in that order until the gang fits (counted in O(1)
+per step), drops every victim the fit does not need (most expensive first), then places the gang in a what-if
+and keeps only the victims whose GPUs the placement uses. A plan is returned only if that placement exists.
+"""
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from chamber.common.contracts import GpuRef
+from chamber.scheduler.core.capacity import CapacityCounter
+from chamber.scheduler.core.fleet import FleetIndex
+from chamber.scheduler.core.model import PendingJob, RunningJob
+from chamber.scheduler.core.whatif import WhatIf, per_node
+
+
+@dataclass(frozen=True, slots=True)
+class PreemptionPlan:
+    victims: tuple[RunningJob, ...]
+    gpus: tuple[GpuRef, ...]
+    """Where the preemptor will run once the victims have stopped."""
+
+
+def can_be_victim(victim: RunningJob, preemptor_priority: int, now: float) -> bool:
+    return (
+        victim.preemptible
+        and not victim.stopping
+        and victim.priority < preemptor_priority
+        and now - victim.started_at >= victim.min_runtime_s
+    )
+
+
+def victim_cost(victim: RunningJob, now: float) -> tuple[bool, int, float, int, str]:
+    return (not victim.borrowed, victim.priority, victim.work_lost_if_stopped(now), len(victim.gpus), victim.id)
+
+
+def plan_preemption(
+    index: FleetIndex, job: PendingJob, running: Iterable[RunningJob], now: float
+) -> PreemptionPlan | None:
+    parts = set(index.partitions_for(job.shape))
+    eligible = {name for name, node in index.nodes.items() if node.partition in parts}
+    candidates = [r for r in running if can_be_victim(r, job.priority, now) and any(g.node in eligible for g in r.gpus)]
+    if not candidates:
+        return None
+    candidates.sort(key=lambda r: victim_cost(r, now))
+    avail = {name: len(index.nodes[name].free) for name in eligible}
+    for name, n in per_node(job.nominated, eligible).items():
+        avail[name] += n
+    counter = CapacityCounter(index, job.shape, avail)
+    chosen: list[RunningJob] = []
+    for victim in candidates:
+        for name, n in per_node(victim.gpus, eligible).items():
+            counter.add(name, n)
+        chosen.append(victim)
+        if counter.fits():
+            break
+    else:
+        return None
+    for victim in reversed(chosen[:-1]):
+        freed = per_node(victim.gpus, eligible)
+        for name, n in freed.items():
+            counter.remove(name, n)
+        if counter.fits():
+            chosen.remove(victim)
+        else:
+            for name, n in freed.items():
+                counter.add(name, n)
+    trial = WhatIf(index, job.nominated)
+    for victim in chosen:
+        trial.evict(victim.gpus)
+    gpus = trial.allocate(job.shape)
+    if gpus is None:
+        return None
+    used = {g.slot for g in gpus}
+    needed = tuple(v for v in chosen if any(g.slot in used for g in v.gpus))
+    return PreemptionPlan(needed, gpus)

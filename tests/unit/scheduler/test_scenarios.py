@@ -1,0 +1,370 @@
+"""The scheduling cycle, rule by rule, as a table of named scenarios (fleet, jobs, expected decisions)."""
+
+from dataclasses import dataclass, field
+
+import pytest
+
+from chamber.common.contracts import JobRecord, Node
+from chamber.scheduler.core.cycle import SchedulingState
+from chamber.scheduler.core.decisions import Nominate, Place, Preempt, Wait
+from tests.support.builders import make_job, make_node
+
+NOW = 1000.0
+
+
+@dataclass
+class Scenario:
+    name: str
+    nodes: list[Node]
+    jobs: list[JobRecord]
+    placed: dict[str, set[str] | list[tuple[str, int]]] = field(default_factory=dict)
+    """job -> the nodes it lands on, or its exact GPUs."""
+    preempted: set[str] = field(default_factory=set)
+    nominated: set[str] = field(default_factory=set)
+    waiting: dict[str, str] = field(default_factory=dict)
+    """job -> a phrase its reason must contain."""
+    cordoned: dict[str, str] = field(default_factory=dict)
+    standing: dict[str, float] = field(default_factory=dict)
+    borrowed: frozenset[str] = frozenset()
+    grace: dict[str, float] = field(default_factory=dict)
+
+
+def n8(name: str, rack: str = "rack-0") -> Node:
+    return make_node(name).gpus(8).rack(rack).build()
+
+
+def holding(job: str, node: str, count: int, start: int = 0) -> tuple[tuple[str, int], ...]:
+    return tuple((node, i) for i in range(start, start + count))
+
+
+J = make_job
+
+SCENARIOS = [
+    # ---- packing and topology
+    Scenario(
+        "best fit: a small job goes to the fullest node that holds it",
+        [n8("a"), n8("b")],
+        [J("r").running_on(*holding("r", "a", 5)).build(), J("x").gpus(2).build()],
+        placed={"x": [("a", 5), ("a", 6)]},
+    ),
+    Scenario(
+        "small jobs share one node and leave whole nodes free",
+        [n8("a"), n8("b")],
+        [J(f"s{i}").gpus(1).at(i).build() for i in range(4)],
+        placed={f"s{i}": {"a"} for i in range(4)},
+    ),
+    Scenario(
+        "a gang's replicas fill whole nodes",
+        [n8("a"), n8("b"), n8("c")],
+        [J("g").gpus(8, replicas=2).build()],
+        placed={"g": {"a", "b"}},
+    ),
+    Scenario(
+        "a gang that cannot fit whole takes nothing",
+        [n8("a"), n8("b")],
+        [J("g").gpus(8, replicas=3).build()],
+        waiting={"g": "waiting for 24 GPUs"},
+    ),
+    Scenario(
+        "same-node keeps all replicas on one node",
+        [make_node("a").gpus(4).build(), n8("b")],
+        [J("g").gpus(2, replicas=3).topology("node").build()],
+        placed={"g": {"b"}},
+    ),
+    Scenario(
+        "same-rack picks the rack that fits the gang most tightly",
+        [n8("a1", "r1"), n8("a2", "r1"), n8("a3", "r1"), n8("b1", "r2"), n8("b2", "r2")],
+        [J("g").gpus(8, replicas=2).topology("rack").build()],
+        placed={"g": {"b1", "b2"}},
+    ),
+    Scenario(
+        "a required rack waits even when the fleet has room",
+        [n8("a1", "r1"), n8("b1", "r2")],
+        [J("g").gpus(8, replicas=2).topology("rack").build()],
+        waiting={"g": "in one rack"},
+    ),
+    Scenario(
+        "a preferred rack falls back to anywhere",
+        [n8("a1", "r1"), n8("b1", "r2")],
+        [J("g").gpus(8, replicas=2).topology("rack", required=False).build()],
+        placed={"g": {"a1", "b1"}},
+    ),
+    Scenario(
+        "a pool constraint is honoured",
+        [n8("a"), make_node("b").gpus(8).pool("spot").build()],
+        [J("x").gpus(1).pool("spot").build()],
+        placed={"x": {"b"}},
+    ),
+    Scenario(
+        "a GPU model constraint is honoured",
+        [n8("a"), make_node("b").gpus(8).model_name("A100").build()],
+        [J("x").gpus(1).gpu_model("A100").build()],
+        placed={"x": {"b"}},
+    ),
+    Scenario(
+        "unschedulable GPUs are never used",
+        [make_node("a").gpus(2).build()],
+        [J("x").gpus(2).build()],
+        cordoned={"a/1": "fatal: XID 79"},
+        waiting={"x": "waiting for 2 GPUs; 1 free"},
+    ),
+    # ---- order
+    Scenario(
+        "higher priority goes first",
+        [make_node("a").gpus(2).build()],
+        [J("low").gpus(2).priority("best-effort").at(0).build(), J("high").gpus(2).priority("inference").at(5).build()],
+        placed={"high": {"a"}},
+        waiting={"low": "waiting"},
+    ),
+    Scenario(
+        "within a class, the team with more fair-share standing goes first",
+        [make_node("a").gpus(2).build()],
+        [J("x").team("rich").gpus(2).at(0).build(), J("y").team("poor").gpus(2).at(5).build()],
+        standing={"poor": 1.0, "rich": -1.0},
+        placed={"y": {"a"}},
+    ),
+    Scenario(
+        "a job preempted before keeps its place and gains standing in its class",
+        [make_node("a").gpus(2).build()],
+        [
+            J("fresh").gpus(2).priority("research").at(0).build(),
+            J("victim").gpus(2).priority("research").at(10).preempted(2).build(),
+        ],
+        placed={"victim": {"a"}},
+    ),
+    # ---- backfill
+    Scenario(
+        "EASY: the blocked head gets a reservation with its earliest start",
+        [n8("a"), n8("b")],
+        [
+            J("r").running_on(*holding("r", "a", 8)).estimate(3600).started_at(NOW - 1200).build(),
+            J("head").gpus(8, replicas=2).at(0).build(),
+        ],
+        waiting={"head": "reserved, earliest start in 40 min"},
+    ),
+    Scenario(
+        "EASY: a short job backfills into reserved capacity, a long one does not",
+        [n8("a"), n8("b")],
+        [
+            J("r").running_on(*holding("r", "a", 8)).estimate(3600).started_at(NOW - 1200).build(),
+            J("head").gpus(8, replicas=2).at(0).build(),
+            J("long").gpus(4).estimate(7200).at(1).build(),
+            J("short").gpus(4).estimate(600).at(2).build(),
+        ],
+        placed={"short": {"b"}},
+        waiting={"head": "reserved", "long": "reserved for head"},
+    ),
+    Scenario(
+        "EASY: a job without an estimate only uses capacity the reservation does not need",
+        [n8("a"), n8("b"), make_node("c").gpus(4).build()],
+        [
+            J("r").running_on(*holding("r", "a", 8)).estimate(3600).build(),
+            J("head").gpus(8, replicas=2).at(0).build(),
+            J("open").gpus(4).at(1).build(),
+            J("open2").gpus(4).at(2).build(),
+        ],
+        placed={"open": {"c"}},
+        waiting={"head": "reserved", "open2": "reserved for head"},
+    ),
+    Scenario(
+        "a head blocked by jobs without estimates still holds its capacity",
+        [n8("a"), n8("b")],
+        [
+            J("r").running_on(*holding("r", "a", 8)).build(),
+            J("head").gpus(8, replicas=2).at(0).build(),
+            J("small").gpus(1).estimate(10).at(1).build(),
+        ],
+        waiting={"head": "earliest start unknown", "small": "reserved for head"},
+    ),
+    # ---- preemption
+    Scenario(
+        "a higher-priority job preempts lower-priority work and is nominated its GPUs",
+        [n8("a")],
+        [
+            J("low").priority("research").running_on(*holding("low", "a", 8)).grace_s(30).build(),
+            J("hi").gpus(8).priority("train").build(),
+        ],
+        preempted={"low"},
+        nominated={"hi"},
+        grace={"low": 30},
+    ),
+    Scenario(
+        "non-preemptible work is never preempted",
+        [n8("a")],
+        [
+            J("t").priority("train").running_on(*holding("t", "a", 8)).build(),
+            J("i").gpus(8).priority("inference").build(),
+        ],
+        waiting={"i": "waiting"},
+    ),
+    Scenario(
+        "equal priority never preempts (no ping-pong)",
+        [n8("a")],
+        [
+            J("r1").priority("research").running_on(*holding("r1", "a", 8)).build(),
+            J("r2").gpus(8).priority("research").preempted(3).build(),
+        ],
+        waiting={"r2": "waiting"},
+    ),
+    Scenario(
+        "a job within its minimum runtime is not preempted",
+        [n8("a")],
+        [
+            J("low")
+            .priority("research")
+            .running_on(*holding("low", "a", 8))
+            .started_at(NOW - 10)
+            .min_runtime_s(60)
+            .build(),
+            J("hi").gpus(8).priority("train").build(),
+        ],
+        waiting={"hi": "waiting"},
+    ),
+    Scenario(
+        "the cheapest victim: lowest priority first",
+        [make_node("a").gpus(4).build(), make_node("b").gpus(4).build()],
+        [
+            J("res").priority("research").running_on(*holding("res", "a", 4)).build(),
+            J("be").priority("best-effort").running_on(*holding("be", "b", 4)).build(),
+            J("hi").gpus(4).priority("train").build(),
+        ],
+        preempted={"be"},
+        nominated={"hi"},
+    ),
+    Scenario(
+        "the cheapest victim: capacity borrowed beyond quota first",
+        [make_node("a").gpus(4).build(), make_node("b").gpus(4).build()],
+        [
+            J("own").priority("best-effort").running_on(*holding("own", "a", 4)).build(),
+            J("lent").priority("research").running_on(*holding("lent", "b", 4)).build(),
+            J("hi").gpus(4).priority("train").build(),
+        ],
+        borrowed=frozenset({"lent"}),
+        preempted={"lent"},
+        nominated={"hi"},
+    ),
+    Scenario(
+        "the cheapest victim: least work lost since its last checkpoint",
+        [make_node("a").gpus(4).build(), make_node("b").gpus(4).build()],
+        [
+            J("fresh-ckpt")
+            .priority("research")
+            .checkpoint(600)
+            .started_at(NOW - 610)
+            .running_on(*holding("x", "a", 4))
+            .build(),
+            J("stale-ckpt")
+            .priority("research")
+            .checkpoint(600)
+            .started_at(NOW - 590)
+            .running_on(*holding("y", "b", 4))
+            .build(),
+            J("hi").gpus(4).priority("train").build(),
+        ],
+        preempted={"fresh-ckpt"},
+        nominated={"hi"},
+    ),
+    Scenario(
+        "only the victims the preemptor needs are preempted",
+        [n8("a"), n8("b")],
+        [
+            J("v1").priority("research").running_on(*holding("v1", "a", 4)).build(),
+            J("v2").priority("research").running_on(*holding("v2", "a", 4, start=4)).build(),
+            J("v3").priority("best-effort").running_on(*holding("v3", "b", 2)).build(),
+            J("hi").gpus(8).priority("train").build(),
+        ],
+        preempted={"v3"},
+        nominated={"hi"},
+    ),
+    Scenario(
+        "a gang victim is preempted whole, and a gang preemptor gets a plan that fits whole",
+        [n8("a"), n8("b")],
+        [
+            J("gang").priority("research").running_on(*holding("g", "a", 8), *holding("g", "b", 8)).build(),
+            J("hi").gpus(8, replicas=2).priority("train").build(),
+        ],
+        preempted={"gang"},
+        nominated={"hi"},
+    ),
+    Scenario(
+        "no plan, no preemption: a gang that cannot fit even with every victim gone preempts nobody",
+        [n8("a1", "r1"), n8("b1", "r2")],
+        [
+            J("v").priority("research").running_on(*holding("v", "a1", 8)).build(),
+            J("hi").gpus(8, replicas=2).priority("train").topology("rack").build(),
+        ],
+        waiting={"hi": "in one rack"},
+    ),
+    Scenario(
+        "jobs already stopping are not preempted again",
+        [n8("a")],
+        [
+            J("low").priority("research").running_on(*holding("low", "a", 8)).stopping().build(),
+            J("hi").gpus(8).priority("train").build(),
+        ],
+        waiting={"hi": "waiting"},
+    ),
+    Scenario(
+        "nominated GPUs wait for the preemptor; nobody else takes them",
+        [make_node("a").gpus(4).build()],
+        [
+            J("v").priority("research").running_on(*holding("v", "a", 2)).stopping().build(),
+            J("hi").gpus(4).priority("train").nominated(*holding("hi", "a", 4)).build(),
+            J("other").gpus(2).priority("inference").at(0).build(),
+        ],
+        waiting={"hi": "waiting for v to stop", "other": "waiting"},
+    ),
+    Scenario(
+        "a preemptor starts on its nominated GPUs once its victims are gone",
+        [make_node("a").gpus(4).build()],
+        [
+            J("hi").gpus(4).priority("train").nominated(*holding("hi", "a", 4)).build(),
+            J("other").gpus(2).priority("inference").at(0).build(),
+        ],
+        placed={"hi": {"a"}},
+        waiting={"other": "waiting"},
+    ),
+    # ---- interruption
+    Scenario(
+        "a fatal fault interrupts its job at once",
+        [n8("a")],
+        [J("t").priority("train").grace_s(60).running_on(*holding("t", "a", 8)).build()],
+        cordoned={"a/3": "fatal: XID 79"},
+        preempted={"t"},
+        grace={"t": 0},
+    ),
+    Scenario(
+        "a degraded GPU drains its job with the checkpoint grace",
+        [n8("a")],
+        [J("t").priority("train").grace_s(60).running_on(*holding("t", "a", 8)).build()],
+        cordoned={"a/3": "degraded: thermal"},
+        preempted={"t"},
+        grace={"t": 60},
+    ),
+]
+
+
+@pytest.mark.parametrize("sc", SCENARIOS, ids=[s.name for s in SCENARIOS])
+def test_scenario(sc: Scenario) -> None:
+    owners = {g.slot: f"{r.id}/{r.attempt}" for r in sc.jobs if r.placement for g in r.placement.gpus}
+    state = SchedulingState.from_snapshot(
+        sc.nodes, owners, sc.cordoned, sc.jobs, standing=sc.standing, borrowed=sc.borrowed
+    )
+    decisions = state.cycle(NOW)
+    placed = {d.job_id: d.gpus for d in decisions if isinstance(d, Place)}
+    assert set(placed) == set(sc.placed), decisions
+    for job_id, expected in sc.placed.items():
+        got = placed[job_id]
+        if isinstance(expected, set):
+            assert {g.node for g in got} == expected, got
+        else:
+            assert [(g.node, g.index) for g in got] == expected
+    preempts = {d.job_id: d for d in decisions if isinstance(d, Preempt)}
+    assert set(preempts) == sc.preempted, decisions
+    for job_id, grace in sc.grace.items():
+        assert preempts[job_id].grace_s == grace
+    assert {d.job_id for d in decisions if isinstance(d, Nominate)} == sc.nominated, decisions
+    waits = {d.job_id: d.reason for d in decisions if isinstance(d, Wait)}
+    for job_id, phrase in sc.waiting.items():
+        assert job_id in waits, decisions
+        assert phrase in waits[job_id], waits[job_id]
