@@ -1,0 +1,93 @@
+"""The scheduler service end to end on real NATS and Redis: preemption with resume, and interruption by a fault."""
+
+from collections.abc import AsyncIterator
+
+import pytest
+
+from chamber.collector import service as collector
+from chamber.common.bus import Bus
+from chamber.common.contracts import GpuSample, JobRecord, JobSpec, JobSubmitted, NodeTelemetry
+from chamber.common.jobstore import JobStore
+from chamber.common.settings import Settings
+from chamber.common.subjects import JOBS_BUCKET, Names
+from chamber.health import service as health
+from chamber.scheduler import service as scheduler
+from tests.support.services import eventually, running
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+async def bus(settings: Settings, cleanup: None) -> AsyncIterator[Bus]:
+    b = await Bus.connect(settings.nats_url, Names(settings.namespace), "test")
+    await b.ensure_streams()
+    yield b
+    await b.close()
+
+
+async def submit(bus: Bus, job_id: str, spec: JobSpec, at: float) -> None:
+    await bus.publish(bus.names.job_submit(job_id), JobSubmitted(job_id=job_id, spec=spec, submitted_at=at))
+
+
+async def record(store: JobStore, job_id: str) -> JobRecord | None:
+    got = await store.get(job_id)
+    return None if got is None else got[0]
+
+
+async def test_training_preempts_research_which_resumes_and_finishes(settings: Settings, bus: Bus) -> None:
+    store = JobStore(await bus.key_value(JOBS_BUCKET))
+    async with running(settings, ("collector", collector.main), ("scheduler", scheduler.main)):
+        research = JobSpec(
+            name="sweep", team="lab", gpus_per_replica=8, replicas=4, priority="research", duration_s=4.0,
+            checkpoint_grace_s=0.3,
+        )  # fmt: skip
+        await submit(bus, "research", research, 1.0)
+
+        async def is_state(job_id: str, state: str) -> bool:
+            r = await record(store, job_id)
+            return r is not None and r.state == state
+
+        await eventually(lambda: is_state("research", "running"), what="research running on the whole fleet")
+        train = JobSpec(name="llm", team="core", gpus_per_replica=8, priority="train", duration_s=0.5)
+        await submit(bus, "train", train, 2.0)
+        await eventually(lambda: is_state("research", "preempted"), what="research preempted")
+        preempted = await record(store, "research")
+        assert preempted is not None
+        assert preempted.preemptions == 1
+        assert "preempted by train" in preempted.reason
+        assert preempted.run_s > 0, "its work up to the checkpoint is kept"
+        await eventually(lambda: is_state("train", "succeeded"), what="train ran and finished")
+        await eventually(lambda: is_state("research", "succeeded"), within=20, what="research resumed and finished")
+        done = await record(store, "research")
+        assert done is not None
+        assert done.attempt == 2
+
+
+async def test_a_gpu_fault_interrupts_its_job_which_resumes_elsewhere(settings: Settings, bus: Bus) -> None:
+    store = JobStore(await bus.key_value(JOBS_BUCKET))
+    async with running(settings, ("collector", collector.main), ("scheduler", scheduler.main), ("health", health.main)):
+        spec = JobSpec(name="pretrain", team="core", gpus_per_replica=8, priority="train", duration_s=60.0)
+        await submit(bus, "pretrain", spec, 1.0)
+
+        async def placed() -> JobRecord | None:
+            r = await record(store, "pretrain")
+            return r if r is not None and r.state == "running" else None
+
+        await eventually(placed, what="job running")
+        first = await placed()
+        assert first is not None and first.placement is not None
+        node = first.placement.gpus[0].node
+        fault = GpuSample(index=5, uuid="GPU-bad", ecc_dbe_volatile=1)
+        await bus.publish(
+            bus.names.telemetry(node), NodeTelemetry(node=node, sampled_at=2.0, interval_s=1.0, gpus=[fault])
+        )
+
+        async def moved() -> bool:
+            r = await record(store, "pretrain")
+            return bool(r and r.state == "running" and r.attempt == 2)
+
+        await eventually(moved, what="the job runs again after the fault")
+        after = await record(store, "pretrain")
+        assert after is not None and after.placement is not None
+        assert after.interruptions == 1
+        assert f"{node}/5" not in {g.slot for g in after.placement.gpus}
