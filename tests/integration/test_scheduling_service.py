@@ -75,7 +75,8 @@ async def test_a_gpu_fault_interrupts_its_job_which_resumes_elsewhere(settings: 
 
         await eventually(placed, what="job running")
         first = await placed()
-        assert first is not None and first.placement is not None
+        assert first is not None
+        assert first.placement is not None
         node = first.placement.gpus[0].node
         fault = GpuSample(index=5, uuid="GPU-bad", ecc_dbe_volatile=1)
         await bus.publish(
@@ -88,6 +89,7 @@ async def test_a_gpu_fault_interrupts_its_job_which_resumes_elsewhere(settings: 
 
         await eventually(moved, what="the job runs again after the fault")
         after = await record(store, "pretrain")
-        assert after is not None and after.placement is not None
+        assert after is not None
+        assert after.placement is not None
         assert after.interruptions == 1
         assert f"{node}/5" not in {g.slot for g in after.placement.gpus}

@@ -1,7 +1,6 @@
 """Fluent builders for scenario tables: `make_node("n1").gpus(8).rack("r1").build()`, `make_job("a")...`."""
 
 from dataclasses import dataclass, field, replace
-
 from typing import Literal
 
 from chamber.common.contracts import (

@@ -46,6 +46,20 @@ def _up(args: argparse.Namespace) -> int:
         infra.stop()
 
 
+def _bench_scheduler(args: argparse.Namespace) -> int:
+    import json
+
+    from chamber.scheduler.bench import BenchConfig, run
+
+    cfg = BenchConfig(
+        nodes=args.nodes, gpus_per_node=args.gpus_per_node, pending=args.pending, teams=args.teams, seed=args.seed,
+        cycles=args.cycles,
+    )  # fmt: skip
+    result = run(cfg)
+    print(json.dumps(result) if args.json else json.dumps(result, indent=2))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="chamber", description="Chamber keeps GPU fleets busy.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -54,6 +68,16 @@ def build_parser() -> argparse.ArgumentParser:
     svc.set_defaults(func=_service)
     up = sub.add_parser("up", help="run the whole system on this machine (embedded NATS and Redis if needed)")
     up.set_defaults(func=_up)
+    bench = sub.add_parser("bench", help="benchmarks that print JSON").add_subparsers(dest="bench", required=True)
+    sched = bench.add_parser("scheduler", help="the scheduling core on a random fleet and workload")
+    sched.add_argument("--nodes", type=int, default=1280)
+    sched.add_argument("--gpus-per-node", type=int, default=8)
+    sched.add_argument("--pending", type=int, default=100_000)
+    sched.add_argument("--teams", type=int, default=20)
+    sched.add_argument("--cycles", type=int, default=200)
+    sched.add_argument("--seed", type=int, default=1)
+    sched.add_argument("--json", action="store_true", help="one line of JSON")
+    sched.set_defaults(func=_bench_scheduler)
     return parser
 
 

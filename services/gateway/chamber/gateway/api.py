@@ -5,7 +5,7 @@ by JetStream before the API answers, so an accepted request is never lost.
 """
 
 import secrets
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import msgspec
 from litestar import Litestar, Request, delete, get, post
@@ -15,7 +15,7 @@ from litestar.openapi import OpenAPIConfig
 from litestar.params import FromPath, JSONBody, QueryParameter
 from litestar.status_codes import HTTP_202_ACCEPTED, HTTP_409_CONFLICT, HTTP_503_SERVICE_UNAVAILABLE
 
-from chamber.common.contracts import TERMINAL_STATES, JobCancelRequested, JobSpec, JobState, JobSubmitted
+from chamber.common.contracts import TERMINAL_STATES, JobCancelRequested, JobSpec, JobState, JobSubmitted, Topology
 from chamber.common.contracts.jobs import JobName, TeamName
 from chamber.common.priorities import DEFAULT_CLASSES
 from chamber.gateway.core.views import (
@@ -42,6 +42,9 @@ class SubmitJobRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
     checkpoint_grace_s: Annotated[float, msgspec.Meta(ge=0)] = 0.0
     pool: str | None = None
     gpu_model: str | None = None
+    topology: Topology | None = None
+    checkpoint_interval_s: Annotated[float, msgspec.Meta(gt=0)] | None = None
+    requeue: Literal["always", "never"] = "always"
 
 
 def new_job_id(now: float) -> str:

@@ -4,7 +4,7 @@ from collections.abc import Iterable, Mapping
 
 import msgspec
 
-from chamber.common.contracts import JobRecord, JobSpec, JobState, Node, Placement
+from chamber.common.contracts import GpuRef, JobRecord, JobSpec, JobState, Node, Placement
 
 
 class JobView(msgspec.Struct, kw_only=True):
@@ -25,6 +25,10 @@ class JobView(msgspec.Struct, kw_only=True):
     preemptions: int = 0
     duration_s: float | None = None
     cancel_requested: bool = False
+    run_s: float = 0.0
+    lost_s: float = 0.0
+    interruptions: int = 0
+    nominated: list[GpuRef] = msgspec.field(default_factory=list)
 
 
 class NodeView(msgspec.Struct, kw_only=True):
@@ -71,6 +75,10 @@ def job_view(record: JobRecord) -> JobView:
         preemptions=record.preemptions,
         duration_s=s.duration_s,
         cancel_requested=record.cancel_requested,
+        run_s=record.run_s,
+        lost_s=record.lost_s,
+        interruptions=record.interruptions,
+        nominated=record.nominated,
     )
 
 

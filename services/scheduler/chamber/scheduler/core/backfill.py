@@ -7,6 +7,7 @@ if their own estimate says they finish before the reserved start. A job without 
 start is unknown, backfills only onto capacity the reservation does not need.
 """
 
+import heapq
 from dataclasses import dataclass
 
 from chamber.common.contracts import GpuRef
@@ -25,31 +26,38 @@ class Reservation:
 
 
 def reserve(index: FleetIndex, job: PendingJob, running: list[RunningJob], now: float) -> Reservation | None:
-    parts = set(index.partitions_for(job.shape))
-    eligible = {name for name, node in index.nodes.items() if node.partition in parts}
-    avail = {name: len(index.nodes[name].free) for name in eligible}
+    parts = index.partitions_for(job.shape)
+    everywhere = len(parts) == index.partition_count()
+    eligible = None if everywhere else {n for n, node in index.nodes.items() if node.partition in set(parts)}
+    avail = {node.name: len(node.free) for node in index.nodes_with(parts, 1)}
+    for name, n in per_node(job.nominated, eligible).items():
+        avail[name] = avail.get(name, 0) + n
     counter = CapacityCounter(index, job.shape, avail)
-    releasing = [r for r in running if any(g.node in eligible for g in r.gpus)]
-
-    def ends(r: RunningJob) -> tuple[bool, float, str]:
-        if r.stopping:
-            return (False, now, r.id)
-        return (r.est_end is None, r.est_end if r.est_end is not None else r.started_at, r.id)
-
-    releasing.sort(key=ends)
     trial = WhatIf(index, job.nominated)
-    start: float | None = now
-    for r in releasing:
-        if counter.fits():
-            break
+    if counter.fits():
+        gpus = trial.allocate(job.shape)
+        return None if gpus is None else Reservation(job.id, now, gpus)
+    # Release running jobs in order of their expected end: stopping ones now, then by estimate, unknown last.
+    order: list[tuple[bool, float, int]] = []
+    for i, r in enumerate(running):
+        if eligible is not None and not any(g.node in eligible for g in r.gpus):
+            continue
+        if r.stopping:
+            order.append((False, now, i))
+        elif r.est_end is not None:
+            order.append((False, r.est_end, i))
+        else:
+            order.append((True, r.started_at, i))
+    heapq.heapify(order)
+    while order:
+        unknown, at, i = heapq.heappop(order)
+        r = running[i]
         for name, n in per_node(r.gpus, eligible).items():
             counter.add(name, n)
         trial.evict(r.gpus)
-        unknown, at, _ = ends(r)
-        start = None if unknown else max(now, at)
-    if not counter.fits():
-        return None
-    gpus = trial.allocate(job.shape)
-    if gpus is None:
-        return None
-    return Reservation(job.id, start, gpus)
+        if counter.fits():
+            gpus = trial.allocate(job.shape)
+            if gpus is None:
+                return None
+            return Reservation(job.id, None if unknown else max(now, at), gpus)
+    return None

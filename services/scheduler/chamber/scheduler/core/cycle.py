@@ -34,8 +34,10 @@ FATAL_PREFIX = "fatal"
 @dataclass(frozen=True, slots=True)
 class SchedulerConfig:
     classes: Mapping[str, PriorityClass] = field(default_factory=lambda: dict(DEFAULT_CLASSES))
-    backfill_lookahead: int = 32
-    """Jobs looked at after a blocked sub-queue head, for ones short enough to backfill (Slurm: bf_max_job_test)."""
+    backfill_lookahead: int = 16
+    """Jobs looked at after a blocked sub-queue head, for ones short enough to backfill."""
+    backfill_budget: int = 512
+    """Look-ahead jobs per cycle in all (like Slurm's bf_max_job_test): bounds a cycle with a deep queue."""
     max_tests_per_cycle: int = 5000
     standing_cap: int = 3
     """A job preempted n times is ordered ahead of its class peers by min(n, cap) steps: it gains standing."""
@@ -50,6 +52,7 @@ class _CycleContext:
     reserved_free: dict[str, list[int]] = field(default_factory=dict)
     """The reservation's GPUs that are free now, held out of the index."""
     lowest_victim: int | None = None
+    backfill_tested: int = 0
 
 
 class SchedulingState:
@@ -114,8 +117,10 @@ class SchedulingState:
         """Queue a job and decide about it at once when nothing ahead of it in its sub-queue waits."""
         self.queue.push(job)
         ctx = self._ctx
-        if ctx is None or not self.queue.is_head(job):
+        if ctx is None:
             return []
+        if not self.queue.is_head(job):
+            return [Wait(job.id, "queued behind earlier jobs of the same priority, team and shape")]
         decisions: list[Decision] = []
         ctx.now = now
         self._consider(job, ctx, decisions)
@@ -170,6 +175,8 @@ class SchedulingState:
             if self._exhausted(job, ctx):
                 decisions.append(Wait(job.id, self._waiting_reason(job, ctx)))
                 break
+            if self._hopeless(job, ctx):
+                continue  # its sub-queue stays as it was: nothing this cycle could do for it
             if self._consider(job, ctx, decisions) == "blocked":
                 tests += self._backfill_behind(key, ctx, decisions)
                 continue
@@ -183,6 +190,21 @@ class SchedulingState:
         if self.index.free_total() or ctx.reserved_free:
             return False
         return ctx.lowest_victim is None or job.priority <= ctx.lowest_victim
+
+    def _hopeless(self, job: PendingJob, ctx: _CycleContext) -> bool:
+        """Already known this cycle: its shape does not fit, it may not preempt, and nothing is left to try."""
+        shape = job.shape
+        if shape not in ctx.blocked or ctx.reservation is None:
+            return False
+        may_preempt = (
+            ctx.lowest_victim is not None
+            and job.priority > ctx.lowest_victim
+            and job.priority > ctx.preempt_failed.get(shape, -(10**9))
+        )
+        if may_preempt:
+            return False
+        short = job.est_runtime_s is not None and ctx.reservation.start is not None and ctx.reserved_free
+        return not short
 
     def _consider(self, job: PendingJob, ctx: _CycleContext, decisions: list[Decision]) -> str:
         shape = job.shape
@@ -235,12 +257,14 @@ class SchedulingState:
     def _backfill_behind(self, key: QueueKey, ctx: _CycleContext, decisions: list[Decision]) -> int:
         """After a blocked sub-queue head, look a little further for jobs short enough to backfill."""
         res = ctx.reservation
-        if res is None or res.start is None or not ctx.reserved_free:
+        budget = self.config.backfill_budget - ctx.backfill_tested
+        if res is None or res.start is None or not ctx.reserved_free or budget <= 0:
             return 0
         tested = 0
-        for job in list(self.queue.after_head(key, self.config.backfill_lookahead)):
+        for job in list(self.queue.after_head(key, min(budget, self.config.backfill_lookahead))):
             tested += 1
             self._backfill_into_reservation(job, ctx, decisions)
+        ctx.backfill_tested += tested
         return tested
 
     # ---- applying decisions to the working state -----------------------------------------------------------
@@ -316,8 +340,11 @@ class SchedulingState:
         self.queue.push(job)
 
     def _interrupt(self, now: float, decisions: list[Decision]) -> None:
+        if not self.cordoned:
+            return
+        bad_nodes = {slot.rsplit("/", 1)[0] for slot in self.cordoned}
         for job in self.running.values():
-            if job.stopping:
+            if job.stopping or not any(g.node in bad_nodes for g in job.gpus):
                 continue
             bad = [g.slot for g in job.gpus if g.slot in self.cordoned]
             if not bad:

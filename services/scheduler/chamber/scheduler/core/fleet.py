@@ -99,6 +99,9 @@ class FleetIndex:
             self._parts_cache[key] = parts
         return parts
 
+    def partition_count(self) -> int:
+        return len(self._buckets)
+
     def free_in(self, parts: Iterable[Partition]) -> int:
         return sum(self._free[p] for p in parts)
 

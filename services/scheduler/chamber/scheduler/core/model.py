@@ -8,7 +8,7 @@ from chamber.common.priorities import DEFAULT_CLASSES, PriorityClass, priority_v
 TopologyLevel = str  # "node" | "rack" | "zone"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=True)
 class Shape:
     """Everything about a job that decides where it can go. Jobs of one shape fit or fail together."""
 

@@ -47,9 +47,9 @@ def plan_preemption(
     if not candidates:
         return None
     candidates.sort(key=lambda r: victim_cost(r, now))
-    avail = {name: len(index.nodes[name].free) for name in eligible}
+    avail = {node.name: len(node.free) for node in index.nodes_with(index.partitions_for(job.shape), 1)}
     for name, n in per_node(job.nominated, eligible).items():
-        avail[name] += n
+        avail[name] = avail.get(name, 0) + n
     counter = CapacityCounter(index, job.shape, avail)
     chosen: list[RunningJob] = []
     for victim in candidates:

@@ -25,7 +25,7 @@ class JobQueue:
         self.standing_cap = standing_cap
         self.jobs: dict[str, PendingJob] = {}
         self._subqueues: dict[QueueKey, SubQueue] = {}
-        self._where: dict[str, QueueKey] = {}
+        self._where: dict[str, SubQueue] = {}
 
     def __len__(self) -> int:
         return len(self.jobs)
@@ -42,7 +42,7 @@ class JobQueue:
             sq = self._subqueues[key] = SubQueue(key)
         heapq.heappush(sq.heap, (job.submitted_at, job.id))
         self.jobs[job.id] = job
-        self._where[job.id] = key
+        self._where[job.id] = sq
 
     def remove(self, job_id: str) -> PendingJob | None:
         """Remove a job (lazily: its heap entry is skipped when it reaches the top)."""
@@ -55,7 +55,7 @@ class JobQueue:
             return None
         while sq.heap:
             _, job_id = sq.heap[0]
-            if self._where.get(job_id) == key:
+            if self._where.get(job_id) is sq:
                 return self.jobs[job_id]
             heapq.heappop(sq.heap)
         del self._subqueues[key]
@@ -65,7 +65,8 @@ class JobQueue:
         return list(self._subqueues)
 
     def is_head(self, job: PendingJob) -> bool:
-        return self.head(self.key_of(job)) is job
+        sq = self._where.get(job.id)
+        return sq is not None and self.head(sq.key) is job
 
     def after_head(self, key: QueueKey, limit: int) -> Iterator[PendingJob]:
         """Up to `limit` jobs of a sub-queue after its head, in order (for backfill look-ahead)."""
@@ -74,7 +75,7 @@ class JobQueue:
             return
         seen = 0
         for _, job_id in heapq.nsmallest(limit + 1, sq.heap):
-            if self._where.get(job_id) != key:
+            if self._where.get(job_id) is not sq:
                 continue
             seen += 1
             if seen == 1:
