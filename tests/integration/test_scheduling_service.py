@@ -54,7 +54,7 @@ async def test_training_preempts_research_which_resumes_and_finishes(settings: S
         preempted = await record(store, "research")
         assert preempted is not None
         assert preempted.preemptions == 1
-        assert "preempted by train" in preempted.reason
+        assert "preempted by train" in preempted.stop_reason
         assert preempted.run_s > 0, "its work up to the checkpoint is kept"
         await eventually(lambda: is_state("train", "succeeded"), what="train ran and finished")
         await eventually(lambda: is_state("research", "succeeded"), within=20, what="research resumed and finished")

@@ -14,6 +14,7 @@ from typing import Any
 from chamber.common.bus import Bus
 from chamber.common.codec import Decoder
 from chamber.common.contracts import (
+    TERMINAL_STATES,
     JobEvent,
     JobPlaced,
     JobRecord,
@@ -46,6 +47,8 @@ class Scheduler:
         self.executor = executor
         self.names = bus.names
         self.records: dict[str, JobRecord] = {}
+        self.active: dict[str, JobRecord] = {}
+        """The records that are not terminal: what a scheduling cycle looks at."""
         self.revisions: dict[str, int] = {}
         self.nodes: dict[str, Node] = {}
         self.quota: QuotaState | None = None
@@ -54,9 +57,8 @@ class Scheduler:
         self._wake = asyncio.Event()
 
     async def start(self) -> None:
-        for job_id, (record, revision) in (await self.store.load_all()).items():
-            self.records[job_id] = record
-            self.revisions[job_id] = revision
+        for record, revision in (await self.store.load_all()).values():
+            self._remember(record, revision)
         await self.bus.watch_latest(self.names.subject("inventory.>"), Decoder(NodeInventory), self._on_inventory)
         await self.bus.watch_latest(self.names.quota_state(), Decoder(QuotaState), self._on_quota)
         async with self._lock:
@@ -117,7 +119,7 @@ class Scheduler:
                 await self._rebuild_ledger()
                 snap = await self.ledger.snapshot()
             state = SchedulingState.from_snapshot(
-                self.nodes.values(), snap.owners, snap.cordoned, self.records.values(), config=self.config
+                self.nodes.values(), snap.owners, snap.cordoned, self.active.values(), config=self.config
             )
             now = self.ctx.clock.now()
             for decision in state.cycle(now):
@@ -175,14 +177,21 @@ class Scheduler:
                 record, revision = stored
         else:
             revision = await self.store.update(record, self.revisions[record.id])
-        self.records[record.id] = record
-        self.revisions[record.id] = revision
+        self._remember(record, revision)
         if publish:
             await self.bus.publish(
                 self.names.decision_state(record.id),
                 JobStateChanged(record=record, previous=str(previous or ""), at=record.updated_at),
                 msg_id=f"{record.id}:v{record.version}",
             )
+
+    def _remember(self, record: JobRecord, revision: int) -> None:
+        self.records[record.id] = record
+        self.revisions[record.id] = revision
+        if record.state in TERMINAL_STATES:
+            self.active.pop(record.id, None)
+        else:
+            self.active[record.id] = record
 
     async def _reconcile_ledger(self) -> None:
         """Make the ledger agree with the records after a restart: drop orphan claims, restore missing ones."""
