@@ -93,12 +93,12 @@ class Consumer(Generic[T]):
         while not self._stopping.is_set():
             try:
                 msgs = await psub.fetch(self.batch, timeout=0.5)
-            except nats.errors.TimeoutError:
-                continue
-            except (nats.errors.Error, nats.js.errors.Error) as exc:
+            except (nats.errors.TimeoutError, TimeoutError):
+                continue  # nothing to do (nats-py raises either, depending on where the wait timed out)
+            except Exception as exc:  # never let the loop die: a dead consumer silently stalls the service
                 if self._stopping.is_set() or self.bus.nc.is_closed:
                     return
-                log.warning("consumer.fetch_failed", durable=self.durable, error=str(exc))
+                log.warning("consumer.fetch_failed", durable=self.durable, error=repr(exc))
                 await asyncio.sleep(0.5)
                 continue
             for msg in msgs:
