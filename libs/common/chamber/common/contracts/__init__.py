@@ -24,7 +24,16 @@ from chamber.common.contracts.jobs import (
     Placement,
     Topology,
 )
-from chamber.common.contracts.quota import QuotaState, TeamUsage
+from chamber.common.contracts.quota import (
+    BudgetSpec,
+    OrgConfig,
+    PoolConfig,
+    QuotaConfig,
+    QuotaState,
+    TeamConfig,
+    TeamQuota,
+    TeamUsage,
+)
 from chamber.common.contracts.telemetry import GpuSample, NodeTelemetry
 
 __all__ = [
@@ -54,7 +63,13 @@ __all__ = [
     "NodeTelemetry",
     "Placement",
     "Pool",
+    "BudgetSpec",
+    "OrgConfig",
+    "PoolConfig",
+    "QuotaConfig",
     "QuotaState",
+    "TeamConfig",
+    "TeamQuota",
     "TeamUsage",
     "Topology",
     "TopologyLabels",

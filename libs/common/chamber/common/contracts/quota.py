@@ -1,6 +1,64 @@
-"""The quota service's published view of each team's usage (the fair-share arithmetic comes later)."""
+"""Quota configuration (owned by the quota service, stored in JetStream KV) and the quota state it publishes."""
+
+from typing import Annotated, Literal
+
+import msgspec
 
 from chamber.common.contracts.base import Contract, Event
+
+Name = Annotated[str, msgspec.Meta(min_length=1, max_length=64, pattern=r"^[a-z0-9][a-z0-9-]*$")]
+Gpus = Annotated[int, msgspec.Meta(ge=0)]
+
+
+class PoolConfig(Contract, frozen=True):
+    """A capacity pool: one GPU model in one cluster, with its price. Capacity comes from the inventory."""
+
+    name: Name
+    gpu_model: str
+    cluster: str = "local"
+    cost_per_gpu_hour: Annotated[float, msgspec.Meta(ge=0)] = 0.0
+    capacity: Gpus | None = None
+    """Declared capacity, used until the inventory reports the pool's GPUs."""
+
+
+class TeamQuota(Contract, frozen=True):
+    pool: Name
+    nominal: Gpus = 0
+    """Guaranteed GPUs: the team gets min(nominal, demand), reclaiming borrowed capacity if it must."""
+    borrowing_limit: Gpus | None = None
+    """At most this many GPUs above nominal; None: as many as the cohort can lend."""
+    lending_limit: Gpus | None = None
+    """At most this many idle nominal GPUs lent to the cohort; None: all idle nominal."""
+
+
+class BudgetSpec(Contract, frozen=True):
+    gpu_hours: Annotated[float, msgspec.Meta(gt=0)] | None = None
+    money: Annotated[float, msgspec.Meta(gt=0)] | None = None
+    period: Literal["day", "week", "month"] = "month"
+    mode: Literal["warn", "block-preemptible", "block-all"] = "warn"
+
+
+class OrgConfig(Contract, frozen=True):
+    name: Name
+    parent: Name | None = None
+
+
+class TeamConfig(Contract, frozen=True):
+    name: Name
+    org: Name
+    cohort: Name = "default"
+    """Teams of one cohort lend idle nominal quota to each other."""
+    weight: Annotated[float, msgspec.Meta(gt=0, le=1000)] = 1.0
+    quotas: list[TeamQuota] = msgspec.field(default_factory=list)
+    budget: BudgetSpec | None = None
+
+
+class QuotaConfig(Contract, frozen=True):
+    pools: list[PoolConfig] = msgspec.field(default_factory=list)
+    orgs: list[OrgConfig] = msgspec.field(default_factory=list)
+    teams: list[TeamConfig] = msgspec.field(default_factory=list)
+    usage_half_life_s: Annotated[float, msgspec.Meta(gt=0)] = 7 * 86400.0
+    """Recent usage counts against a team's fair share, halving every this many seconds."""
 
 
 class TeamUsage(Contract, frozen=True):
@@ -9,6 +67,17 @@ class TeamUsage(Contract, frozen=True):
     jobs_running: int = 0
     jobs_pending: int = 0
     gpus_pending: int = 0
+    nominal: int = 0
+    borrowed: int = 0
+    lent: int = 0
+    fair_share: float = 0.0
+    standing: float = 0.0
+    """Positive: below its fair share (goes first); negative: above it."""
+    gpu_hours: float = 0.0
+    cost: float = 0.0
+    budget_used: float = 0.0
+    """Share of the budget used this period (1.0 = exhausted)."""
+    budget_state: Literal["none", "ok", "warn", "blocked-preemptible", "blocked-all"] = "none"
 
 
 class QuotaState(Event, frozen=True):

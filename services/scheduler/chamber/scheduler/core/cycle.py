@@ -15,17 +15,18 @@ benchmark), it mutates only itself and returns decisions; the time comes in as a
 
 import heapq
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from chamber.common.contracts import GpuRef, JobRecord, Node
 from chamber.common.priorities import DEFAULT_CLASSES, PriorityClass
+from chamber.common.quota import QuotaBook, admit, borrowed_jobs, may_reclaim
 from chamber.scheduler.core.backfill import Reservation, reserve
 from chamber.scheduler.core.decisions import Decision, Nominate, Place, Preempt, Wait
 from chamber.scheduler.core.fleet import FleetIndex
 from chamber.scheduler.core.lifecycle import holds_gpus, needs_placement
 from chamber.scheduler.core.model import PendingJob, RunningJob, Shape, pending_from, running_from
 from chamber.scheduler.core.placement import find_placement
-from chamber.scheduler.core.preemption import plan_preemption
+from chamber.scheduler.core.preemption import can_be_reclaimed, can_be_victim, plan_preemption
 from chamber.scheduler.core.queue import JobQueue, QueueKey, order_key
 
 FATAL_PREFIX = "fatal"
@@ -47,11 +48,13 @@ class SchedulerConfig:
 class _CycleContext:
     now: float
     blocked: set[Shape] = field(default_factory=set)
-    preempt_failed: dict[Shape, int] = field(default_factory=dict)
+    preempt_failed: dict[tuple[Shape, str], int] = field(default_factory=dict)
     reservation: Reservation | None = None
     reserved_free: dict[str, list[int]] = field(default_factory=dict)
     """The reservation's GPUs that are free now, held out of the index."""
     lowest_victim: int | None = None
+    reclaimable: bool = False
+    """Some running job is on borrowed capacity: a team within its quota may reclaim it whatever the priorities."""
     backfill_tested: int = 0
 
 
@@ -66,6 +69,11 @@ class SchedulingState:
         self._nominated_slots: dict[str, str] = {}
         self.cordoned: dict[str, str] = {}
         self.standing: dict[str, float] = {}
+        self.quota: QuotaBook | None = None
+        self.usage: dict[tuple[str, str], int] = {}
+        """(team, pool) -> GPUs held, for quota admission."""
+        self.budget_blocks: dict[str, str] = {}
+        """team -> budget mode in force ("block-preemptible" or "block-all")."""
         self._ctx: _CycleContext | None = None
 
     # ---- building -----------------------------------------------------------------------------------------
@@ -79,17 +87,26 @@ class SchedulingState:
         records: Iterable[JobRecord],
         *,
         standing: Mapping[str, float] | None = None,
-        borrowed: frozenset[str] = frozenset(),
+        borrowed: frozenset[str] | None = None,
+        quota: QuotaBook | None = None,
+        budget_blocks: Mapping[str, str] | None = None,
         config: SchedulerConfig | None = None,
     ) -> "SchedulingState":
+        """`borrowed`: jobs on borrowed capacity; computed from `quota` when not given."""
         state = cls(config)
         state.cordoned = dict(cordoned)
         state.standing = dict(standing or {})
+        state.quota = quota
+        state.budget_blocks = dict(budget_blocks or {})
         classes = dict(state.config.classes)
+        nodes = list(nodes)
+        pool_of = {n.name: n.pool for n in nodes}
         pending = []
         for record in records:
             if holds_gpus(record):
-                state.running[record.id] = running_from(record, classes, record.id in borrowed)
+                assert record.placement is not None
+                pool = pool_of.get(record.placement.gpus[0].node, "")
+                state.running[record.id] = running_from(record, classes, pool=pool)
             elif needs_placement(record):
                 job = pending_from(record, classes)
                 if job.nominated:
@@ -98,6 +115,20 @@ class SchedulingState:
                         state._nominated_slots[ref.slot] = job.id
                 else:
                     pending.append(job)
+        for run in state.running.values():
+            key = (run.team, run.pool)
+            state.usage[key] = state.usage.get(key, 0) + len(run.gpus)
+        for nominee in state.nominated.values():
+            pool = pool_of.get(nominee.nominated[0].node, "")
+            state.usage[(nominee.team, pool)] = state.usage.get((nominee.team, pool), 0) + len(nominee.nominated)
+        if borrowed is None and quota is not None:
+            borrowed = frozenset(
+                borrowed_jobs(quota, ((j.id, j.team, j.pool, len(j.gpus), j.priority, j.started_at)
+                                      for j in state.running.values()))
+            )  # fmt: skip
+        for job_id in borrowed or ():
+            if job_id in state.running:
+                state.running[job_id].borrowed = True
         held = set(owners) | set(cordoned) | set(state._nominated_slots)
         for node in sorted(nodes, key=lambda n: n.name):
             indices = [g.index for g in node.gpus]
@@ -131,6 +162,8 @@ class SchedulingState:
         job = self.running.pop(job_id, None)
         if job is None:
             return None
+        key = (job.team, job.pool)
+        self.usage[key] = self.usage.get(key, 0) - len(job.gpus)
         for ref in job.gpus:
             if ref.slot in self.cordoned or ref.slot in self._nominated_slots:
                 continue
@@ -158,6 +191,7 @@ class SchedulingState:
         ctx.lowest_victim = min(
             (r.priority for r in self.running.values() if r.preemptible and not r.stopping), default=None
         )
+        ctx.reclaimable = self._quota_on() and any(r.borrowed and not r.stopping for r in self.running.values())
         cap = self.config.standing_cap
         heads: list[tuple[tuple[int, int, float, float, str], QueueKey]] = []
         for key in self.queue.subqueue_keys():
@@ -187,53 +221,115 @@ class SchedulingState:
 
     def _exhausted(self, job: PendingJob, ctx: _CycleContext) -> bool:
         """Nothing free, nothing reserved, nobody this job (or anyone after it) may preempt: stop looking."""
-        if self.index.free_total() or ctx.reserved_free:
+        if self.index.free_total() or ctx.reserved_free or ctx.reclaimable:
             return False
         return ctx.lowest_victim is None or job.priority <= ctx.lowest_victim
 
     def _hopeless(self, job: PendingJob, ctx: _CycleContext) -> bool:
         """Already known this cycle: its shape does not fit, it may not preempt, and nothing is left to try."""
         shape = job.shape
-        if shape not in ctx.blocked or ctx.reservation is None:
+        if self._quota_on() or shape not in ctx.blocked or ctx.reservation is None:
             return False
         may_preempt = (
             ctx.lowest_victim is not None
             and job.priority > ctx.lowest_victim
-            and job.priority > ctx.preempt_failed.get(shape, -(10**9))
+            and job.priority > ctx.preempt_failed.get((shape, ""), -(10**9))
         )
         if may_preempt:
             return False
         short = job.est_runtime_s is not None and ctx.reservation.start is not None and ctx.reserved_free
         return not short
 
+    def _quota_on(self) -> bool:
+        return self.quota is not None and self.quota.enabled
+
+    def _options(self, job: PendingJob) -> tuple[list[tuple[Shape, bool, bool]], str]:
+        """Where the job may go under its team's quota: (shape pinned to a pool, borrowing?, may reclaim?), pools
+        within nominal first; and why not, when nowhere."""
+        if not self._quota_on():
+            return [(job.shape, False, False)], ""
+        assert self.quota is not None
+        pools = [job.shape.pool] if job.shape.pool else self.index.pools(job.shape.gpu_model)
+        options: list[tuple[Shape, bool, bool]] = []
+        refusals: list[str] = []
+        gpus = job.shape.gpus
+        for pool in pools:
+            adm = admit(self.quota, self.usage, job.team, pool, gpus, preemptible=job.preemptible)
+            if adm.ok:
+                reclaim = may_reclaim(self.quota, self.usage, job.team, pool, gpus)
+                options.append((replace(job.shape, pool=pool), adm.borrowing, reclaim))
+            else:
+                refusals.append(adm.reason)
+        options.sort(key=lambda o: o[1])
+        return options, "; ".join(refusals[:2])
+
+    def _budget_refusal(self, job: PendingJob) -> str:
+        mode = self.budget_blocks.get(job.team)
+        if mode == "block-all" or (mode == "block-preemptible" and job.preemptible):
+            return f"team {job.team} has used its budget for this period ({mode})"
+        return ""
+
     def _consider(self, job: PendingJob, ctx: _CycleContext, decisions: list[Decision]) -> str:
-        shape = job.shape
-        if shape not in ctx.blocked:
+        refusal = self._budget_refusal(job)
+        options, why_not = self._options(job)
+        if refusal or not options:
+            decisions.append(Wait(job.id, f"waiting: {refusal or why_not}"))
+            return "blocked"
+        for shape, borrowing, _ in options:
+            if shape in ctx.blocked:
+                continue
             gpus = find_placement(self.index, shape)
             if gpus is not None:
-                self._place(job, gpus, _placed_reason(gpus), decisions)
+                note = "; borrowing idle quota" if borrowing else ""
+                self._place(job, gpus, _placed_reason(gpus) + note, decisions, borrowing=borrowing)
                 return "placed"
             ctx.blocked.add(shape)
         if self._backfill_into_reservation(job, ctx, decisions):
             return "placed"
-        if (
-            ctx.lowest_victim is not None
-            and job.priority > ctx.lowest_victim
-            and job.priority > ctx.preempt_failed.get(shape, -(10**9))
-        ):
-            plan = plan_preemption(self.index, job, self.running.values(), ctx.now)
-            if plan is not None:
-                self._preempt_for(job, plan.victims, plan.gpus, decisions)
+        for shape, _, reclaim in options:
+            if self._try_preemption(job, ctx, decisions, shape=shape, reclaim=reclaim):
                 return "nominated"
-            ctx.preempt_failed[shape] = job.priority
         if ctx.reservation is None:
-            res = reserve(self.index, job, list(self.running.values()), ctx.now)
+            pinned = replace(job, shape=options[0][0])
+            res = reserve(self.index, pinned, list(self.running.values()), ctx.now)
             if res is not None:
                 self._hold(res, ctx)
                 decisions.append(Wait(job.id, _reserved_reason(job, res, ctx.now)))
                 return "blocked"
         decisions.append(Wait(job.id, self._waiting_reason(job, ctx)))
         return "blocked"
+
+    def _try_preemption(
+        self, job: PendingJob, ctx: _CycleContext, decisions: list[Decision], *, shape: Shape, reclaim: bool
+    ) -> bool:  # fmt: skip
+        """Without quota: any lower-priority preemptible job. With quota: lower-priority jobs of the job's own
+        team, and other teams' borrowed jobs only when the job stays within its nominal (reclaim). So teams
+        never preempt each other back and forth: only a team within its guarantee takes from a borrower."""
+        now = ctx.now
+        if self._quota_on():
+            key: tuple[Shape, str] = (shape, job.team)
+            if not reclaim and not any(
+                r.team == job.team and can_be_victim(r, job.priority, now) for r in self.running.values()
+            ):
+                return False
+
+            def allowed(r: RunningJob) -> bool:
+                if r.team == job.team:
+                    return can_be_victim(r, job.priority, now)
+                return reclaim and r.pool == shape.pool and can_be_reclaimed(r, now)
+        else:
+            key = (shape, "")
+            if ctx.lowest_victim is None or job.priority <= ctx.lowest_victim:
+                return False
+            allowed = None  # type: ignore[assignment]
+        if job.priority <= ctx.preempt_failed.get(key, -(10**9)):
+            return False
+        plan = plan_preemption(self.index, replace(job, shape=shape), self.running.values(), now, allowed)
+        if plan is None:
+            ctx.preempt_failed[key] = job.priority
+            return False
+        self._preempt_for(job, plan.victims, plan.gpus, decisions)
+        return True
 
     def _backfill_into_reservation(self, job: PendingJob, ctx: _CycleContext, decisions: list[Decision]) -> bool:
         res = ctx.reservation
@@ -269,14 +365,19 @@ class SchedulingState:
 
     # ---- applying decisions to the working state -----------------------------------------------------------
 
-    def _place(self, job: PendingJob, gpus: tuple[GpuRef, ...], reason: str, decisions: list[Decision]) -> None:
+    def _place(
+        self, job: PendingJob, gpus: tuple[GpuRef, ...], reason: str, decisions: list[Decision], borrowing: bool = False
+    ) -> None:
         by_node: dict[str, list[int]] = {}
         for ref in gpus:
             by_node.setdefault(ref.node, []).append(ref.index)
         for node, indices in by_node.items():
             self.index.take(node, indices)
         self.queue.remove(job.id)
-        self.running[job.id] = job.start(gpus, self._ctx.now if self._ctx else 0.0)
+        pool = self.index.nodes[gpus[0].node].pool
+        self.running[job.id] = job.start(gpus, self._ctx.now if self._ctx else 0.0, pool=pool, borrowed=borrowing)
+        key = (job.team, pool)
+        self.usage[key] = self.usage.get(key, 0) + len(gpus)
         decisions.append(Place(job.id, job.attempt + 1, gpus, reason))
 
     def _preempt_for(
@@ -304,11 +405,22 @@ class SchedulingState:
         self.queue.remove(job.id)
         self.nominated[job.id] = job
         job.nominated = gpus
+        self._count_nomination(job, +1)
         for ref in gpus:
             self._nominated_slots[ref.slot] = job.id
             node = self.index.nodes.get(ref.node)
             if node is not None and ref.index in node.free:
                 self.index.take(ref.node, [ref.index])
+
+    def _count_nomination(self, job: PendingJob, sign: int) -> None:
+        """Nominated GPUs count against the team's quota from the nomination on, so that nothing else of the
+        team is admitted into the room the preemptor was admitted into."""
+        if not job.nominated:
+            return
+        node = self.index.nodes.get(job.nominated[0].node)
+        if node is not None:
+            key = (job.team, node.pool)
+            self.usage[key] = self.usage.get(key, 0) + sign * len(job.nominated)
 
     def _place_nominated(self, decisions: list[Decision]) -> None:
         for job_id, job in list(self.nominated.items()):
@@ -330,6 +442,7 @@ class SchedulingState:
         job = self.nominated.pop(job_id, None)
         if job is None:
             return
+        self._count_nomination(job, -1)
         for ref in job.nominated:
             if self._nominated_slots.get(ref.slot) == job_id:
                 del self._nominated_slots[ref.slot]

@@ -99,6 +99,9 @@ class FleetIndex:
             self._parts_cache[key] = parts
         return parts
 
+    def pools(self, gpu_model: str | None = None) -> list[str]:
+        return sorted({p for p, m in self._buckets if gpu_model is None or m == gpu_model})
+
     def partition_count(self) -> int:
         return len(self._buckets)
 

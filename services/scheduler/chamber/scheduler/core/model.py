@@ -65,6 +65,7 @@ class RunningJob:
     """Runs on capacity borrowed beyond its team's quota (reclaimed first)."""
     stopping: bool = False
     attempt: int = 0
+    pool: str = ""
 
     def work_lost_if_stopped(self, now: float) -> float:
         ran = max(0.0, now - self.started_at)
@@ -74,7 +75,7 @@ class RunningJob:
 
 
 def running_from(
-    record: JobRecord, classes: dict[str, PriorityClass] = DEFAULT_CLASSES, borrowed: bool = False
+    record: JobRecord, classes: dict[str, PriorityClass] = DEFAULT_CLASSES, borrowed: bool = False, pool: str = ""
 ) -> RunningJob:
     assert record.placement is not None
     spec = record.spec
@@ -97,6 +98,7 @@ def running_from(
         borrowed=borrowed,
         stopping=record.stopping,
         attempt=record.attempt,
+        pool=pool,
     )
 
 
@@ -122,7 +124,7 @@ class PendingJob:
         est = None if self.est_runtime_s is None else max(0.0, self.est_runtime_s - saved_s)
         return replace(self, attempt=attempt, preemptions=self.preemptions + 1, est_runtime_s=est, nominated=())
 
-    def start(self, gpus: tuple[GpuRef, ...], now: float) -> RunningJob:
+    def start(self, gpus: tuple[GpuRef, ...], now: float, pool: str = "", borrowed: bool = False) -> RunningJob:
         """The running job this becomes when placed on `gpus` at `now`."""
         return RunningJob(
             id=self.id,
@@ -136,6 +138,8 @@ class PendingJob:
             checkpoint_grace_s=self.checkpoint_grace_s,
             est_end=None if self.est_runtime_s is None else now + self.est_runtime_s,
             attempt=self.attempt + 1,
+            pool=pool,
+            borrowed=borrowed,
         )
 
 

@@ -8,7 +8,7 @@ per step), drops every victim the fit does not need (most expensive first), then
 and keeps only the victims whose GPUs the placement uses. A plan is returned only if that placement exists.
 """
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from chamber.common.contracts import GpuRef
@@ -34,16 +34,32 @@ def can_be_victim(victim: RunningJob, preemptor_priority: int, now: float) -> bo
     )
 
 
+def can_be_reclaimed(victim: RunningJob, now: float) -> bool:
+    """Borrowed capacity is reclaimable whatever its priority (only preemptible jobs ever borrow)."""
+    return (
+        victim.borrowed
+        and victim.preemptible
+        and not victim.stopping
+        and now - victim.started_at >= victim.min_runtime_s
+    )
+
+
 def victim_cost(victim: RunningJob, now: float) -> tuple[bool, int, float, int, str]:
     return (not victim.borrowed, victim.priority, victim.work_lost_if_stopped(now), len(victim.gpus), victim.id)
 
 
 def plan_preemption(
-    index: FleetIndex, job: PendingJob, running: Iterable[RunningJob], now: float
+    index: FleetIndex,
+    job: PendingJob,
+    running: Iterable[RunningJob],
+    now: float,
+    allowed: Callable[[RunningJob], bool] | None = None,
 ) -> PreemptionPlan | None:
+    """`allowed` replaces the default victim rule (quota: own team by priority, other teams only by reclaim)."""
     parts = set(index.partitions_for(job.shape))
     eligible = {name for name, node in index.nodes.items() if node.partition in parts}
-    candidates = [r for r in running if can_be_victim(r, job.priority, now) and any(g.node in eligible for g in r.gpus)]
+    rule = allowed or (lambda r: can_be_victim(r, job.priority, now))
+    candidates = [r for r in running if rule(r) and any(g.node in eligible for g in r.gpus)]
     if not candidates:
         return None
     candidates.sort(key=lambda r: victim_cost(r, now))

@@ -1,0 +1,109 @@
+"""A quota configuration indexed for fast questions, and its validation."""
+
+from collections.abc import Mapping
+
+from chamber.common.contracts import QuotaConfig, TeamConfig, TeamQuota
+
+Usage = Mapping[tuple[str, str], int]
+"""(team, pool) -> GPUs in use."""
+
+
+class ConfigError(ValueError):
+    """A quota configuration that must not be applied; the message says what is wrong and where."""
+
+
+class QuotaBook:
+    def __init__(self, config: QuotaConfig, capacity: Mapping[str, int] | None = None) -> None:
+        self.config = config
+        self.teams: dict[str, TeamConfig] = {t.name: t for t in config.teams}
+        self.quotas: dict[tuple[str, str], TeamQuota] = {(t.name, q.pool): q for t in config.teams for q in t.quotas}
+        self.pools = {p.name: p for p in config.pools}
+        self.capacity: dict[str, int] = {p.name: p.capacity or 0 for p in config.pools}
+        self.capacity.update(capacity or {})
+        self.cohorts: dict[str, list[str]] = {}
+        for t in config.teams:
+            self.cohorts.setdefault(t.cohort, []).append(t.name)
+        self.nominal_total: dict[str, int] = {}
+        for (_, pool), q in self.quotas.items():
+            self.nominal_total[pool] = self.nominal_total.get(pool, 0) + q.nominal
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.config.teams)
+
+    def quota(self, team: str, pool: str) -> TeamQuota:
+        """A team without an entry for a pool has no guarantee there but may borrow."""
+        return self.quotas.get((team, pool)) or TeamQuota(pool=pool)
+
+    def cohort_of(self, team: str) -> str:
+        t = self.teams.get(team)
+        return t.cohort if t else "default"
+
+    def weight(self, team: str) -> float:
+        t = self.teams.get(team)
+        return t.weight if t else 1.0
+
+    def unassigned(self, pool: str) -> int:
+        return max(0, self.capacity.get(pool, 0) - self.nominal_total.get(pool, 0))
+
+    def org_path(self, team: str) -> list[str]:
+        """The team's organisations, innermost first."""
+        parents = {o.name: o.parent for o in self.config.orgs}
+        t = self.teams.get(team)
+        path: list[str] = []
+        org = t.org if t else None
+        while org is not None and org not in path:
+            path.append(org)
+            org = parents.get(org)
+        return path
+
+
+def validate(config: QuotaConfig, capacity: Mapping[str, int] | None = None) -> QuotaBook:
+    """The book for `config`, or ConfigError naming every problem (the old configuration stays in force)."""
+    problems: list[str] = []
+    pools = [p.name for p in config.pools]
+    _duplicates("pool", pools, problems)
+    _duplicates("team", [t.name for t in config.teams], problems)
+    _duplicates("organisation", [o.name for o in config.orgs], problems)
+    orgs = {o.name: o.parent for o in config.orgs}
+    for name, parent in orgs.items():
+        if parent is not None and parent not in orgs:
+            problems.append(f"organisation {name}: unknown parent {parent!r}")
+        seen = [name]
+        up = parent
+        while up is not None and up in orgs:
+            if up in seen:
+                problems.append(f"organisation {name}: cycle {' -> '.join([*seen, up])}")
+                break
+            seen.append(up)
+            up = orgs[up]
+    for team in config.teams:
+        if team.org not in orgs:
+            problems.append(f"team {team.name}: unknown organisation {team.org!r}")
+        _duplicates(f"team {team.name}: pool", [q.pool for q in team.quotas], problems)
+        for q in team.quotas:
+            if q.pool not in pools:
+                problems.append(f"team {team.name}: unknown pool {q.pool!r}")
+            if q.lending_limit is not None and q.lending_limit > q.nominal:
+                problems.append(
+                    f"team {team.name}, pool {q.pool}: lending_limit {q.lending_limit} > nominal {q.nominal}"
+                )
+        if team.budget is not None and team.budget.gpu_hours is None and team.budget.money is None:
+            problems.append(f"team {team.name}: a budget needs gpu_hours or money")
+    book = QuotaBook(config, capacity)
+    for pool in pools:
+        cap = book.capacity.get(pool, 0)
+        total = book.nominal_total.get(pool, 0)
+        if cap and total > cap:
+            problems.append(f"pool {pool}: guarantees add up to {total} GPUs, above its capacity of {cap}")
+    if problems:
+        raise ConfigError("; ".join(problems))
+    return book
+
+
+def _duplicates(what: str, names: list[str], problems: list[str]) -> None:
+    seen: set[str] = set()
+    for name in names:
+        if name in seen:
+            problems.append(f"{what} {name!r} declared twice")
+        seen.add(name)
