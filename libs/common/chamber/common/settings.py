@@ -33,6 +33,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     otel_exporter: str = ""
     """Empty: tracing is a no-op. `console`: spans to stderr. `otlp`: to OTEL_EXPORTER_OTLP_ENDPOINT."""
     seed: int = 0
+    quota_file: str = ""
+    """YAML quota configuration that seeds the quota KV bucket when it is empty (docs/quota.md)."""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: object) -> "Settings":

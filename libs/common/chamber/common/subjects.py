@@ -66,6 +66,8 @@ SUBJECTS: tuple[SubjectSpec, ...] = (
 
 JOBS_BUCKET = "jobs"
 """JetStream KV bucket (`<namespace>_jobs`) holding the current JobRecord of every job, written by the scheduler."""
+QUOTA_BUCKET = "quota"
+"""JetStream KV bucket (`<namespace>_quota`): key `config` holds the QuotaConfig (teams, pools, budgets)."""
 
 
 class Names:

@@ -1,30 +1,48 @@
-"""The quota shell: follow every job state change, keep per-team usage, publish the quota state on change."""
+"""The quota shell: own the quota configuration, follow every job, publish per-team quota state.
+
+At start the configuration is seeded from `CHAMBER_QUOTA_FILE` into the quota KV bucket if none is stored yet;
+afterwards the KV is the truth (admins change it through the gateway). Usage and spend come from the job records,
+so a restart recomputes them exactly.
+"""
 
 import asyncio
+from collections.abc import Callable
+from typing import Any
 
 from chamber.common.bus import Bus, PublishError
 from chamber.common.codec import Decoder
-from chamber.common.contracts import JobRecord, JobStateChanged, QuotaState
+from chamber.common.contracts import JobRecord, JobStateChanged, NodeInventory, QuotaConfig, QuotaState
 from chamber.common.jobstore import JobStore
 from chamber.common.log import get_logger
+from chamber.common.quota import ConfigError, QuotaBook, validate
+from chamber.common.quotastore import QuotaStore, load_yaml
 from chamber.common.runtime import Context, wait_event
-from chamber.common.subjects import DECISIONS, JOBS_BUCKET
-from chamber.quota.core.usage import team_usage
+from chamber.common.subjects import DECISIONS, JOBS_BUCKET, QUOTA_BUCKET
+from chamber.quota.core.report import compute
 
 log = get_logger(__name__)
 
 PUBLISH_INTERVAL_S = 1.0
+REFRESH_S = 10.0
 
 
 class Quota:
-    def __init__(self, ctx: Context, bus: Bus, store: JobStore) -> None:
+    def __init__(self, ctx: Context, bus: Bus, store: JobStore, config_store: QuotaStore) -> None:
         self.ctx = ctx
         self.bus = bus
         self.store = store
+        self.config_store = config_store
         self.records: dict[str, JobRecord] = {}
+        self.config = QuotaConfig()
+        self.node_pool: dict[str, str] = {}
+        self.node_gpus: dict[str, int] = {}
         self._published: QuotaState | None = None
+        self._stop_follow: Callable[[], Any] | None = None
 
     async def start(self) -> None:
+        await self.bootstrap()
+        self._stop_follow = await self.config_store.follow(self._on_config)
+        await self.bus.watch_latest(self.bus.names.subject("inventory.>"), Decoder(NodeInventory), self._on_inventory)
         self.records = {job_id: rec for job_id, (rec, _) in (await self.store.load_all()).items()}
         consumer = self.bus.consumer(
             stream=DECISIONS,
@@ -35,16 +53,42 @@ class Quota:
         )
         await consumer.start()
 
+    async def bootstrap(self) -> None:
+        path = self.ctx.settings.quota_file
+        _, revision = await self.config_store.get()
+        if revision or not path:
+            return
+        seed = load_yaml(path)
+        validate(seed)
+        await self.config_store.put(seed, 0)
+        log.info("quota.bootstrapped", path=path, teams=len(seed.teams), pools=len(seed.pools))
+
+    def _on_config(self, config: QuotaConfig) -> None:
+        self.config = config
+
+    def _on_inventory(self, inv: NodeInventory) -> None:
+        self.node_pool[inv.node.name] = inv.node.pool
+        self.node_gpus[inv.node.name] = len(inv.node.gpus)
+
+    def capacity(self) -> dict[str, int]:
+        cap: dict[str, int] = {}
+        for node, pool in self.node_pool.items():
+            cap[pool] = cap.get(pool, 0) + self.node_gpus.get(node, 0)
+        return cap
+
     async def on_state_changed(self, event: JobStateChanged) -> None:
         known = self.records.get(event.record.id)
         if known is None or known.version < event.record.version:
             self.records[event.record.id] = event.record
 
     async def publish(self) -> None:
-        teams = team_usage(self.records.values())
-        if self._published is not None and self._published.teams == teams:
+        now = self.ctx.clock.now()
+        book = QuotaBook(self.config, self.capacity())
+        teams = compute(book, self.records.values(), self.node_pool, now)
+        stale = self._published is None or now - self._published.computed_at >= REFRESH_S
+        if not stale and self._published is not None and self._published.teams == teams:
             return
-        state = QuotaState(teams=teams, computed_at=self.ctx.clock.now())
+        state = QuotaState(teams=teams, computed_at=now)
         await self.bus.publish(self.bus.names.quota_state(), state)
         self._published = state
 
@@ -55,13 +99,24 @@ class Quota:
             except PublishError as exc:
                 log.warning("quota.publish_failed", error=str(exc))
             await wait_event(stop, PUBLISH_INTERVAL_S)
+        if self._stop_follow is not None:
+            await self._stop_follow()
 
 
 async def main(ctx: Context, stop: asyncio.Event) -> None:
     bus = await ctx.bus()
-    quota = Quota(ctx, bus, JobStore(await bus.key_value(JOBS_BUCKET)))
+    quota = Quota(
+        ctx,
+        bus,
+        JobStore(await bus.key_value(JOBS_BUCKET)),
+        QuotaStore(await bus.key_value(QUOTA_BUCKET)),
+    )
     try:
-        await quota.start()
+        try:
+            await quota.start()
+        except ConfigError as exc:
+            log.error("quota.bad_quota_file", error=str(exc))
+            raise
         await quota.run(stop)
     finally:
         await bus.close()

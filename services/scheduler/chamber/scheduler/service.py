@@ -9,6 +9,7 @@ Crash safety, step by step (docs/architecture.md has the full argument):
 """
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 from chamber.common.bus import Bus
@@ -23,13 +24,16 @@ from chamber.common.contracts import (
     Node,
     NodeInventory,
     Placement,
+    QuotaConfig,
     QuotaState,
 )
 from chamber.common.jobstore import JobStore
 from chamber.common.ledger import Claim, Ledger, LedgerConflict, LedgerNotReady
 from chamber.common.log import get_logger
+from chamber.common.quota import QuotaBook
+from chamber.common.quotastore import QuotaStore
 from chamber.common.runtime import Context, wait_event
-from chamber.common.subjects import JOBS, JOBS_BUCKET
+from chamber.common.subjects import JOBS, JOBS_BUCKET, QUOTA_BUCKET
 from chamber.scheduler.core.cycle import SchedulerConfig, SchedulingState
 from chamber.scheduler.core.decisions import Decision, Nominate, Preempt, Wait
 from chamber.scheduler.core.lifecycle import apply_event, holds_gpus, nominate, note, place, stop_requested
@@ -39,7 +43,9 @@ log = get_logger(__name__)
 
 
 class Scheduler:
-    def __init__(self, ctx: Context, bus: Bus, ledger: Ledger, store: JobStore, executor: Executor) -> None:
+    def __init__(
+        self, ctx: Context, bus: Bus, ledger: Ledger, store: JobStore, executor: Executor, *, quota_store: QuotaStore
+    ) -> None:
         self.ctx = ctx
         self.bus = bus
         self.ledger = ledger
@@ -52,6 +58,9 @@ class Scheduler:
         self.revisions: dict[str, int] = {}
         self.nodes: dict[str, Node] = {}
         self.quota: QuotaState | None = None
+        self.quota_store = quota_store
+        self.quota_config = QuotaConfig()
+        self._stop_quota: Callable[[], Any] | None = None
         self.config = SchedulerConfig()
         self._lock = asyncio.Lock()
         self._wake = asyncio.Event()
@@ -61,6 +70,7 @@ class Scheduler:
             self._remember(record, revision)
         await self.bus.watch_latest(self.names.subject("inventory.>"), Decoder(NodeInventory), self._on_inventory)
         await self.bus.watch_latest(self.names.quota_state(), Decoder(QuotaState), self._on_quota)
+        self._stop_quota = await self.quota_store.follow(self._on_quota_config)
         async with self._lock:
             await self._reconcile_ledger()
         await self.executor.resync([r for r in self.records.values() if holds_gpus(r)])
@@ -110,6 +120,29 @@ class Scheduler:
     def _on_quota(self, state: QuotaState) -> None:
         self.quota = state
 
+    def _on_quota_config(self, config: QuotaConfig) -> None:
+        self.quota_config = config
+        self._wake.set()
+
+    def _quota_inputs(self) -> tuple[QuotaBook | None, dict[str, float], dict[str, str]]:
+        """The quota book (configuration + capacity from the inventory), standings and budget blocks."""
+        if not self.quota_config.teams:
+            return None, {}, {}
+        capacity: dict[str, int] = {}
+        for node in self.nodes.values():
+            capacity[node.pool] = capacity.get(node.pool, 0) + len(node.gpus)
+        book = QuotaBook(self.quota_config, capacity)
+        standing: dict[str, float] = {}
+        blocks: dict[str, str] = {}
+        if self.quota is not None:
+            for team, usage in self.quota.teams.items():
+                standing[team] = usage.standing
+                if usage.budget_state == "blocked-all":
+                    blocks[team] = "block-all"
+                elif usage.budget_state == "blocked-preemptible":
+                    blocks[team] = "block-preemptible"
+        return book, standing, blocks
+
     # ---- the scheduling cycle -----------------------------------------------------------------------------
 
     async def cycle(self) -> None:
@@ -118,9 +151,11 @@ class Scheduler:
             if not snap.ready:
                 await self._rebuild_ledger()
                 snap = await self.ledger.snapshot()
+            book, standing, blocks = self._quota_inputs()
             state = SchedulingState.from_snapshot(
-                self.nodes.values(), snap.owners, snap.cordoned, self.active.values(), config=self.config
-            )
+                self.nodes.values(), snap.owners, snap.cordoned, self.active.values(), standing=standing, quota=book,
+                budget_blocks=blocks, config=self.config,
+            )  # fmt: skip
             now = self.ctx.clock.now()
             for decision in state.cycle(now):
                 if not await self._apply(decision, now):
@@ -226,11 +261,14 @@ async def main(ctx: Context, stop: asyncio.Event) -> None:
     ledger = ctx.ledger()
     store = JobStore(await bus.key_value(JOBS_BUCKET))
     executor = SimulatedExecutor(bus, ctx.clock)
-    scheduler = Scheduler(ctx, bus, ledger, store, executor)
+    quota_store = QuotaStore(await bus.key_value(QUOTA_BUCKET))
+    scheduler = Scheduler(ctx, bus, ledger, store, executor, quota_store=quota_store)
     try:
         await scheduler.start()
         await scheduler.run(stop)
     finally:
         await executor.close()
+        if scheduler._stop_quota is not None:
+            await scheduler._stop_quota()
         await bus.close()
         await ledger.close()

@@ -1,0 +1,102 @@
+"""The quota configuration's durable home: one key in a JetStream KV bucket, changed with compare-and-set.
+
+The quota service bootstraps it from a YAML file when the bucket is empty; admins change it through the gateway;
+the scheduler and the quota service follow it. A change is validated before it is written, so a bad one is
+rejected with its reasons and the old configuration keeps working.
+"""
+
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import nats.errors
+import nats.js.errors
+import yaml
+from nats.js.kv import KeyValue
+
+from chamber.common.bus.errors import BusError
+from chamber.common.codec import DecodeError, Decoder, encode
+from chamber.common.contracts import QuotaConfig
+from chamber.common.log import get_logger
+from chamber.common.quota import ConfigError
+
+log = get_logger(__name__)
+
+
+CONFIG_KEY = "config"
+_decoder = Decoder(QuotaConfig)
+
+
+class StaleConfig(BusError):
+    """The configuration changed since it was read; read it again and retry."""
+
+
+def load_yaml(path: str | Path) -> QuotaConfig:
+    """A configuration from YAML, with a clear error for a malformed file."""
+    try:
+        raw = yaml.safe_load(Path(path).read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError(f"cannot read quota file {path}: {exc}") from exc
+    try:
+        return msgspec.convert(raw or {}, QuotaConfig)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(f"quota file {path}: {exc}") from exc
+
+
+class QuotaStore:
+    def __init__(self, kv: KeyValue) -> None:
+        self.kv = kv
+
+    async def get(self) -> tuple[QuotaConfig, int]:
+        """The configuration and its revision (revision 0: none stored yet, an empty configuration)."""
+        try:
+            entry = await self.kv.get(CONFIG_KEY)
+        except nats.js.errors.KeyNotFoundError:
+            return QuotaConfig(), 0
+        except nats.errors.Error as exc:
+            raise BusError(f"cannot read the quota configuration: {exc}") from exc
+        if entry.value is None:
+            return QuotaConfig(), 0
+        try:
+            return _decoder.decode(entry.value), entry.revision or 0
+        except DecodeError as exc:
+            raise BusError(f"stored quota configuration is unreadable: {exc}") from exc
+
+    async def put(self, config: QuotaConfig, revision: int) -> int:
+        """Write `config` if the stored one is still at `revision` (0: none stored)."""
+        try:
+            if revision == 0:
+                return await self.kv.create(CONFIG_KEY, encode(config))
+            return await self.kv.update(CONFIG_KEY, encode(config), last=revision)
+        except nats.js.errors.KeyWrongLastSequenceError as exc:
+            raise StaleConfig("the quota configuration changed meanwhile") from exc
+        except nats.errors.Error as exc:
+            raise BusError(f"cannot write the quota configuration: {exc}") from exc
+
+    async def follow(self, on_config: Callable[[QuotaConfig], Awaitable[None] | None]) -> Callable[[], Any]:
+        """Call `on_config` with the current configuration and every later one."""
+        import asyncio
+
+        watcher = await self.kv.watch(CONFIG_KEY)
+
+        async def pump() -> None:
+            async for entry in watcher:
+                if entry is None or entry.value is None:
+                    continue
+                try:
+                    config = _decoder.decode(entry.value)
+                except DecodeError:
+                    log.error("quota.config_undecodable")
+                    continue
+                result = on_config(config)
+                if result is not None:
+                    await result
+
+        task = asyncio.create_task(pump(), name="quota-config-follow")
+
+        async def stop() -> None:
+            await watcher.stop()  # type: ignore[no-untyped-call]
+            task.cancel()
+
+        return stop
