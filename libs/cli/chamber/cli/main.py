@@ -60,6 +60,16 @@ def _bench_scheduler(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench_quota(args: argparse.Namespace) -> int:
+    import json
+
+    from chamber.quota.bench import run
+
+    result = run(teams=args.teams, pools=args.pools, seed=args.seed)
+    print(json.dumps(result) if args.json else json.dumps(result, indent=2))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="chamber", description="Chamber keeps GPU fleets busy.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -78,6 +88,12 @@ def build_parser() -> argparse.ArgumentParser:
     sched.add_argument("--seed", type=int, default=1)
     sched.add_argument("--json", action="store_true", help="one line of JSON")
     sched.set_defaults(func=_bench_scheduler)
+    quota = bench.add_parser("quota", help="fair-share recompute and admission checks")
+    quota.add_argument("--teams", type=int, default=1000)
+    quota.add_argument("--pools", type=int, default=8)
+    quota.add_argument("--seed", type=int, default=1)
+    quota.add_argument("--json", action="store_true", help="one line of JSON")
+    quota.set_defaults(func=_bench_quota)
     return parser
 
 

@@ -27,6 +27,7 @@ from chamber.gateway.core.views import (
     node_views,
     submitted_view,
 )
+from chamber.gateway.quota_api import ROUTES as QUOTA_ROUTES
 from chamber.gateway.state import GatewayState
 
 
@@ -151,7 +152,7 @@ async def openapi_json(request: Request[Any, Any, Any]) -> dict[str, Any]:
     return schema
 
 
-ROUTES = [submit_job, get_job, list_jobs, cancel_job, list_nodes, get_fleet, healthz, openapi_json]
+ROUTES = [submit_job, get_job, list_jobs, cancel_job, list_nodes, get_fleet, healthz, openapi_json, *QUOTA_ROUTES]
 
 
 def create_app(gateway: GatewayState) -> Litestar:

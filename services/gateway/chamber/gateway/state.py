@@ -4,11 +4,12 @@ from collections.abc import Awaitable, Callable
 
 from chamber.common.bus import Bus
 from chamber.common.codec import DecodeError, Decoder
-from chamber.common.contracts import JobRecord, JobSubmitted, Node, NodeInventory
+from chamber.common.contracts import JobRecord, JobSubmitted, Node, NodeInventory, QuotaState, TeamUsage
 from chamber.common.jobstore import JobStore
 from chamber.common.ledger import Ledger
+from chamber.common.quotastore import QuotaStore
 from chamber.common.runtime import Context
-from chamber.common.subjects import JOBS, JOBS_BUCKET
+from chamber.common.subjects import JOBS, JOBS_BUCKET, QUOTA_BUCKET
 from chamber.gateway.core.views import JobView, job_view, submitted_view
 
 _submitted = Decoder(JobSubmitted)
@@ -25,12 +26,34 @@ class GatewayState:
         self.store: JobStore | None = None
         self.records: dict[str, JobRecord] = {}
         self.nodes: dict[str, Node] = {}
+        self.quota_state: QuotaState | None = None
+        self._quota_store: QuotaStore | None = None
         self._stop_follow: Callable[[], Awaitable[None]] | None = None
 
     @property
     def bus(self) -> Bus:
         assert self._bus is not None, "gateway not started"
         return self._bus
+
+    @property
+    def quota_store(self) -> QuotaStore:
+        assert self._quota_store is not None, "gateway not started"
+        return self._quota_store
+
+    def _on_quota(self, state: QuotaState) -> None:
+        self.quota_state = state
+
+    def quota_usage(self, team: str) -> TeamUsage | None:
+        return None if self.quota_state is None else self.quota_state.teams.get(team)
+
+    def quota_teams(self) -> list[str]:
+        return [] if self.quota_state is None else list(self.quota_state.teams)
+
+    def pool_capacity(self) -> dict[str, int]:
+        capacity: dict[str, int] = {}
+        for node in self.nodes.values():
+            capacity[node.pool] = capacity.get(node.pool, 0) + len(node.gpus)
+        return capacity
 
     @property
     def ledger(self) -> Ledger:
@@ -43,6 +66,8 @@ class GatewayState:
         self.store = JobStore(await self.bus.key_value(JOBS_BUCKET))
         self._stop_follow = await self.store.follow(self._on_record)
         await self.bus.watch_latest(self.bus.names.subject("inventory.>"), Decoder(NodeInventory), self._on_inventory)
+        await self.bus.watch_latest(self.bus.names.quota_state(), Decoder(QuotaState), self._on_quota)
+        self._quota_store = QuotaStore(await self.bus.key_value(QUOTA_BUCKET))
 
     async def stop(self) -> None:
         if self._stop_follow is not None:

@@ -1,6 +1,6 @@
 """May a team start `gpus` more in a pool? Which running jobs run on borrowed capacity? Who may reclaim?"""
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from chamber.common.quota.book import QuotaBook, Usage
@@ -13,31 +13,81 @@ class Admission:
     reason: str
 
 
-def borrowable(book: QuotaBook, usage: Usage, team: str, pool: str) -> int:
-    """GPUs `team` could borrow in `pool` now: its cohort's idle lendable quota plus the pool's unassigned
-    capacity, minus what borrowers already hold of them (other cohorts first draw on their own lenders)."""
-    cohort = book.cohort_of(team)
-    idle: dict[str, int] = {}
-    borrowed: dict[str, int] = {}
-    for (t, p), used in usage.items():
-        if p != pool:
-            continue
-        q = book.quota(t, p)
-        c = book.cohort_of(t)
-        if used > q.nominal:
-            borrowed[c] = borrowed.get(c, 0) + used - q.nominal
-    for (t, p), q in book.quotas.items():
-        if p != pool:
-            continue
-        used = usage.get((t, p), 0)
+class QuotaUsage:
+    """GPUs in use per (team, pool), with the cohort totals admission needs kept up to date: O(1) per check.
+
+    Per (pool, cohort): `idle` = idle lendable nominal of its teams, `borrowed` = their usage above nominal.
+    Per pool: `excess` = the sum over cohorts of borrowing beyond their own lenders (drawn from unassigned
+    capacity), which other cohorts cannot use.
+    """
+
+    def __init__(self, book: QuotaBook, usage: Usage | None = None) -> None:
+        self.book = book
+        self.used: dict[tuple[str, str], int] = {}
+        self.idle: dict[tuple[str, str], int] = {}
+        self.borrowed: dict[tuple[str, str], int] = {}
+        self.excess: dict[str, int] = {}
+        for team, pool in book.quotas:
+            self._contribute(team, pool, 0, +1)
+        for (team, pool), n in (usage or {}).items():
+            self.add(team, pool, n)
+
+    def get(self, key: tuple[str, str], default: int = 0) -> int:
+        return self.used.get(key, default)
+
+    def items(self) -> "Iterable[tuple[tuple[str, str], int]]":
+        return self.used.items()
+
+    def values(self) -> "Iterable[int]":
+        return self.used.values()
+
+    def __getitem__(self, key: tuple[str, str]) -> int:
+        return self.used.get(key, 0)
+
+    def __iter__(self) -> "Iterator[tuple[str, str]]":
+        return iter(self.used)
+
+    def __len__(self) -> int:
+        return len(self.used)
+
+    def _contribute(self, team: str, pool: str, used: int, sign: int) -> None:
+        q = self.book.quota(team, pool)
+        cohort = (pool, self.book.cohort_of(team))
+        before = self._excess(cohort)
         cap = q.nominal if q.lending_limit is None else q.lending_limit
-        c = book.cohort_of(t)
-        idle[c] = idle.get(c, 0) + max(0, min(cap, q.nominal - used))
-    spill = sum(max(0, b - idle.get(c, 0)) for c, b in borrowed.items() if c != cohort)
-    return max(0, idle.get(cohort, 0) + book.unassigned(pool) - borrowed.get(cohort, 0) - spill)
+        self.idle[cohort] = self.idle.get(cohort, 0) + sign * max(0, min(cap, q.nominal - used))
+        self.borrowed[cohort] = self.borrowed.get(cohort, 0) + sign * max(0, used - q.nominal)
+        self.excess[pool] = self.excess.get(pool, 0) + self._excess(cohort) - before
+
+    def _excess(self, cohort: tuple[str, str]) -> int:
+        return max(0, self.borrowed.get(cohort, 0) - self.idle.get(cohort, 0))
+
+    def add(self, team: str, pool: str, delta: int) -> None:
+        if not delta:
+            return
+        key = (team, pool)
+        used = self.used.get(key, 0)
+        self._contribute(team, pool, used, -1)
+        self.used[key] = used + delta
+        self._contribute(team, pool, used + delta, +1)
+
+    def borrowable(self, team: str, pool: str) -> int:
+        """GPUs `team` could borrow in `pool` now: its cohort's idle lendable quota plus the pool's unassigned
+        capacity, minus what borrowers already hold of them (other cohorts first draw on their own lenders)."""
+        cohort = (pool, self.book.cohort_of(team))
+        spill = self.excess.get(pool, 0) - self._excess(cohort)
+        idle = self.idle.get(cohort, 0)
+        return max(0, idle + self.book.unassigned(pool) - self.borrowed.get(cohort, 0) - spill)
 
 
-def admit(book: QuotaBook, usage: Usage, team: str, pool: str, gpus: int, *, preemptible: bool) -> Admission:
+def borrowable(book: QuotaBook, usage: "Usage | QuotaUsage", team: str, pool: str) -> int:
+    totals = usage if isinstance(usage, QuotaUsage) else QuotaUsage(book, usage)
+    return totals.borrowable(team, pool)
+
+
+def admit(
+    book: QuotaBook, usage: "Usage | QuotaUsage", team: str, pool: str, gpus: int, *, preemptible: bool
+) -> Admission:
     if not book.enabled:
         return Admission(True, False, "")
     q = book.quota(team, pool)
@@ -61,7 +111,7 @@ def admit(book: QuotaBook, usage: Usage, team: str, pool: str, gpus: int, *, pre
     return Admission(True, True, f"borrowing {over} GPUs above nominal in {pool}")
 
 
-def may_reclaim(book: QuotaBook, usage: Usage, team: str, pool: str, gpus: int) -> bool:
+def may_reclaim(book: QuotaBook, usage: "Usage | QuotaUsage", team: str, pool: str, gpus: int) -> bool:
     """A team asking for no more than its nominal may take back borrowed capacity."""
     return book.enabled and usage.get((team, pool), 0) + gpus <= book.quota(team, pool).nominal
 

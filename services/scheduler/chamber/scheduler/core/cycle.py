@@ -17,9 +17,9 @@ import heapq
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
-from chamber.common.contracts import GpuRef, JobRecord, Node
+from chamber.common.contracts import GpuRef, JobRecord, Node, QuotaConfig
 from chamber.common.priorities import DEFAULT_CLASSES, PriorityClass
-from chamber.common.quota import QuotaBook, admit, borrowed_jobs, may_reclaim
+from chamber.common.quota import QuotaBook, QuotaUsage, admit, borrowed_jobs, may_reclaim
 from chamber.scheduler.core.backfill import Reservation, reserve
 from chamber.scheduler.core.decisions import Decision, Nominate, Place, Preempt, Wait
 from chamber.scheduler.core.fleet import FleetIndex
@@ -70,7 +70,7 @@ class SchedulingState:
         self.cordoned: dict[str, str] = {}
         self.standing: dict[str, float] = {}
         self.quota: QuotaBook | None = None
-        self.usage: dict[tuple[str, str], int] = {}
+        self.usage = QuotaUsage(QuotaBook(QuotaConfig()))
         """(team, pool) -> GPUs held, for quota admission."""
         self.budget_blocks: dict[str, str] = {}
         """team -> budget mode in force ("block-preemptible" or "block-all")."""
@@ -115,12 +115,14 @@ class SchedulingState:
                         state._nominated_slots[ref.slot] = job.id
                 else:
                     pending.append(job)
+        usage: dict[tuple[str, str], int] = {}
         for run in state.running.values():
             key = (run.team, run.pool)
-            state.usage[key] = state.usage.get(key, 0) + len(run.gpus)
+            usage[key] = usage.get(key, 0) + len(run.gpus)
         for nominee in state.nominated.values():
             pool = pool_of.get(nominee.nominated[0].node, "")
-            state.usage[(nominee.team, pool)] = state.usage.get((nominee.team, pool), 0) + len(nominee.nominated)
+            usage[(nominee.team, pool)] = usage.get((nominee.team, pool), 0) + len(nominee.nominated)
+        state.usage = QuotaUsage(quota or QuotaBook(QuotaConfig()), usage)
         if borrowed is None and quota is not None:
             borrowed = frozenset(
                 borrowed_jobs(quota, ((j.id, j.team, j.pool, len(j.gpus), j.priority, j.started_at)
@@ -162,8 +164,7 @@ class SchedulingState:
         job = self.running.pop(job_id, None)
         if job is None:
             return None
-        key = (job.team, job.pool)
-        self.usage[key] = self.usage.get(key, 0) - len(job.gpus)
+        self.usage.add(job.team, job.pool, -len(job.gpus))
         for ref in job.gpus:
             if ref.slot in self.cordoned or ref.slot in self._nominated_slots:
                 continue
@@ -376,8 +377,7 @@ class SchedulingState:
         self.queue.remove(job.id)
         pool = self.index.nodes[gpus[0].node].pool
         self.running[job.id] = job.start(gpus, self._ctx.now if self._ctx else 0.0, pool=pool, borrowed=borrowing)
-        key = (job.team, pool)
-        self.usage[key] = self.usage.get(key, 0) + len(gpus)
+        self.usage.add(job.team, pool, len(gpus))
         decisions.append(Place(job.id, job.attempt + 1, gpus, reason))
 
     def _preempt_for(
@@ -419,8 +419,7 @@ class SchedulingState:
             return
         node = self.index.nodes.get(job.nominated[0].node)
         if node is not None:
-            key = (job.team, node.pool)
-            self.usage[key] = self.usage.get(key, 0) + sign * len(job.nominated)
+            self.usage.add(job.team, node.pool, sign * len(job.nominated))
 
     def _place_nominated(self, decisions: list[Decision]) -> None:
         for job_id, job in list(self.nominated.items()):

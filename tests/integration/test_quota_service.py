@@ -1,0 +1,127 @@
+"""The quota service and the team and pool API on real NATS and Redis."""
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+from litestar.testing import AsyncTestClient
+
+from chamber.collector import service as collector
+from chamber.common.runtime import make_context
+from chamber.common.settings import Settings
+from chamber.gateway.api import create_app
+from chamber.gateway.state import GatewayState
+from chamber.quota import service as quota
+from chamber.scheduler import service as scheduler
+from tests.support.services import eventually, running
+
+pytestmark = pytest.mark.integration
+
+EXAMPLE = Path(__file__).parents[2] / "deploy" / "examples" / "quota.yaml"
+
+
+@pytest.fixture
+async def client(settings: Settings, cleanup: None) -> AsyncIterator[AsyncTestClient[Any]]:
+    async with AsyncTestClient(app=create_app(GatewayState(make_context(settings, "gateway")))) as c:
+        yield c
+
+
+async def test_the_example_configuration_seeds_the_quota_service(
+    client: AsyncTestClient[Any], settings: Settings
+) -> None:
+    seeded = msgspec.structs.replace(settings, quota_file=str(EXAMPLE), fleet_nodes=16)
+    async with running(seeded, ("collector", collector.main), ("quota", quota.main)):
+
+        async def has_teams() -> bool:
+            return len((await client.get("/v1/teams")).json()) == 3
+
+        await eventually(has_teams, what="the seeded teams are served")
+        nlp = (await client.get("/v1/teams/nlp")).json()
+        assert nlp["config"]["weight"] == 2
+        assert nlp["usage"]["nominal"] == 48
+        pools = (await client.get("/v1/pools")).json()
+        assert pools[0]["name"] == "default"
+        assert pools[0]["nominal_total"] == 112
+
+
+async def test_invalid_changes_are_rejected_and_the_old_configuration_stays(client: AsyncTestClient[Any]) -> None:
+    assert (await client.put("/v1/pools/h100", json={"gpu_model": "H100", "capacity": 16})).status_code == 200
+    ok = await client.put("/v1/teams/a", json={"org": "acme", "quotas": [{"pool": "h100", "nominal": 8}]})
+    assert ok.status_code == 400, "organisation acme does not exist yet"
+    assert "unknown organisation" in ok.text
+    # Organisations come with the configuration file; here we add one team per valid change.
+    bad = [
+        ({"org": "acme", "quotas": [{"pool": "h100", "nominal": -1}]}, "nominal"),
+        ({"org": "acme", "weight": 0}, "weight"),
+        ({"org": "acme", "surprise": 1}, "surprise"),
+    ]
+    for body, word in bad:
+        resp = await client.put("/v1/teams/a", json=body)
+        assert resp.status_code == 400, resp.text
+        assert word in resp.text
+    assert (await client.get("/v1/teams/a")).status_code == 404, "nothing half-written"
+    assert (await client.get("/v1/pools/h100")).json()["config"]["capacity"] == 16
+
+
+async def test_guarantees_above_capacity_are_rejected(client: AsyncTestClient[Any], settings: Settings) -> None:
+    from chamber.common.bus import Bus
+    from chamber.common.contracts import OrgConfig, PoolConfig, QuotaConfig
+    from chamber.common.quotastore import QuotaStore
+    from chamber.common.subjects import QUOTA_BUCKET, Names
+
+    bus = await Bus.connect(settings.nats_url, Names(settings.namespace), "test")
+    store = QuotaStore(await bus.key_value(QUOTA_BUCKET))
+    await store.put(QuotaConfig(pools=[PoolConfig(name="p", gpu_model="H100", capacity=16)],
+                                orgs=[OrgConfig(name="o")]), 0)  # fmt: skip
+    await bus.close()
+    assert (
+        await client.put("/v1/teams/x", json={"org": "o", "quotas": [{"pool": "p", "nominal": 10}]})
+    ).status_code == 200
+    resp = await client.put("/v1/teams/y", json={"org": "o", "quotas": [{"pool": "p", "nominal": 10}]})
+    assert resp.status_code == 400
+    assert "above its capacity" in resp.text
+    assert [t["name"] for t in (await client.get("/v1/teams")).json()] == ["x"]
+
+
+async def test_an_exhausted_budget_blocks_new_work(
+    client: AsyncTestClient[Any], settings: Settings, tmp_path: Path
+) -> None:
+    cfg = tmp_path / "quota.yaml"
+    cfg.write_text(
+        "pools: [{name: default, gpu_model: H100, cost_per_gpu_hour: 3600}]\n"
+        "orgs: [{name: o}]\n"
+        "teams: [{name: a, org: o, quotas: [{pool: default, nominal: 32}],"
+        " budget: {money: 1, period: day, mode: block-all}}]\n"
+    )
+    seeded = msgspec.structs.replace(settings, quota_file=str(cfg))
+    async with running(seeded, ("collector", collector.main), ("quota", quota.main), ("scheduler", scheduler.main)):
+
+        async def fleet_up() -> bool:
+            return bool((await client.get("/v1/fleet")).json()["gpus_total"])
+
+        await eventually(fleet_up, what="inventory")
+        job = {"name": "spender", "team": "a", "gpus_per_replica": 1, "duration_s": 1.5, "priority": "train"}
+        first = (await client.post("/v1/jobs", json=job)).json()
+
+        async def state_of(job_id: str) -> str:
+            return str((await client.get(f"/v1/jobs/{job_id}")).json()["state"])
+
+        await eventually(lambda: _is(state_of(first["id"]), "succeeded"), what="the first job ran")
+
+        async def blocked() -> bool:
+            return bool((await client.get("/v1/teams/a")).json()["usage"]["budget_state"] == "blocked-all")
+
+        await eventually(blocked, what="the budget is exhausted")
+        second = (await client.post("/v1/jobs", json=job)).json()
+
+        async def waits_for_budget() -> bool:
+            got = (await client.get(f"/v1/jobs/{second['id']}")).json()
+            return got["state"] == "pending" and "budget" in got["reason"]
+
+        await eventually(waits_for_budget, what="the next job waits for budget")
+
+
+async def _is(awaitable: Any, expected: str) -> bool:
+    return bool(await awaitable == expected)
