@@ -46,8 +46,8 @@ def test_incremental_totals_match_a_full_recompute(
     book = QuotaBook(config, {"p": 40, "q": 40})
     totals = QuotaUsage(book)
     plain: dict[tuple[str, str], int] = {}
-    for team, pool, delta in changes:
-        delta = max(delta, -plain.get((team, pool), 0))
+    for team, pool, change in changes:
+        delta = max(change, -plain.get((team, pool), 0))
         plain[(team, pool)] = plain.get((team, pool), 0) + delta
         totals.add(team, pool, delta)
         for t in TEAMS:

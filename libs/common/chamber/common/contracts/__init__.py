@@ -34,7 +34,7 @@ from chamber.common.contracts.quota import (
     TeamQuota,
     TeamUsage,
 )
-from chamber.common.contracts.telemetry import GpuSample, NodeTelemetry
+from chamber.common.contracts.telemetry import GpuProcess, GpuSample, GpuXidEvent, NodeTelemetry, TelemetryEvent
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -45,7 +45,9 @@ __all__ = [
     "GpuDevice",
     "GpuHealthVerdict",
     "GpuRef",
+    "GpuProcess",
     "GpuSample",
+    "GpuXidEvent",
     "HealthState",
     "JobCancelRequested",
     "JobEvent",
@@ -71,6 +73,7 @@ __all__ = [
     "TeamConfig",
     "TeamQuota",
     "TeamUsage",
+    "TelemetryEvent",
     "Topology",
     "TopologyLabels",
 ]

@@ -1,14 +1,24 @@
-"""Per-GPU samples, batched per node. A capability a GPU lacks is an absent (None) field, never a fake zero."""
+"""Per-GPU samples, batched per node, and XID events pushed the moment NVML reports them.
+
+A capability a GPU lacks (older GPUs, MIG, a driver without the call) is an absent (None) field, never a zero
+that could be mistaken for a reading.
+"""
 
 import msgspec
 
 from chamber.common.contracts.base import Contract, Event
 
 
+class GpuProcess(Contract, frozen=True):
+    pid: int
+    used_memory_mb: float | None = None
+
+
 class GpuSample(Contract, frozen=True):
     index: int
     uuid: str
     gpu_util: float | None = None
+    """Percent of time a kernel ran (NVML utilization.gpu; DCGM_FI_DEV_GPU_UTIL)."""
     mem_util: float | None = None
     mem_used_mb: float | None = None
     mem_total_mb: float | None = None
@@ -18,6 +28,25 @@ class GpuSample(Contract, frozen=True):
     ecc_dbe_volatile: int | None = None
     ecc_sbe_volatile: int | None = None
     xids: list[int] = msgspec.field(default_factory=list)
+    sm_activity: float | None = None
+    tensor_activity: float | None = None
+    dram_activity: float | None = None
+    clock_event_reasons: int | None = None
+    """NVML clocks-event (throttle) reason bitmask."""
+    ecc_dbe_aggregate: int | None = None
+    ecc_sbe_aggregate: int | None = None
+    retired_pages_dbe: int | None = None
+    retired_pages_sbe: int | None = None
+    retired_pages_pending: bool | None = None
+    remapped_rows_correctable: int | None = None
+    remapped_rows_uncorrectable: int | None = None
+    remapped_rows_pending: bool | None = None
+    remapped_rows_failure: bool | None = None
+    nvlink_replay_errors: int | None = None
+    nvlink_recovery_errors: int | None = None
+    nvlink_crc_errors: int | None = None
+    pcie_replay_count: int | None = None
+    processes: list[GpuProcess] | None = None
 
 
 class NodeTelemetry(Event, frozen=True):
@@ -25,3 +54,18 @@ class NodeTelemetry(Event, frozen=True):
     sampled_at: float
     interval_s: float
     gpus: list[GpuSample]
+    source: str = "sim"
+    """`nvml` from a node agent, `sim` from the simulated fleet."""
+
+
+class GpuXidEvent(Event, frozen=True):
+    """An XID error, published as soon as NVML's event set reports it (not at the next sample)."""
+
+    node: str
+    gpu_index: int
+    uuid: str
+    xid: int
+    observed_at: float
+
+
+TelemetryEvent = NodeTelemetry | GpuXidEvent

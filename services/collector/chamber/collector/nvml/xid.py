@@ -1,0 +1,78 @@
+"""XID errors as they happen: a thread blocks on NVML's event set and hands each XID to the event loop at once.
+
+Polling would report a fatal XID up to a whole interval late; the event set wakes within milliseconds.
+"""
+
+import asyncio
+import contextlib
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from chamber.common.log import get_logger
+
+log = get_logger(__name__)
+
+
+class XidWatcher:
+    def __init__(
+        self,
+        nvml: Any,
+        handles: list[Any],
+        on_xid: Callable[[int, int], None],
+        *,
+        wait_ms: int = 500,
+    ) -> None:
+        """`on_xid(gpu_index, xid)` is called in the event loop's thread."""
+        self.nvml = nvml
+        self.handles = handles
+        self.on_xid = on_xid
+        self.wait_ms = wait_ms
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._index: dict[int, int] = {}
+        self._set: Any = None
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> bool:
+        """Register every GPU for critical XID events; False when this driver offers no events."""
+        n = self.nvml
+        try:
+            self._set = n.nvmlEventSetCreate()
+            for i, h in enumerate(self.handles):
+                n.nvmlDeviceRegisterEvents(h, n.nvmlEventTypeXidCriticalError, self._set)
+                self._index[id(h)] = i
+        except n.NVMLError as exc:
+            log.warning("nvml.xid_events_unavailable", error=str(exc))
+            return False
+        self._thread = threading.Thread(target=self._run, args=(loop,), name="nvml-xid", daemon=True)
+        self._thread.start()
+        return True
+
+    def _run(self, loop: asyncio.AbstractEventLoop) -> None:
+        n = self.nvml
+        while not self._stop.is_set():
+            try:
+                data = n.nvmlEventSetWait_v2(self._set, self.wait_ms)
+            except n.NVMLError as exc:
+                if getattr(exc, "value", None) != n.NVML_ERROR_TIMEOUT:
+                    log.warning("nvml.xid_wait_failed", error=str(exc))
+                continue
+            index = self._gpu_index(data.device)
+            loop.call_soon_threadsafe(self.on_xid, index, int(data.eventData))
+
+    def _gpu_index(self, device: Any) -> int:
+        index = self._index.get(id(device))
+        if index is not None:
+            return index
+        for i, h in enumerate(self.handles):
+            if h == device:
+                return i
+        return -1
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=2)
+        if self._set is not None:
+            with contextlib.suppress(self.nvml.NVMLError):
+                self.nvml.nvmlEventSetFree(self._set)
