@@ -129,7 +129,8 @@ class FakeNvml:
         return int(self._get(h, "retired_pending"))
 
     def nvmlDeviceGetRemappedRows(self, h: Any) -> tuple[int, int, bool, bool]:
-        return tuple(self._get(h, "remap"))  # type: ignore[return-value]
+        a, b, c, d = self._get(h, "remap")
+        return (a, b, c, d)
 
     def nvmlDeviceGetNvLinkState(self, h: Any, link: int) -> int:
         links = self._get(h, "nvlink")

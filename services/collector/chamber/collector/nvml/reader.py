@@ -2,6 +2,7 @@
 absent instead of failing the sample (older GPUs lack row remapping, MIG instances lack most counters)."""
 
 from collections.abc import Callable
+from functools import partial
 from types import ModuleType
 from typing import Any, TypeVar
 
@@ -50,7 +51,7 @@ class NvmlReader:
         n = self.nvml
         out = []
         for i, h in enumerate(self.handles):
-            mem = self._try("memory", lambda h=h: n.nvmlDeviceGetMemoryInfo(h))
+            mem = self._try("memory", partial(n.nvmlDeviceGetMemoryInfo, h))
             out.append(
                 GpuDevice(
                     index=i,
