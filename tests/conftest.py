@@ -36,6 +36,7 @@ def settings(servers: Servers, namespace: str) -> Settings:
         telemetry_interval_s=0.5,
         inventory_interval_s=5.0,
         schedule_interval_s=0.2,
+        metrics_port=0,
     )
 
 

@@ -34,6 +34,7 @@ def test_chamber_up_runs_a_job_end_to_end(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("CHAMBER_")} | {
         "CHAMBER_EMBEDDED": "1",
         "CHAMBER_HTTP_PORT": str(port),
+        "CHAMBER_METRICS_PORT": "0",
         "PYTHONUNBUFFERED": "1",
     }
     log = tmp_path / "up.log"

@@ -47,7 +47,7 @@ def test_the_node_agent_reports_its_node() -> None:
     (inv,) = source.inventory(1.0)
     assert inv.node.name == "gpu-node-7"
     assert [g.uuid for g in inv.node.gpus] == ["GPU-fake-0", "GPU-fake-1"]
-    (batch,) = source.sample(2.0, frozenset())
+    (batch,) = source.sample(2.0, {})
     assert batch.source == "nvml"
     assert len(batch.gpus) == 2
 

@@ -70,6 +70,16 @@ def _bench_quota(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench_telemetry(args: argparse.Namespace) -> int:
+    import json
+
+    from chamber.collector.bench import run
+
+    result = run(gpus=args.gpus, rounds=args.rounds, lag_gpus=args.lag_gpus, lag_seconds=args.lag_seconds)
+    print(json.dumps(result) if args.json else json.dumps(result, indent=2))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="chamber", description="Chamber keeps GPU fleets busy.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -94,6 +104,13 @@ def build_parser() -> argparse.ArgumentParser:
     quota.add_argument("--seed", type=int, default=1)
     quota.add_argument("--json", action="store_true", help="one line of JSON")
     quota.set_defaults(func=_bench_quota)
+    tele = bench.add_parser("telemetry", help="node batches through real NATS into the fleet-metrics aggregator")
+    tele.add_argument("--gpus", type=int, default=100_000)
+    tele.add_argument("--rounds", type=int, default=5)
+    tele.add_argument("--lag-gpus", type=int, default=10_000)
+    tele.add_argument("--lag-seconds", type=float, default=10.0)
+    tele.add_argument("--json", action="store_true", help="one line of JSON")
+    tele.set_defaults(func=_bench_telemetry)
     return parser
 
 

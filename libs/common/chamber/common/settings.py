@@ -33,6 +33,15 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     otel_exporter: str = ""
     """Empty: tracing is a no-op. `console`: spans to stderr. `otlp`: to OTEL_EXPORTER_OTLP_ENDPOINT."""
     seed: int = 0
+    metrics_port: Annotated[int, msgspec.Meta(ge=0, le=65535)] = 9400
+    """The collector's Prometheus `/metrics` (dcgm-exporter's port by default; 0 picks a free one)."""
+    metrics_interval_s: Annotated[float, msgspec.Meta(gt=0)] = 0.25
+    collector_role: str = "all"
+    """`all`: simulated fleet and metrics aggregator; `agent`: this node's GPUs through NVML;
+    `aggregator`: metrics only; `sim`: simulated fleet only."""
+    node_name: str = ""
+    pool: str = "default"
+    pool_cost_per_gpu_hour: float = 2.5
     quota_file: str = ""
     """YAML quota configuration that seeds the quota KV bucket when it is empty (docs/quota.md)."""
 

@@ -41,11 +41,20 @@ TELEMETRY = StreamSpec(
 )
 HEALTH = StreamSpec("HEALTH", "health.>", True, "health verdicts: the audit trail of quarantines and recoveries")
 QUOTA = StreamSpec("QUOTA", "quota.>", True, "latest published quota state", max_msgs_per_subject=1)
+METRICS = StreamSpec(
+    "METRICS",
+    "metrics.>",
+    False,
+    "fleet metrics snapshots and rollups",
+    max_age_s=400 * DAY,
+    max_bytes=256 * MIB,
+    max_msgs_per_subject=2000,
+)
 DEADLETTER = StreamSpec(
     "DEADLETTER", "deadletter.>", False, "messages a consumer could not decode", max_age_s=7 * DAY, max_bytes=64 * MIB
 )
 
-STREAMS: tuple[StreamSpec, ...] = (JOBS, DECISIONS, INVENTORY, TELEMETRY, HEALTH, QUOTA, DEADLETTER)
+STREAMS: tuple[StreamSpec, ...] = (JOBS, DECISIONS, INVENTORY, TELEMETRY, HEALTH, QUOTA, METRICS, DEADLETTER)
 
 SUBJECTS: tuple[SubjectSpec, ...] = (
     SubjectSpec("jobs.submit.<job>", "JOBS", "JobSubmitted", "gateway", "scheduler"),
@@ -54,7 +63,9 @@ SUBJECTS: tuple[SubjectSpec, ...] = (
     SubjectSpec("decisions.placed.<job>", "DECISIONS", "JobPlaced", "scheduler", "(audit, dashboard)"),
     SubjectSpec("decisions.state.<job>", "DECISIONS", "JobStateChanged", "scheduler", "quota"),
     SubjectSpec("inventory.<node>", "INVENTORY", "NodeInventory", "collector", "scheduler, gateway"),
-    SubjectSpec("telemetry.<node>", "TELEMETRY", "NodeTelemetry", "collector", "health"),
+    SubjectSpec("telemetry.<node>", "TELEMETRY", "NodeTelemetry, GpuXidEvent", "collector", "health, collector"),
+    SubjectSpec("metrics.fleet", "METRICS", "FleetSnapshot", "collector", "gateway"),
+    SubjectSpec("metrics.rollup.<1m|1h|1d>", "METRICS", "RollupPoint", "collector", "gateway"),
     SubjectSpec(
         "health.verdicts.<node>.<gpu>", "HEALTH", "GpuHealthVerdict", "health", "health (its state at start-up)"
     ),

@@ -1,14 +1,27 @@
-"""The collector shell: every interval, sample the source and publish one telemetry batch per node;
-publish each node's inventory at start, on change and every `inventory_interval_s` (a heartbeat)."""
+"""The collector shell, in one of its roles (`CHAMBER_COLLECTOR_ROLE`):
+
+- `agent`: a node agent (a DaemonSet pod per GPU node): this node's GPUs through NVML, XIDs pushed at once;
+- `sim`: the simulated fleet, whose activity follows the jobs the ledger says hold each GPU;
+- `aggregator`: fleet metrics from everyone's telemetry, rollups, Prometheus `/metrics`;
+- `all` (default, what `chamber up` runs): `sim` and `aggregator` together.
+
+A source publishes each node's inventory at start and every `inventory_interval_s` (a heartbeat), and one
+telemetry batch per node every `telemetry_interval_s`.
+"""
 
 import asyncio
+import socket
 
+from chamber.collector.aggregator import Aggregator
 from chamber.collector.core.simfleet import FleetShape, SimulatedFleet
 from chamber.collector.core.source import TelemetrySource
 from chamber.common.bus import Bus, PublishError
+from chamber.common.contracts import GpuXidEvent, Pool, TopologyLabels
+from chamber.common.jobstore import JobStore
 from chamber.common.ledger import Ledger, LedgerUnavailable
 from chamber.common.log import get_logger
 from chamber.common.runtime import Context, wait_event
+from chamber.common.subjects import JOBS_BUCKET
 
 log = get_logger(__name__)
 
@@ -32,11 +45,12 @@ class Collector:
         if now - self._last_inventory_at >= self.ctx.settings.inventory_interval_s:
             await self.publish_inventory()
         try:
-            busy = frozenset((await self.ledger.snapshot()).owners)
+            owners = (await self.ledger.snapshot()).owners
         except LedgerUnavailable:
-            busy = frozenset()
-        for batch in self.source.sample(now, busy):
-            await self.bus.publish(self.bus.names.telemetry(batch.node), batch)
+            owners = {}
+        allocation = {slot: holder.rsplit("/", 1)[0] for slot, holder in owners.items()}
+        for batch in self.source.sample(now, allocation):
+            await self.bus.publish_nowait(self.bus.names.telemetry(batch.node), batch)
 
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
@@ -54,17 +68,63 @@ def simulated_source(ctx: Context) -> SimulatedFleet:
         gpus_per_node=s.gpus_per_node,
         nodes_per_rack=s.nodes_per_rack,
         gpu_model=s.gpu_model,
+        pool=s.pool,
+        cost_per_gpu_hour=s.pool_cost_per_gpu_hour,
         interval_s=s.telemetry_interval_s,
     )
     return SimulatedFleet(shape, seed=s.seed)
 
 
+async def _agent(ctx: Context, bus: Bus, ledger: Ledger, stop: asyncio.Event) -> None:
+    import pynvml
+
+    from chamber.collector.nvml import NvmlReader, NvmlSource, XidWatcher
+
+    s = ctx.settings
+    node = s.node_name or socket.gethostname()
+    reader = NvmlReader(pynvml)
+    pool = Pool(name=s.pool, gpu_model=reader.devices()[0].model if reader.handles else "",
+                cost_per_gpu_hour=s.pool_cost_per_gpu_hour)  # fmt: skip
+    source = NvmlSource(reader, node, pool, TopologyLabels(), s.telemetry_interval_s)
+    uuids = [g.uuid for g in source.node.gpus]
+    pending: set[asyncio.Task[object]] = set()
+
+    def on_xid(index: int, xid: int) -> None:
+        event = GpuXidEvent(node=node, gpu_index=index, uuid=uuids[index] if 0 <= index < len(uuids) else "",
+                            xid=xid, observed_at=ctx.clock.now())  # fmt: skip
+        task = asyncio.ensure_future(bus.publish(bus.names.telemetry(node), event))
+        pending.add(task)
+        task.add_done_callback(pending.discard)
+
+    watcher = XidWatcher(pynvml, reader.handles, on_xid)
+    watcher.start(asyncio.get_running_loop())
+    try:
+        await Collector(ctx, bus, ledger, source).run(stop)
+    finally:
+        watcher.stop()
+        reader.close()
+
+
 async def main(ctx: Context, stop: asyncio.Event) -> None:
+    role = ctx.settings.collector_role
+    if role not in ("all", "agent", "sim", "aggregator"):
+        raise ValueError(f"CHAMBER_COLLECTOR_ROLE={role!r}: use all, agent, sim or aggregator")
     bus = await ctx.bus()
     ledger = ctx.ledger()
-    collector = Collector(ctx, bus, ledger, simulated_source(ctx))
+    aggregator = None
+    tasks = []
     try:
-        await collector.run(stop)
+        if role in ("all", "aggregator"):
+            aggregator = Aggregator(ctx, bus, ledger, JobStore(await bus.key_value(JOBS_BUCKET)))
+            await aggregator.start()
+            tasks.append(asyncio.create_task(aggregator.run(stop)))
+        if role in ("all", "sim"):
+            tasks.append(asyncio.create_task(Collector(ctx, bus, ledger, simulated_source(ctx)).run(stop)))
+        if role == "agent":
+            tasks.append(asyncio.create_task(_agent(ctx, bus, ledger, stop)))
+        await asyncio.gather(*tasks)
     finally:
+        if aggregator is not None:
+            await aggregator.close()
         await bus.close()
         await ledger.close()

@@ -17,6 +17,7 @@ from litestar.status_codes import HTTP_202_ACCEPTED, HTTP_409_CONFLICT, HTTP_503
 
 from chamber.common.contracts import TERMINAL_STATES, JobCancelRequested, JobSpec, JobState, JobSubmitted, Topology
 from chamber.common.contracts.jobs import JobName, TeamName
+from chamber.common.metrics_names import METRICS
 from chamber.common.priorities import DEFAULT_CLASSES
 from chamber.gateway.core.views import (
     FleetView,
@@ -134,7 +135,37 @@ async def list_nodes(state: State) -> list[NodeView]:
 async def get_fleet(state: State) -> FleetView:
     gw = _gw(state)
     snap = await gw.ledger.snapshot()
-    return fleet_view(node_views(gw.nodes.values(), snap.owners, snap.cordoned), gw.records.values())
+    return fleet_view(node_views(gw.nodes.values(), snap.owners, snap.cordoned), gw.records.values(), gw.metrics)
+
+
+HISTORY_RESOLUTION = ((6 * 3600, "1m"), (14 * 86400, "1h"), (400 * 86400, "1d"))
+
+
+class HistoryView(msgspec.Struct, kw_only=True):
+    metric: str
+    resolution: str
+    points: list[tuple[float, float]]
+    """(bucket start, mean value); the last point is the latest snapshot."""
+
+
+@get("/v1/fleet/history", summary="A fleet metric over time (1-minute, 1-hour or 1-day means)")
+async def fleet_history(
+    state: State,
+    metric: Annotated[str, QueryParameter(name="metric")] = "utilization",
+    window: Annotated[str, QueryParameter(name="window", pattern=r"^[0-9]+[mhd]$")] = "1h",
+) -> HistoryView:
+    if metric not in METRICS:
+        raise ValidationException(f"unknown metric {metric!r}; one of {', '.join(METRICS)}")
+    seconds = int(window[:-1]) * {"m": 60, "h": 3600, "d": 86400}[window[-1]]
+    resolution = next((r for limit, r in HISTORY_RESOLUTION if seconds <= limit), None)
+    if resolution is None:
+        raise ValidationException("window too long: at most 400d")
+    gw = _gw(state)
+    since = gw.clock.now() - seconds
+    points = [(p.start, p.values.get(metric, 0.0)) for p in await gw.history(resolution, since)]
+    if gw.metrics is not None and gw.metrics.at >= since:
+        points.append((gw.metrics.at, float(getattr(gw.metrics, metric))))
+    return HistoryView(metric=metric, resolution=resolution, points=points)
 
 
 @get("/healthz", summary="Liveness and readiness: NATS connected, Redis answering")
@@ -152,7 +183,10 @@ async def openapi_json(request: Request[Any, Any, Any]) -> dict[str, Any]:
     return schema
 
 
-ROUTES = [submit_job, get_job, list_jobs, cancel_job, list_nodes, get_fleet, healthz, openapi_json, *QUOTA_ROUTES]
+ROUTES = [
+    submit_job, get_job, list_jobs, cancel_job, list_nodes, get_fleet, fleet_history, healthz, openapi_json,
+    *QUOTA_ROUTES,
+]  # fmt: skip
 
 
 def create_app(gateway: GatewayState) -> Litestar:

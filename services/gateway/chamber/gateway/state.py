@@ -4,12 +4,21 @@ from collections.abc import Awaitable, Callable
 
 from chamber.common.bus import Bus
 from chamber.common.codec import DecodeError, Decoder
-from chamber.common.contracts import JobRecord, JobSubmitted, Node, NodeInventory, QuotaState, TeamUsage
+from chamber.common.contracts import (
+    FleetSnapshot,
+    JobRecord,
+    JobSubmitted,
+    Node,
+    NodeInventory,
+    QuotaState,
+    RollupPoint,
+    TeamUsage,
+)
 from chamber.common.jobstore import JobStore
 from chamber.common.ledger import Ledger
 from chamber.common.quotastore import QuotaStore
 from chamber.common.runtime import Context
-from chamber.common.subjects import JOBS, JOBS_BUCKET, QUOTA_BUCKET
+from chamber.common.subjects import JOBS, JOBS_BUCKET, METRICS, QUOTA_BUCKET
 from chamber.gateway.core.views import JobView, job_view, submitted_view
 
 _submitted = Decoder(JobSubmitted)
@@ -27,6 +36,7 @@ class GatewayState:
         self.records: dict[str, JobRecord] = {}
         self.nodes: dict[str, Node] = {}
         self.quota_state: QuotaState | None = None
+        self.metrics: FleetSnapshot | None = None
         self._quota_store: QuotaStore | None = None
         self._stop_follow: Callable[[], Awaitable[None]] | None = None
 
@@ -39,6 +49,14 @@ class GatewayState:
     def quota_store(self) -> QuotaStore:
         assert self._quota_store is not None, "gateway not started"
         return self._quota_store
+
+    def _on_metrics(self, snapshot: FleetSnapshot) -> None:
+        self.metrics = snapshot
+
+    async def history(self, resolution: str, since: float) -> list[RollupPoint]:
+        subject = self.bus.names.subject(f"metrics.rollup.{resolution}")
+        points: list[RollupPoint] = await self.bus.read_since(METRICS, subject, since, Decoder(RollupPoint))
+        return [p for p in points if p.start >= since]
 
     def _on_quota(self, state: QuotaState) -> None:
         self.quota_state = state
@@ -67,6 +85,7 @@ class GatewayState:
         self._stop_follow = await self.store.follow(self._on_record)
         await self.bus.watch_latest(self.bus.names.subject("inventory.>"), Decoder(NodeInventory), self._on_inventory)
         await self.bus.watch_latest(self.bus.names.quota_state(), Decoder(QuotaState), self._on_quota)
+        await self.bus.watch_latest(self.bus.names.subject("metrics.fleet"), Decoder(FleetSnapshot), self._on_metrics)
         self._quota_store = QuotaStore(await self.bus.key_value(QUOTA_BUCKET))
 
     async def stop(self) -> None:

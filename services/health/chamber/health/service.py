@@ -7,12 +7,12 @@ import asyncio
 
 from chamber.common.bus import Bus
 from chamber.common.codec import Decoder
-from chamber.common.contracts import GpuHealthVerdict, HealthState, NodeTelemetry
+from chamber.common.contracts import GpuHealthVerdict, GpuXidEvent, HealthState, NodeTelemetry, TelemetryEvent
 from chamber.common.ledger import Ledger, LedgerUnavailable
 from chamber.common.log import get_logger
 from chamber.common.runtime import Context, wait_event
 from chamber.common.subjects import HEALTH, TELEMETRY
-from chamber.health.core.rules import evaluate
+from chamber.health.core.rules import as_batch, evaluate
 
 log = get_logger(__name__)
 
@@ -43,7 +43,7 @@ class Health:
             stream=TELEMETRY,
             durable="health",
             filter_subjects=[self.bus.names.subject("telemetry.>")],
-            decoder=Decoder(NodeTelemetry),
+            decoder=Decoder(TelemetryEvent),
             handler=self.on_telemetry,
         )
         await consumer.start()
@@ -57,7 +57,8 @@ class Health:
         else:
             self.reasons.pop(slot, None)
 
-    async def on_telemetry(self, batch: NodeTelemetry) -> None:
+    async def on_telemetry(self, event: NodeTelemetry | GpuXidEvent) -> None:
+        batch = event if isinstance(event, NodeTelemetry) else as_batch(event)
         for verdict in evaluate(batch, self.states):
             slot = f"{verdict.node}/{verdict.gpu_index}"
             await self.ledger.cordon([slot], cordon_reason(verdict.reason))

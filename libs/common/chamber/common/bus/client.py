@@ -3,6 +3,7 @@
 import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
 from typing import Any
 
 import msgspec
@@ -113,6 +114,14 @@ class Bus:
         except nats.errors.Error as exc:
             raise PublishError(f"publish to {subject} not acknowledged: {exc}") from exc
 
+    async def publish_nowait(self, subject: str, event: msgspec.Struct) -> None:
+        """Fire and forget (core NATS; a stream on the subject still stores it). For telemetry: a sample lost to
+        a broken connection is replaced by the next one, and waiting for an ack per node would cap throughput."""
+        try:
+            await self.nc.publish(subject, encode(event))
+        except nats.errors.Error as exc:
+            raise PublishError(f"publish to {subject} failed: {exc}") from exc
+
     async def publish_raw(self, subject: str, data: bytes, headers: dict[str, str] | None = None) -> PubAck:
         try:
             return await self.js.publish(subject, data, headers=headers, timeout=5.0)
@@ -211,6 +220,35 @@ class Bus:
                         values.append(decoder.decode(msg.data))
                     except DecodeError as exc:
                         log.warning("read_latest.undecodable", subject=msg.subject, error=str(exc))
+        finally:
+            await psub.unsubscribe()
+        return values
+
+    async def read_since(self, stream: StreamSpec, subject: str, since: float, decoder: Decoder) -> list[Any]:
+        """Every message on `subject` stored at or after `since` (epoch seconds), decoded (garbage skipped)."""
+        start = datetime.fromtimestamp(max(since, 0.0), UTC)
+        config = ConsumerConfig(
+            deliver_policy=DeliverPolicy.BY_START_TIME, opt_start_time=start, ack_policy=AckPolicy.NONE,
+            inactive_threshold=30.0,
+        )  # fmt: skip
+        try:
+            psub = await self.js.pull_subscribe(subject, stream=self.names.stream(stream), config=config)
+        except nats.errors.Error as exc:
+            raise BusError(f"cannot read {subject}: {exc}") from exc
+        values: list[Any] = []
+        try:
+            done = False
+            while not done:
+                try:
+                    msgs = await psub.fetch(1024, timeout=0.5)
+                except (nats.errors.TimeoutError, TimeoutError):
+                    break
+                for msg in msgs:
+                    done = done or msg.metadata.num_pending == 0
+                    try:
+                        values.append(decoder.decode(msg.data))
+                    except DecodeError:
+                        continue
         finally:
             await psub.unsubscribe()
         return values

@@ -24,6 +24,7 @@ from chamber.common.contracts.jobs import (
     Placement,
     Topology,
 )
+from chamber.common.contracts.metrics import FleetSnapshot, RollupPoint
 from chamber.common.contracts.quota import (
     BudgetSpec,
     OrgConfig,
@@ -42,6 +43,7 @@ __all__ = [
     "Contract",
     "Decision",
     "Event",
+    "FleetSnapshot",
     "GpuDevice",
     "GpuHealthVerdict",
     "GpuRef",
@@ -70,6 +72,7 @@ __all__ = [
     "PoolConfig",
     "QuotaConfig",
     "QuotaState",
+    "RollupPoint",
     "TeamConfig",
     "TeamQuota",
     "TeamUsage",

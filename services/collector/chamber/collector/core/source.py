@@ -4,6 +4,7 @@ A source reports what it sees; it never publishes. The collector shell turns its
 one `NodeInventory` per node (periodically and on change), one `NodeTelemetry` batch per node per interval.
 """
 
+from collections.abc import Mapping
 from typing import Protocol
 
 from chamber.common.contracts import NodeInventory, NodeTelemetry
@@ -14,6 +15,6 @@ class TelemetrySource(Protocol):
         """The nodes this source covers (a node agent: its own node; the simulator: the whole fleet)."""
         ...
 
-    def sample(self, now: float, busy_slots: frozenset[str]) -> list[NodeTelemetry]:
-        """One telemetry batch per node. `busy_slots` (`node/index`) lets a simulator derive activity from jobs."""
+    def sample(self, now: float, allocation: Mapping[str, str]) -> list[NodeTelemetry]:
+        """One telemetry batch per node. `allocation` (`node/index` -> job) lets a simulator derive activity."""
         ...

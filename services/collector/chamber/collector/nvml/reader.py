@@ -1,7 +1,7 @@
 """Reading one GPU's health and activity with NVML; a call the GPU or driver does not support leaves its field
 absent instead of failing the sample (older GPUs lack row remapping, MIG instances lack most counters)."""
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from functools import partial
 from types import ModuleType
 from typing import Any, TypeVar
@@ -158,7 +158,7 @@ class NvmlSource:
     def inventory(self, now: float) -> list[NodeInventory]:
         return [NodeInventory(node=self.node, pool=self.pool, observed_at=now)]
 
-    def sample(self, now: float, busy_slots: frozenset[str]) -> list[NodeTelemetry]:
+    def sample(self, now: float, allocation: Mapping[str, str]) -> list[NodeTelemetry]:
         gpus = [self.reader.sample(i) for i in range(len(self.reader.handles))]
         return [
             NodeTelemetry(node=self.node.name, sampled_at=now, interval_s=self.interval_s, gpus=gpus, source="nvml")

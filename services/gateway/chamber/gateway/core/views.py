@@ -4,7 +4,7 @@ from collections.abc import Iterable, Mapping
 
 import msgspec
 
-from chamber.common.contracts import GpuRef, JobRecord, JobSpec, JobState, Node, Placement
+from chamber.common.contracts import FleetSnapshot, GpuRef, JobRecord, JobSpec, JobState, Node, Placement
 
 
 class JobView(msgspec.Struct, kw_only=True):
@@ -53,6 +53,14 @@ class FleetView(msgspec.Struct, kw_only=True):
     allocation_ratio: float
     queue_depth: int
     jobs_running: int
+    gpus_healthy: int | None = None
+    utilization: float | None = None
+    idle_ratio: float | None = None
+    efficiency_score: float | None = None
+    idle_cost_per_hour: float | None = None
+    spend_per_hour: float | None = None
+    metrics_at: float | None = None
+    """When the collector computed the telemetry-based fields (None: no telemetry yet)."""
 
 
 def job_view(record: JobRecord) -> JobView:
@@ -116,7 +124,7 @@ def node_views(nodes: Iterable[Node], owners: Mapping[str, str], cordoned: Mappi
     return views
 
 
-def fleet_view(nodes: list[NodeView], records: Iterable[JobRecord]) -> FleetView:
+def fleet_view(nodes: list[NodeView], records: Iterable[JobRecord], metrics: FleetSnapshot | None = None) -> FleetView:
     total = sum(n.gpus_total for n in nodes)
     allocated = sum(n.gpus_allocated for n in nodes)
     unschedulable = sum(n.gpus_unschedulable for n in nodes)
@@ -135,4 +143,11 @@ def fleet_view(nodes: list[NodeView], records: Iterable[JobRecord]) -> FleetView
         allocation_ratio=round(allocated / total, 4) if total else 0.0,
         queue_depth=queue,
         jobs_running=running,
+        gpus_healthy=None if metrics is None else metrics.gpus_healthy,
+        utilization=None if metrics is None else metrics.utilization,
+        idle_ratio=None if metrics is None else metrics.idle_ratio,
+        efficiency_score=None if metrics is None else metrics.efficiency_score,
+        idle_cost_per_hour=None if metrics is None else metrics.idle_cost_per_hour,
+        spend_per_hour=None if metrics is None else metrics.spend_per_hour,
+        metrics_at=None if metrics is None else metrics.at,
     )

@@ -5,10 +5,16 @@ Data-driven rules, suspect states, recovery and the circuit breaker come with th
 
 from collections.abc import Mapping
 
-from chamber.common.contracts import GpuHealthVerdict, HealthState, NodeTelemetry
+from chamber.common.contracts import GpuHealthVerdict, GpuSample, GpuXidEvent, HealthState, NodeTelemetry
 
 FATAL_XIDS = frozenset({48, 63, 64, 74, 79, 94, 95, 119, 120, 140})
 """XIDs that mean the hardware (not the application) failed: DBE, row remap, NVLink, fallen off the bus, GSP."""
+
+
+def as_batch(event: GpuXidEvent) -> NodeTelemetry:
+    """An XID event seen as a one-GPU telemetry batch, so the same rules judge it."""
+    sample = GpuSample(index=event.gpu_index, uuid=event.uuid, xids=[event.xid])
+    return NodeTelemetry(node=event.node, sampled_at=event.observed_at, interval_s=0.0, gpus=[sample], source="nvml")
 
 
 def evaluate(batch: NodeTelemetry, states: Mapping[tuple[str, int], HealthState]) -> list[GpuHealthVerdict]:

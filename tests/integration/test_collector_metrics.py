@@ -1,0 +1,73 @@
+"""The collector on real NATS and Redis: fleet metrics in the API, history, and dcgm-exporter-style /metrics."""
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import pytest
+from litestar.testing import AsyncTestClient
+
+from chamber.collector.aggregator import Aggregator
+from chamber.collector.service import Collector, simulated_source
+from chamber.common.bus import Bus
+from chamber.common.jobstore import JobStore
+from chamber.common.runtime import make_context
+from chamber.common.settings import Settings
+from chamber.common.subjects import JOBS_BUCKET, Names
+from chamber.gateway.api import create_app
+from chamber.gateway.state import GatewayState
+from chamber.scheduler import service as scheduler
+from tests.support.services import eventually, running
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+async def client(settings: Settings, cleanup: None) -> AsyncIterator[AsyncTestClient[Any]]:
+    async with AsyncTestClient(app=create_app(GatewayState(make_context(settings, "gateway")))) as c:
+        yield c
+
+
+async def test_fleet_metrics_history_and_prometheus(client: AsyncTestClient[Any], settings: Settings) -> None:
+    ctx = make_context(settings, "collector")
+    bus = await Bus.connect(settings.nats_url, Names(settings.namespace), "collector")
+    await bus.ensure_streams()
+    ledger = ctx.ledger()
+    aggregator = Aggregator(ctx, bus, ledger, JobStore(await bus.key_value(JOBS_BUCKET)))
+    await aggregator.start()
+    sim = Collector(ctx, bus, ledger, simulated_source(ctx))
+    try:
+        async with running(settings, ("scheduler", scheduler.main)):
+            await sim.tick()
+            job = {"name": "train", "team": "nlp", "gpus_per_replica": 8, "duration_s": 30}
+            assert (await client.post("/v1/jobs", json=job)).status_code == 201
+
+            async def busy() -> bool:
+                await sim.tick()
+                await aggregator.tick()
+                fleet = (await client.get("/v1/fleet")).json()
+                return bool(fleet["gpus_allocated"] == 8 and fleet["utilization"] and fleet["utilization"] > 0)
+
+            await eventually(busy, what="the fleet shows the busy GPUs")
+            fleet = (await client.get("/v1/fleet")).json()
+            assert fleet["gpus_total"] == 32
+            assert fleet["gpus_healthy"] == 32
+            assert 0 < fleet["efficiency_score"] <= 100
+            assert fleet["idle_cost_per_hour"] == pytest.approx(24 * 2.5)
+            history = (await client.get("/v1/fleet/history", params={"metric": "utilization", "window": "1h"})).json()
+            assert history["resolution"] == "1m"
+            assert history["points"]
+            assert (await client.get("/v1/fleet/history", params={"metric": "nope"})).status_code == 400
+            assert (await client.get("/v1/fleet/history", params={"window": "forever"})).status_code == 400
+            url = f"http://127.0.0.1:{aggregator.metrics_port}/metrics"
+            async with httpx.AsyncClient() as http:
+                text = (await http.get(url, timeout=5)).text
+            assert 'DCGM_FI_DEV_GPU_UTIL{Hostname="node-0000",UUID="GPU-' in text
+            assert 'modelName="H100"' in text
+            assert "DCGM_FI_DEV_FB_USED" in text
+            assert "chamber_fleet_efficiency_score" in text
+            assert "chamber_queue_depth_by_team" in text
+    finally:
+        await aggregator.close()
+        await bus.close()
+        await ledger.close()
