@@ -77,3 +77,21 @@ def test_rollups_average_each_bucket() -> None:
     assert minute[1].values["utilization"] == 0.0
     series = r.series("utilization", "1m", since=0)
     assert len(series) == 3, "two finished minutes and the open one"
+
+
+def test_the_grafana_dashboard_only_uses_metrics_we_export() -> None:
+    import json
+    import re
+    from pathlib import Path
+
+    from chamber.collector.prometheus import DCGM_FIELDS, FLEET_GAUGES
+
+    exported = {name for name, _, _ in DCGM_FIELDS} | {f"chamber_fleet_{f}" for f, _ in FLEET_GAUGES} | {
+        "chamber_queue_depth_by_team", "chamber_queue_depth_by_priority", "chamber_spend_per_hour_by_pool",
+        "chamber_idle_spend_per_hour_by_pool", "chamber_spend_per_hour_by_cloud",
+        "chamber_allocated_idle_gpu_hours_by_team",
+    }  # fmt: skip
+    dash = json.loads((Path(__file__).parents[3] / "deploy" / "grafana" / "chamber-fleet.json").read_text())
+    used = {m for p in dash["panels"] for t in p["targets"] for m in re.findall(r"\b(?:DCGM|chamber)_\w+", t["expr"])}
+    assert used, "the dashboard queries something"
+    assert used <= exported, used - exported
