@@ -67,8 +67,13 @@ SUBJECTS: tuple[SubjectSpec, ...] = (
     SubjectSpec("metrics.fleet", "METRICS", "FleetSnapshot", "collector", "gateway"),
     SubjectSpec("metrics.rollup.<1m|1h|1d>", "METRICS", "RollupPoint", "collector", "gateway"),
     SubjectSpec(
-        "health.verdicts.<node>.<gpu>", "HEALTH", "GpuHealthVerdict", "health", "health (its state at start-up)"
+        "health.verdicts.<node>.<gpu|node>",
+        "HEALTH",
+        "GpuHealthVerdict",
+        "health",
+        "health (its state at start), gateway",
     ),
+    SubjectSpec("health.commands.<node>", "HEALTH", "HealthCommand", "gateway (operators)", "health"),
     SubjectSpec("quota.state", "QUOTA", "QuotaState", "quota", "scheduler, gateway"),
     SubjectSpec(
         "deadletter.<service>", "DEADLETTER", "the raw message, headers say why", "every consumer", "operators"
@@ -121,6 +126,9 @@ class Names:
     def health_verdict(self, node: str, gpu_index: int | None) -> str:
         """One subject per GPU (`node` for node-wide verdicts), so the stream keeps each one's history."""
         return f"{self.ns}.health.verdicts.{node}.{'node' if gpu_index is None else gpu_index}"
+
+    def health_command(self, node: str) -> str:
+        return f"{self.ns}.health.commands.{node}"
 
     def quota_state(self) -> str:
         return f"{self.ns}.quota.state"

@@ -1,89 +1,141 @@
-"""The health shell: consume telemetry, evaluate, cordon quarantined GPUs in the ledger, publish verdicts.
+"""The health shell: telemetry and operator commands in, verdicts out; quarantines become ledger cordons.
 
-Cordons are re-asserted every few seconds, so a ledger that lost its data (Redis restart) gets them back.
+Every verdict goes to the durable HEALTH stream (the audit trail) before its message is acked. The ledger's
+health-owned cordons are reconciled with the engine's state every few seconds, so a ledger that lost its data
+(Redis restart) gets them back, and a cordon whose entity recovered goes away.
 """
 
 import asyncio
 
 from chamber.common.bus import Bus
 from chamber.common.codec import Decoder
-from chamber.common.contracts import GpuHealthVerdict, GpuXidEvent, HealthState, NodeTelemetry, TelemetryEvent
+from chamber.common.contracts import (
+    GpuHealthVerdict,
+    GpuXidEvent,
+    HealthCommand,
+    HealthState,
+    NodeInventory,
+    NodeTelemetry,
+    TelemetryEvent,
+)
 from chamber.common.ledger import Ledger, LedgerUnavailable
 from chamber.common.log import get_logger
 from chamber.common.runtime import Context, wait_event
 from chamber.common.subjects import HEALTH, TELEMETRY
-from chamber.health.core.rules import as_batch, evaluate
+from chamber.health.core.engine import Entity, HealthEngine
+from chamber.health.core.rules import as_batch
 
 log = get_logger(__name__)
 
-REASSERT_INTERVAL_S = 5.0
+RECONCILE_INTERVAL_S = 5.0
+TICK_S = 1.0
+OWNED = ("fatal: health", "degraded: health")
 
 
-def cordon_reason(reason: str) -> str:
-    """Cordons from these rules are fatal: the scheduler interrupts the GPU's job at once, without grace."""
-    return f"fatal: health: {reason}"
+def cordon_reason(entity: Entity) -> str:
+    """Fatal faults interrupt the GPU's jobs at once; degraded ones drain them with their checkpoint grace."""
+    severity = "fatal" if entity.severity == "fatal" else "degraded"
+    return f"{severity}: health: {entity.rule}: {entity.reason}"
 
 
 class Health:
-    def __init__(self, ctx: Context, bus: Bus, ledger: Ledger) -> None:
+    def __init__(self, ctx: Context, bus: Bus, ledger: Ledger, engine: HealthEngine | None = None) -> None:
         self.ctx = ctx
         self.bus = bus
         self.ledger = ledger
-        self.states: dict[tuple[str, int], HealthState] = {}
-        self.reasons: dict[str, str] = {}
+        self.engine = engine or HealthEngine()
+        self.inventory: dict[str, list[int]] = {}
+        self._lock = asyncio.Lock()
 
     async def start(self) -> None:
         for verdict in await self.bus.read_latest(
             HEALTH, self.bus.names.subject("health.verdicts.>"), Decoder(GpuHealthVerdict)
         ):
-            if verdict.gpu_index is not None:
-                self._remember(verdict)
-        await self.reassert()
-        consumer = self.bus.consumer(
-            stream=TELEMETRY,
-            durable="health",
-            filter_subjects=[self.bus.names.subject("telemetry.>")],
-            decoder=Decoder(TelemetryEvent),
-            handler=self.on_telemetry,
-        )
-        await consumer.start()
+            self.engine.restore(verdict)
+        await self.bus.watch_latest(self.bus.names.subject("inventory.>"), Decoder(NodeInventory), self._on_inventory)
+        await self.reconcile()
+        consumers = [
+            self.bus.consumer(
+                stream=TELEMETRY, durable="health", filter_subjects=[self.bus.names.subject("telemetry.>")],
+                decoder=Decoder(TelemetryEvent), handler=self.on_telemetry,
+            ),
+            self.bus.consumer(
+                stream=HEALTH, durable="health-commands", filter_subjects=[self.bus.names.subject("health.commands.>")],
+                decoder=Decoder(HealthCommand), handler=self.on_command,
+            ),
+        ]  # fmt: skip
+        for consumer in consumers:
+            await consumer.start()
 
-    def _remember(self, verdict: GpuHealthVerdict) -> None:
-        assert verdict.gpu_index is not None
-        self.states[(verdict.node, verdict.gpu_index)] = verdict.state
-        slot = f"{verdict.node}/{verdict.gpu_index}"
-        if verdict.state == HealthState.QUARANTINED:
-            self.reasons[slot] = verdict.reason
-        else:
-            self.reasons.pop(slot, None)
+    def _on_inventory(self, inv: NodeInventory) -> None:
+        self.inventory[inv.node.name] = [g.index for g in inv.node.gpus]
+        self.engine.set_inventory(inv.node.name, len(inv.node.gpus), self.ctx.clock.now())
 
     async def on_telemetry(self, event: NodeTelemetry | GpuXidEvent) -> None:
         batch = event if isinstance(event, NodeTelemetry) else as_batch(event)
-        for verdict in evaluate(batch, self.states):
-            slot = f"{verdict.node}/{verdict.gpu_index}"
-            await self.ledger.cordon([slot], cordon_reason(verdict.reason))
+        async with self._lock:
+            await self.apply(self.engine.observe(batch, self.ctx.clock.now()))
+
+    async def on_command(self, cmd: HealthCommand) -> None:
+        async with self._lock:
+            await self.apply(self.engine.command(cmd, self.ctx.clock.now()))
+
+    async def apply(self, verdicts: list[GpuHealthVerdict]) -> None:
+        for verdict in verdicts:
+            entity = self.engine.entities[(verdict.node, verdict.gpu_index)]
+            slots = self._slots(verdict.node, verdict.gpu_index)
+            if verdict.state == HealthState.QUARANTINED and not verdict.breaker_open:
+                await self.ledger.cordon(slots, cordon_reason(entity))
+            elif verdict.state == HealthState.HEALTHY:
+                keep = self._wanted_cordons()
+                await self.ledger.uncordon([s for s in slots if s not in keep])
             await self.bus.publish(
                 self.bus.names.health_verdict(verdict.node, verdict.gpu_index),
                 verdict,
-                msg_id=f"{slot}:{verdict.state}:{verdict.observed_at}",
+                msg_id=f"{verdict.node}/{verdict.gpu_index}:{verdict.state}:{verdict.observed_at}",
             )
-            self._remember(verdict)
-            log.warning("health.quarantined", slot=slot, reason=verdict.reason)
+            log.warning("health.verdict", node=verdict.node, gpu=verdict.gpu_index, state=verdict.state,
+                        reason=verdict.reason, breaker=verdict.breaker_open)  # fmt: skip
 
-    async def reassert(self) -> None:
+    def _slots(self, node: str, gpu: int | None) -> list[str]:
+        if gpu is not None:
+            return [f"{node}/{gpu}"]
+        return [f"{node}/{i}" for i in self.inventory.get(node, [])]
+
+    def _wanted_cordons(self) -> dict[str, str]:
+        wanted: dict[str, str] = {}
+        for entity in self.engine.out_of_service():
+            for slot in self._slots(entity.node, entity.gpu):
+                wanted.setdefault(slot, cordon_reason(entity))
+        return wanted
+
+    async def reconcile(self) -> None:
+        """Make the ledger's health-owned cordons exactly what the engine says."""
+        wanted = self._wanted_cordons()
         by_reason: dict[str, list[str]] = {}
-        for slot, reason in self.reasons.items():
-            by_reason.setdefault(cordon_reason(reason), []).append(slot)
+        for slot, reason in wanted.items():
+            by_reason.setdefault(reason, []).append(slot)
         for reason, slots in by_reason.items():
             await self.ledger.cordon(slots, reason)
+        current = (await self.ledger.snapshot()).cordoned
+        stale = [s for s, r in current.items() if r.startswith(OWNED) and s not in wanted]
+        await self.ledger.uncordon(stale)
 
     async def run(self, stop: asyncio.Event) -> None:
+        last_reconcile = 0.0
         while not stop.is_set():
-            await wait_event(stop, REASSERT_INTERVAL_S)
+            await wait_event(stop, TICK_S)
             try:
-                await self.reassert()
+                async with self._lock:
+                    await self.apply(self.engine.tick(self.ctx.clock.now()))
+                    now = self.ctx.clock.now()
+                    if now - last_reconcile >= RECONCILE_INTERVAL_S:
+                        await self.reconcile()
+                        last_reconcile = now
             except LedgerUnavailable as exc:
                 log.warning("health.ledger_unavailable", error=str(exc))
+            except Exception:
+                log.exception("health.tick_failed")
 
 
 async def main(ctx: Context, stop: asyncio.Event) -> None:

@@ -7,7 +7,7 @@ have a default, so old messages still decode (tests/contracts/test_schema_evolut
 
 from chamber.common.contracts.base import SCHEMA_VERSION, Contract, Event
 from chamber.common.contracts.decisions import Decision, JobPlaced, JobStateChanged
-from chamber.common.contracts.health import GpuHealthVerdict, HealthState
+from chamber.common.contracts.health import GpuHealthVerdict, HealthCommand, HealthState
 from chamber.common.contracts.inventory import GpuDevice, Node, NodeInventory, Pool, TopologyLabels
 from chamber.common.contracts.jobs import (
     TERMINAL_STATES,
@@ -50,6 +50,7 @@ __all__ = [
     "GpuProcess",
     "GpuSample",
     "GpuXidEvent",
+    "HealthCommand",
     "HealthState",
     "JobCancelRequested",
     "JobEvent",

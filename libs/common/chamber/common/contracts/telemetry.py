@@ -47,6 +47,8 @@ class GpuSample(Contract, frozen=True):
     nvlink_crc_errors: int | None = None
     pcie_replay_count: int | None = None
     processes: list[GpuProcess] | None = None
+    recovery_action: int | None = None
+    """NVML's GPU recovery action (0 none, 1 GPU reset, 2 node reboot, 3 drain P2P, 4 drain and reset)."""
 
 
 class NodeTelemetry(Event, frozen=True):

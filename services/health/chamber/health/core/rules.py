@@ -1,46 +1,155 @@
-"""The walking skeleton's rules: a GPU with a volatile double-bit ECC error or a fatal XID is quarantined.
+"""Health rules as data: a signal, a threshold, a window, a severity, a scope and the action to recommend.
 
-Data-driven rules, suspect states, recovery and the circuit breaker come with the health issue.
+The defaults follow NVIDIA's XID catalog, DCGM's health watches and NVSentinel: hardware XIDs are fatal,
+application XIDs (13, 31, 43, 45, 68: a bad kernel, not a bad GPU) are ignored; a volatile double-bit ECC error,
+a failed row remap or a GPU off the bus take the GPU out at once; pending remaps and retired-page limits (pre-Ampere)
+call for a reset; NVLink and PCIe error *rates* above budget degrade; thermal and power throttling are warnings
+with flap suppression; a node silent for three intervals, or one reporting fewer GPUs than it has, is taken out
+whole. Operators extend the list (`CHAMBER_HEALTH_RULES`, a YAML list of rules).
 """
 
 from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Literal
 
-from chamber.common.contracts import GpuHealthVerdict, GpuSample, GpuXidEvent, HealthState, NodeTelemetry
+from chamber.common.contracts import GpuSample, GpuXidEvent, NodeTelemetry
 
-FATAL_XIDS = frozenset({48, 63, 64, 74, 79, 94, 95, 119, 120, 140})
-"""XIDs that mean the hardware (not the application) failed: DBE, row remap, NVLink, fallen off the bus, GSP."""
+THERMAL_MASK = 0x20 | 0x40  # HW thermal slowdown, SW thermal slowdown
+POWER_MASK = 0x04 | 0x80  # SW power cap, HW power brake slowdown
+
+
+class Severity(StrEnum):
+    WARNING = "warning"
+    DEGRADED = "degraded"
+    FATAL = "fatal"
+
+
+Signal = Literal[
+    "xid",
+    "ecc_dbe_volatile",
+    "remapped_rows_failure",
+    "remapped_rows_pending",
+    "retired_pages_total",
+    "retired_pages_pending",
+    "nvlink_error_rate",
+    "pcie_replay_rate",
+    "thermal_throttle",
+    "power_throttle",
+    "recovery_action",
+    "heartbeat_loss",
+    "gpu_count_drop",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    name: str
+    signal: Signal
+    severity: Severity
+    threshold: float = 0.0
+    """The rule fires when the signal's value is above this."""
+    count: int = 1
+    """...this many times..."""
+    window_s: float = 0.0
+    """...within this window (0: a single occurrence is enough)."""
+    scope: Literal["gpu", "node"] = "gpu"
+    action: Literal["", "reset-gpu", "reboot-node", "rma"] = ""
+    xids: tuple[int, ...] = ()
+
+
+FATAL_XIDS = (48, 63, 64, 74, 79, 92, 94, 95, 119, 120, 123, 136, 140, 143)
+APPLICATION_XIDS = (13, 31, 43, 45, 68)
+
+DEFAULT_RULES: tuple[Rule, ...] = (
+    Rule("xid-fallen-off-bus", "xid", Severity.FATAL, xids=(79,), scope="node", action="reboot-node"),
+    Rule("xid-double-bit-ecc", "xid", Severity.FATAL, xids=(48, 63, 64, 92, 94, 95), action="reset-gpu"),
+    Rule("xid-nvlink", "xid", Severity.FATAL, xids=(74,), action="reset-gpu"),
+    Rule("xid-gsp", "xid", Severity.FATAL, xids=(119, 120, 136, 140, 143), action="reboot-node"),
+    Rule("xid-other-hardware", "xid", Severity.FATAL, xids=(123,), action="rma"),
+    Rule("ecc-dbe-volatile", "ecc_dbe_volatile", Severity.FATAL, action="reset-gpu"),
+    Rule("row-remap-failure", "remapped_rows_failure", Severity.FATAL, action="rma"),
+    Rule("row-remap-pending", "remapped_rows_pending", Severity.DEGRADED, action="reset-gpu"),
+    Rule("retired-pages-limit", "retired_pages_total", Severity.FATAL, threshold=59, action="rma"),
+    Rule("retired-pages-pending", "retired_pages_pending", Severity.DEGRADED, action="reset-gpu"),
+    Rule("nvlink-error-rate", "nvlink_error_rate", Severity.DEGRADED, threshold=10.0, count=3, window_s=60,
+         action="reset-gpu"),
+    Rule("pcie-replay-rate", "pcie_replay_rate", Severity.DEGRADED, threshold=8.0, count=3, window_s=60,
+         action="reboot-node"),
+    Rule("thermal-throttle", "thermal_throttle", Severity.WARNING, count=3, window_s=60),
+    Rule("power-throttle", "power_throttle", Severity.WARNING, count=3, window_s=60),
+    Rule("nvml-recovery-action", "recovery_action", Severity.DEGRADED, action="reset-gpu"),
+    Rule("heartbeat-loss", "heartbeat_loss", Severity.FATAL, scope="node", action="reboot-node"),
+    Rule("gpu-count-drop", "gpu_count_drop", Severity.FATAL, scope="node", action="reboot-node"),
+)  # fmt: skip
 
 
 def as_batch(event: GpuXidEvent) -> NodeTelemetry:
-    """An XID event seen as a one-GPU telemetry batch, so the same rules judge it."""
+    """An XID event seen as a one-GPU observation (interval 0: not a heartbeat), so the same rules judge it."""
     sample = GpuSample(index=event.gpu_index, uuid=event.uuid, xids=[event.xid])
     return NodeTelemetry(node=event.node, sampled_at=event.observed_at, interval_s=0.0, gpus=[sample], source="nvml")
 
 
-def evaluate(batch: NodeTelemetry, states: Mapping[tuple[str, int], HealthState]) -> list[GpuHealthVerdict]:
-    verdicts = []
-    for gpu in batch.gpus:
-        if states.get((batch.node, gpu.index), HealthState.HEALTHY) == HealthState.QUARANTINED:
+@dataclass
+class CounterHistory:
+    """Previous counter values per GPU, to turn cumulative counters into rates."""
+
+    last: dict[str, tuple[float, float]] = field(default_factory=dict)
+
+    def rate(self, key: str, value: int | None, at: float) -> float | None:
+        if value is None:
+            return None
+        prev = self.last.get(key)
+        self.last[key] = (at, float(value))
+        if prev is None or at <= prev[0]:
+            return None
+        return max(0.0, (value - prev[1]) / (at - prev[0]))
+
+
+def gpu_signals(sample: GpuSample, history: CounterHistory, node: str, at: float) -> Mapping[str, float]:
+    """The values of every GPU-scoped signal a sample carries (absent fields give no signal)."""
+    out: dict[str, float] = {}
+    if sample.ecc_dbe_volatile is not None:
+        out["ecc_dbe_volatile"] = float(sample.ecc_dbe_volatile)
+    if sample.remapped_rows_failure is not None:
+        out["remapped_rows_failure"] = float(sample.remapped_rows_failure)
+    if sample.remapped_rows_pending is not None:
+        out["remapped_rows_pending"] = float(sample.remapped_rows_pending)
+    if sample.retired_pages_dbe is not None or sample.retired_pages_sbe is not None:
+        out["retired_pages_total"] = float((sample.retired_pages_dbe or 0) + (sample.retired_pages_sbe or 0))
+    if sample.retired_pages_pending is not None:
+        out["retired_pages_pending"] = float(sample.retired_pages_pending)
+    key = f"{node}/{sample.index}"
+    nvlink = None
+    if sample.nvlink_replay_errors is not None or sample.nvlink_crc_errors is not None:
+        nvlink = (
+            (sample.nvlink_replay_errors or 0) + (sample.nvlink_recovery_errors or 0) + (sample.nvlink_crc_errors or 0)
+        )
+    rate = history.rate(f"{key}:nvlink", nvlink, at)
+    if rate is not None:
+        out["nvlink_error_rate"] = rate
+    rate = history.rate(f"{key}:pcie", sample.pcie_replay_count, at)
+    if rate is not None:
+        out["pcie_replay_rate"] = rate
+    if sample.clock_event_reasons is not None:
+        out["thermal_throttle"] = float(bool(sample.clock_event_reasons & THERMAL_MASK))
+        out["power_throttle"] = float(bool(sample.clock_event_reasons & POWER_MASK))
+    if sample.recovery_action is not None:
+        out["recovery_action"] = float(sample.recovery_action)
+    return out
+
+
+def matching(rules: tuple[Rule, ...], signals: Mapping[str, float], xids: list[int]) -> list[tuple[Rule, float]]:
+    """The rules whose signal is above threshold in this observation, with the value seen."""
+    hits = []
+    for rule in rules:
+        if rule.signal == "xid":
+            for xid in xids:
+                if xid in rule.xids:
+                    hits.append((rule, float(xid)))
+                    break
             continue
-        reason = ""
-        evidence: dict[str, float] = {}
-        if gpu.ecc_dbe_volatile:
-            reason = "volatile double-bit ECC errors"
-            evidence["ecc_dbe_volatile"] = float(gpu.ecc_dbe_volatile)
-        fatal = sorted(x for x in gpu.xids if x in FATAL_XIDS)
-        if fatal:
-            reason = reason or f"fatal XID {fatal[0]}"
-            evidence["xid"] = float(fatal[0])
-        if reason:
-            verdicts.append(
-                GpuHealthVerdict(
-                    node=batch.node,
-                    gpu_index=gpu.index,
-                    uuid=gpu.uuid,
-                    state=HealthState.QUARANTINED,
-                    reason=reason,
-                    observed_at=batch.sampled_at,
-                    evidence=evidence,
-                )
-            )
-    return verdicts
+        value = signals.get(rule.signal)
+        if value is not None and value > rule.threshold:
+            hits.append((rule, value))
+    return hits

@@ -1,0 +1,169 @@
+"""The health engine, rule by rule and transition by transition."""
+
+from dataclasses import dataclass
+
+import pytest
+
+from chamber.common.contracts import GpuSample, HealthCommand, HealthState, NodeTelemetry
+from chamber.health.core.engine import HealthConfig, HealthEngine
+
+CFG = HealthConfig(probation_s=100, suspect_clear_s=50)
+
+
+def sample(index: int = 0, **fields: object) -> GpuSample:
+    base: dict[str, object] = {
+        "ecc_dbe_volatile": 0, "clock_event_reasons": 0, "remapped_rows_pending": False,
+        "remapped_rows_failure": False, "nvlink_replay_errors": 0, "pcie_replay_count": 0,
+    }  # fmt: skip
+    return GpuSample(index=index, uuid=f"GPU-{index}", **{**base, **fields})  # type: ignore[arg-type]
+
+
+def batch(at: float, *gpus: GpuSample, node: str = "n1", interval: float = 1.0) -> NodeTelemetry:
+    return NodeTelemetry(node=node, sampled_at=at, interval_s=interval, gpus=list(gpus) or [sample()])
+
+
+def engine(nodes: int = 4, gpus: int = 1) -> HealthEngine:
+    e = HealthEngine(config=CFG)
+    for i in range(nodes):
+        e.set_inventory(f"n{i + 1}", gpus, 0.0)
+    return e
+
+
+@dataclass
+class Case:
+    name: str
+    gpu: GpuSample
+    state: HealthState | None
+    """None: no verdict."""
+    scope_node: bool = False
+    action: str = ""
+    severity: str = ""
+
+
+CASES = [
+    Case("an application XID is not a hardware fault", sample(xids=[13]), None),
+    Case("XID 79: the GPU fell off the bus, the node goes", sample(xids=[79]), HealthState.QUARANTINED, True,
+         "reboot-node", "fatal"),
+    Case("XID 48: double-bit ECC", sample(xids=[48]), HealthState.QUARANTINED, action="reset-gpu", severity="fatal"),
+    Case("XID 74: NVLink", sample(xids=[74]), HealthState.QUARANTINED, action="reset-gpu"),
+    Case("XID 119: GSP", sample(xids=[119]), HealthState.QUARANTINED, action="reboot-node"),
+    Case("volatile DBE", sample(ecc_dbe_volatile=1), HealthState.QUARANTINED, action="reset-gpu", severity="fatal"),
+    Case("row remap failure needs an RMA", sample(remapped_rows_failure=True), HealthState.QUARANTINED, action="rma"),
+    Case("pending remap drains for a reset", sample(remapped_rows_pending=True), HealthState.QUARANTINED,
+         action="reset-gpu", severity="degraded"),
+    Case("retired pages over the limit (pre-Ampere)", sample(retired_pages_dbe=30, retired_pages_sbe=31),
+         HealthState.QUARANTINED, action="rma"),
+    Case("NVML asks for a recovery action", sample(recovery_action=1), HealthState.QUARANTINED, severity="degraded"),
+    Case("one thermal sample is no verdict (flap suppression)", sample(clock_event_reasons=0x20), None),
+    Case("absent fields give no signal", GpuSample(index=0, uuid="GPU-0"), None),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_rules(case: Case) -> None:
+    e = engine()
+    e.observe(batch(0.0), 0.0)
+    verdicts = e.observe(batch(1.0, case.gpu), 1.0)
+    if case.state is None:
+        assert verdicts == []
+        return
+    (v,) = verdicts
+    assert v.state == case.state
+    assert (v.gpu_index is None) == case.scope_node
+    if case.action:
+        assert v.action == case.action
+    if case.severity:
+        assert v.severity == case.severity
+
+
+def test_nvlink_errors_degrade_at_a_sustained_rate_only() -> None:
+    e = engine()
+    states = []
+    for t in range(5):
+        states += [v.state for v in e.observe(batch(float(t), sample(nvlink_replay_errors=t * 100)), float(t))]
+    assert states == [HealthState.SUSPECT, HealthState.QUARANTINED]
+
+
+def test_thermal_warnings_mark_suspect_then_clear() -> None:
+    e = engine()
+    got = []
+    for t in range(4):
+        got += e.observe(batch(float(t), sample(clock_event_reasons=0x20)), float(t))
+    assert [v.state for v in got] == [HealthState.SUSPECT], "only after three hits, and only suspect"
+    for t in range(4, 80):
+        e.observe(batch(float(t), sample()), float(t))
+        got += e.tick(float(t))
+    assert got[-1].state == HealthState.HEALTHY
+
+
+def test_a_silent_node_and_a_missing_gpu_take_the_node_out() -> None:
+    e = engine()
+    e.observe(batch(0.0, node="n1", interval=5.0), 0.0)
+    assert e.tick(14.0) == []
+    (v,) = e.tick(16.0)
+    assert (v.node, v.gpu_index, v.state, v.rule) == ("n1", None, HealthState.QUARANTINED, "heartbeat-loss")
+    e.set_inventory("n2", 2, 0.0)
+    (v,) = [x for x in e.observe(batch(20.0, sample(0), node="n2"), 20.0) if x.gpu_index is None]
+    assert v.rule == "gpu-count-drop"
+
+
+def test_quarantine_recovers_after_clean_probation() -> None:
+    e = engine()
+    e.observe(batch(0.0, sample(ecc_dbe_volatile=1)), 0.0)
+    states = []
+    for t in range(1, 260):
+        e.observe(batch(float(t), sample()), float(t))
+        states += [v.state for v in e.tick(float(t))]
+    assert states == [HealthState.RECOVERING, HealthState.HEALTHY]
+
+
+def test_a_fault_during_probation_sends_it_back() -> None:
+    e = engine()
+    e.observe(batch(0.0, sample(ecc_dbe_volatile=1)), 0.0)
+    for t in range(1, 120):
+        e.observe(batch(float(t), sample()), float(t))
+        e.tick(float(t))
+    assert e.entities[("n1", 0)].state == HealthState.RECOVERING
+    (v,) = e.observe(batch(120.0, sample(xids=[48])), 120.0)
+    assert v.state == HealthState.QUARANTINED
+
+
+def test_a_repeat_offender_stays_out_until_an_operator_releases_it() -> None:
+    e = engine()
+    t = 0.0
+    for _ in range(5):
+        e.observe(batch(t, sample(xids=[48])), t)
+        for _ in range(260):
+            t += 1
+            e.observe(batch(t, sample()), t)
+            e.tick(t)
+    entity = e.entities[("n1", 0)]
+    assert entity.state == HealthState.QUARANTINED
+    assert entity.held
+    assert entity.action == "rma"
+    (v,) = e.command(HealthCommand(node="n1", gpu_index=0, command="release"), t)
+    assert v.state == HealthState.HEALTHY
+
+
+def test_an_operator_cordon_holds_until_released() -> None:
+    e = engine()
+    (v,) = e.command(HealthCommand(node="n1", gpu_index=None, command="cordon", reason="maintenance"), 0.0)
+    assert (v.state, v.held, v.severity) == (HealthState.QUARANTINED, True, "degraded")
+    for t in range(1, 500):
+        assert e.tick(float(t)) == []
+
+
+def test_the_circuit_breaker_stops_a_mass_quarantine() -> None:
+    e = engine(nodes=10)
+    results = []
+    for i in range(1, 8):
+        results += e.observe(batch(1.0, sample(xids=[48]), node=f"n{i}"), 1.0)
+    quarantined = [v for v in results if v.state == HealthState.QUARANTINED]
+    held_back = [v for v in results if v.breaker_open]
+    assert len(quarantined) == 5, "half the fleet, not more"
+    assert len(held_back) == 2
+    assert all(v.state == HealthState.SUSPECT for v in held_back)
+    soon = e.observe(batch(200.0, sample(xids=[48]), node="n9"), 200.0)
+    assert soon[0].breaker_open, "still inside the 5-minute window"
+    later = e.observe(batch(400.0, sample(xids=[48]), node="n9"), 400.0)
+    assert later[0].state == HealthState.QUARANTINED, "the window has passed: quarantining resumes"
