@@ -28,6 +28,7 @@ from chamber.gateway.core.views import (
     node_views,
     submitted_view,
 )
+from chamber.gateway.health_api import ROUTES as HEALTH_ROUTES
 from chamber.gateway.quota_api import ROUTES as QUOTA_ROUTES
 from chamber.gateway.state import GatewayState
 
@@ -186,6 +187,7 @@ async def openapi_json(request: Request[Any, Any, Any]) -> dict[str, Any]:
 ROUTES = [
     submit_job, get_job, list_jobs, cancel_job, list_nodes, get_fleet, fleet_history, healthz, openapi_json,
     *QUOTA_ROUTES,
+    *HEALTH_ROUTES,
 ]  # fmt: skip
 
 

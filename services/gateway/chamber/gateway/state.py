@@ -6,6 +6,7 @@ from chamber.common.bus import Bus
 from chamber.common.codec import DecodeError, Decoder
 from chamber.common.contracts import (
     FleetSnapshot,
+    GpuHealthVerdict,
     JobRecord,
     JobSubmitted,
     Node,
@@ -18,7 +19,7 @@ from chamber.common.jobstore import JobStore
 from chamber.common.ledger import Ledger
 from chamber.common.quotastore import QuotaStore
 from chamber.common.runtime import Context
-from chamber.common.subjects import JOBS, JOBS_BUCKET, METRICS, QUOTA_BUCKET
+from chamber.common.subjects import HEALTH, JOBS, JOBS_BUCKET, METRICS, QUOTA_BUCKET
 from chamber.gateway.core.views import JobView, job_view, submitted_view
 
 _submitted = Decoder(JobSubmitted)
@@ -57,6 +58,11 @@ class GatewayState:
         subject = self.bus.names.subject(f"metrics.rollup.{resolution}")
         points: list[RollupPoint] = await self.bus.read_since(METRICS, subject, since, Decoder(RollupPoint))
         return [p for p in points if p.start >= since]
+
+    async def health_history(self, node: str, since: float) -> list[GpuHealthVerdict]:
+        subject = self.bus.names.subject(f"health.verdicts.{node}.>")
+        verdicts: list[GpuHealthVerdict] = await self.bus.read_since(HEALTH, subject, since, Decoder(GpuHealthVerdict))
+        return verdicts
 
     def _on_quota(self, state: QuotaState) -> None:
         self.quota_state = state
