@@ -80,6 +80,16 @@ def _bench_telemetry(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench_health(args: argparse.Namespace) -> int:
+    import json
+
+    from chamber.health.bench import run
+
+    result = run(gpus=args.gpus, quiet_s=args.quiet_seconds, faults=args.faults)
+    print(json.dumps(result) if args.json else json.dumps(result, indent=2))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="chamber", description="Chamber keeps GPU fleets busy.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -111,6 +121,12 @@ def build_parser() -> argparse.ArgumentParser:
     tele.add_argument("--lag-seconds", type=float, default=10.0)
     tele.add_argument("--json", action="store_true", help="one line of JSON")
     tele.set_defaults(func=_bench_telemetry)
+    hb = bench.add_parser("health", help="fault detection to quarantine, on the real health service")
+    hb.add_argument("--gpus", type=int, default=10_000)
+    hb.add_argument("--quiet-seconds", type=float, default=15.0)
+    hb.add_argument("--faults", type=int, default=40)
+    hb.add_argument("--json", action="store_true", help="one line of JSON")
+    hb.set_defaults(func=_bench_health)
     return parser
 
 
