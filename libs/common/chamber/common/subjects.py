@@ -65,9 +65,9 @@ SUBJECTS: tuple[SubjectSpec, ...] = (
     SubjectSpec("inventory.<node>", "INVENTORY", "NodeInventory", "collector", "scheduler, gateway"),
     SubjectSpec("telemetry.<node>", "TELEMETRY", "NodeTelemetry, GpuXidEvent", "collector", "health, collector"),
     SubjectSpec("metrics.fleet", "METRICS", "FleetSnapshot", "collector", "gateway"),
-    SubjectSpec("metrics.rollup.<1m|1h|1d>", "METRICS", "RollupPoint", "collector", "gateway"),
+    SubjectSpec("metrics.rollup.<1m-1h-1d>", "METRICS", "RollupPoint", "collector", "gateway"),
     SubjectSpec(
-        "health.verdicts.<node>.<gpu|node>",
+        "health.verdicts.<node>.<gpu-or-node>",
         "HEALTH",
         "GpuHealthVerdict",
         "health",
