@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 # The source roots of the `chamber` namespace (see setup.py). On the path, they make new modules importable
 # without reinstalling, and let import-linter and mypy see the real files behind the editable install.
-ROOTS := libs/common:libs/cli:services/collector:services/scheduler:services/health:services/quota:services/gateway
+ROOTS := libs/common:libs/cli:libs/sim:services/collector:services/scheduler:services/health:services/quota:services/gateway
 export PYTHONPATH := $(ROOTS)$(if $(PYTHONPATH),:$(PYTHONPATH))
 
 .DEFAULT_GOAL := help

@@ -12,6 +12,7 @@ from setuptools import find_namespace_packages, setup
 ROOTS = [
     "libs/common",
     "libs/cli",
+    "libs/sim",
     "services/collector",
     "services/scheduler",
     "services/health",

@@ -90,6 +90,28 @@ def _bench_health(args: argparse.Namespace) -> int:
     return 0
 
 
+def _simulate(args: argparse.Namespace) -> int:
+    import json
+    from pathlib import Path
+
+    from chamber.sim.run import simulate
+    from chamber.sim.scenario import ScenarioError
+
+    policies = args.compare.split(",") if args.compare else [args.policy]
+    overrides = list(args.set) + ([f"faults.seed={args.seed}"] if args.seed is not None else [])
+    out = Path(args.out)
+    try:
+        reports = simulate(args.scenario, policies, out, overrides)
+    except (ScenarioError, ValueError) as exc:
+        print(f"chamber simulate: {exc}", file=sys.stderr)
+        return 2
+    keys = ("policy", "jobs", "utilization", "avg_jct_s", "p99_jct_s", "avg_queue_s", "preemptions", "sim_wall_s")
+    for r in reports:
+        print(json.dumps({k: r[k] for k in keys}))
+    print(f"chamber simulate: report in {out / 'report.md'}", file=sys.stderr)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="chamber", description="Chamber keeps GPU fleets busy.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -98,6 +120,14 @@ def build_parser() -> argparse.ArgumentParser:
     svc.set_defaults(func=_service)
     up = sub.add_parser("up", help="run the whole system on this machine (embedded NATS and Redis if needed)")
     up.set_defaults(func=_up)
+    simp = sub.add_parser("simulate", help="replay a trace through the real scheduling cores")
+    simp.add_argument("--scenario", required=True, help="scenario YAML file")
+    simp.add_argument("--policy", default="chamber", choices=["chamber", "fifo", "kueue"])
+    simp.add_argument("--compare", default="", help="several policies side by side, e.g. fifo,kueue,chamber")
+    simp.add_argument("--out", default="sim-out", help="directory for report.json, report.md, plots, events")
+    simp.add_argument("--seed", type=int, default=None, help="seed of the fault model")
+    simp.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a scenario key")
+    simp.set_defaults(func=_simulate)
     bench = sub.add_parser("bench", help="benchmarks that print JSON").add_subparsers(dest="bench", required=True)
     sched = bench.add_parser("scheduler", help="the scheduling core on a random fleet and workload")
     sched.add_argument("--nodes", type=int, default=1280)

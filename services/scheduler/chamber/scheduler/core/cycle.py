@@ -42,6 +42,11 @@ class SchedulerConfig:
     max_tests_per_cycle: int = 5000
     standing_cap: int = 3
     """A job preempted n times is ordered ahead of its class peers by min(n, cap) steps: it gains standing."""
+    reservations: bool = True
+    """EASY backfill reservations for blocked queue heads (off: best-effort FIFO, large jobs may starve)."""
+    preemption: bool = True
+    strict_fifo_per_team: bool = False
+    """A team's blocked head blocks the rest of the team's queue (the isolated-cluster baseline)."""
 
 
 @dataclass
@@ -53,6 +58,7 @@ class _CycleContext:
     reserved_free: dict[str, list[int]] = field(default_factory=dict)
     """The reservation's GPUs that are free now, held out of the index."""
     lowest_victim: int | None = None
+    blocked_teams: set[str] = field(default_factory=set)
     reclaimable: bool = False
     """Some running job is on borrowed capacity: a team within its quota may reclaim it whatever the priorities."""
     backfill_tested: int = 0
@@ -172,6 +178,24 @@ class SchedulingState:
         self._invalidate()
         return job
 
+    def cordon(self, slot: str, reason: str) -> None:
+        """A GPU became unschedulable: the next cycle interrupts its job (at once when `reason` is fatal)."""
+        self.cordoned[slot] = reason
+        node, _, index = slot.rpartition("/")
+        held = self.index.nodes.get(node)
+        if held is not None and int(index) in held.free:
+            self.index.take(node, [int(index)])
+        self._invalidate()
+
+    def uncordon(self, slot: str) -> None:
+        if self.cordoned.pop(slot, None) is None:
+            return
+        node, _, index = slot.rpartition("/")
+        ref = GpuRef(node, int(index))
+        if not any(ref in r.gpus for r in self.running.values()) and slot not in self._nominated_slots:
+            self.index.give(node, [int(index)])
+        self._invalidate()
+
     def requeue(self, job: PendingJob) -> None:
         self.queue.push(job)
         self._invalidate()
@@ -207,12 +231,17 @@ class SchedulingState:
             if job is None:
                 continue
             tests += 1
+            if job.team in ctx.blocked_teams:
+                continue
             if self._exhausted(job, ctx):
                 decisions.append(Wait(job.id, self._waiting_reason(job, ctx)))
                 break
             if self._hopeless(job, ctx):
                 continue  # its sub-queue stays as it was: nothing this cycle could do for it
             if self._consider(job, ctx, decisions) == "blocked":
+                if self.config.strict_fifo_per_team:
+                    ctx.blocked_teams.add(job.team)
+                    continue
                 tests += self._backfill_behind(key, ctx, decisions)
                 continue
             nxt = self.queue.head(key)
@@ -222,7 +251,11 @@ class SchedulingState:
 
     def _exhausted(self, job: PendingJob, ctx: _CycleContext) -> bool:
         """Nothing free, nothing reserved, nobody this job (or anyone after it) may preempt: stop looking."""
-        if self.index.free_total() or ctx.reserved_free or ctx.reclaimable:
+        if self.index.free_total() or ctx.reserved_free:
+            return False
+        if not self.config.preemption:
+            return True
+        if ctx.reclaimable:
             return False
         return ctx.lowest_victim is None or job.priority <= ctx.lowest_victim
 
@@ -287,10 +320,11 @@ class SchedulingState:
             ctx.blocked.add(shape)
         if self._backfill_into_reservation(job, ctx, decisions):
             return "placed"
-        for shape, _, reclaim in options:
-            if self._try_preemption(job, ctx, decisions, shape=shape, reclaim=reclaim):
-                return "nominated"
-        if ctx.reservation is None:
+        if self.config.preemption:
+            for shape, _, reclaim in options:
+                if self._try_preemption(job, ctx, decisions, shape=shape, reclaim=reclaim):
+                    return "nominated"
+        if ctx.reservation is None and self.config.reservations:
             pinned = replace(job, shape=options[0][0])
             res = reserve(self.index, pinned, list(self.running.values()), ctx.now)
             if res is not None:

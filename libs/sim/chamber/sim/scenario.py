@@ -1,0 +1,152 @@
+"""Scenario files (YAML) and traces (CSV), validated with clear errors."""
+
+import csv
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import msgspec
+import yaml
+
+from chamber.common.priorities import DEFAULT_CLASSES
+
+
+class ScenarioError(ValueError):
+    """A scenario or trace that cannot be simulated; the message says where."""
+
+
+class PoolSpec(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    name: str
+    gpu_model: str = "GPU"
+    nodes: Annotated[int, msgspec.Meta(ge=1)]
+    gpus_per_node: Annotated[int, msgspec.Meta(ge=1, le=64)] = 8
+    nodes_per_rack: Annotated[int, msgspec.Meta(ge=1)] = 16
+    cost_per_gpu_hour: Annotated[float, msgspec.Meta(ge=0)] = 0.0
+
+
+class FleetSpec(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    pools: list[PoolSpec]
+
+
+class TeamSpec(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    name: str
+    cohort: str = "default"
+    quota: dict[str, Annotated[int, msgspec.Meta(ge=0)]] = msgspec.field(default_factory=dict)
+    borrowing_limit: Annotated[int, msgspec.Meta(ge=0)] | None = None
+    lending_limit: Annotated[int, msgspec.Meta(ge=0)] | None = None
+    weight: Annotated[float, msgspec.Meta(gt=0)] = 1.0
+
+
+class Defaults(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    priority: str = "train"
+    preemptible: bool = True
+    checkpoint_interval_s: Annotated[float, msgspec.Meta(gt=0)] | None = 1800.0
+    checkpoint_grace_s: Annotated[float, msgspec.Meta(ge=0)] = 30.0
+    max_runtime_factor: Annotated[float, msgspec.Meta(gt=0)] | None = None
+    """When set, users give max_runtime_s = duration x this (an estimate for backfill); never the true duration."""
+
+
+class WorkloadSpec(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    trace: str
+    start_s: float = 0.0
+    end_s: float | None = None
+    defaults: Defaults = msgspec.field(default_factory=Defaults)
+    limit: Annotated[int, msgspec.Meta(ge=1)] | None = None
+
+
+class FaultSpec(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    model: Literal["none", "llama3"] = "none"
+    rate_multiplier: Annotated[float, msgspec.Meta(ge=0)] = 1.0
+    seed: int = 1
+    health: bool = True
+    """Health checks on: a faulty GPU is quarantined at once. Off: it keeps failing the jobs placed on it until a
+    manual repair (`manual_repair_s`)."""
+    manual_repair_s: Annotated[float, msgspec.Meta(gt=0)] = 24 * 3600.0
+
+
+class Scenario(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    name: str
+    fleet: FleetSpec
+    teams: list[TeamSpec] = msgspec.field(default_factory=list)
+    workload: WorkloadSpec
+    faults: FaultSpec = msgspec.field(default_factory=FaultSpec)
+    cycle_interval_s: Annotated[float, msgspec.Meta(gt=0)] = 10.0
+    """Scheduling cycles run at most this often (simulated seconds); arrivals are decided at once."""
+
+
+@dataclass(frozen=True, slots=True)
+class TraceJob:
+    id: str
+    submit_s: float
+    duration_s: float
+    gpus: int
+    team: str
+    priority: str
+    preemptible: bool
+
+
+def load(path: str | Path, overrides: list[str] | None = None) -> tuple[Scenario, Path]:
+    p = Path(path)
+    try:
+        raw = yaml.safe_load(p.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise ScenarioError(f"cannot read scenario {p}: {exc}") from exc
+    for item in overrides or []:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ScenarioError(f"--set {item!r}: use key.path=value")
+        _set(raw, key.split("."), yaml.safe_load(value))
+    try:
+        return msgspec.convert(raw, Scenario), p.parent
+    except msgspec.ValidationError as exc:
+        raise ScenarioError(f"scenario {p}: {exc}") from exc
+
+
+def _set(doc: Any, keys: list[str], value: Any) -> None:
+    for key in keys[:-1]:
+        doc = doc.setdefault(key, {})
+    doc[keys[-1]] = value
+
+
+def read_trace(scenario: Scenario, base: Path) -> list[TraceJob]:
+    w = scenario.workload
+    path = (base / w.trace).resolve()
+    jobs: list[TraceJob] = []
+    d = w.defaults
+    if d.priority not in DEFAULT_CLASSES:
+        raise ScenarioError(f"unknown default priority {d.priority!r}")
+    try:
+        with path.open(newline="") as f:
+            reader = csv.DictReader(f)
+            missing = {"job_id", "submit_time_s", "duration_s", "num_gpus", "user_or_team"} - set(
+                reader.fieldnames or []
+            )
+            if missing:
+                raise ScenarioError(f"trace {path}: missing columns {sorted(missing)}")
+            for n, row in enumerate(reader, start=2):
+                try:
+                    submit = float(row["submit_time_s"])
+                    if submit < w.start_s or (w.end_s is not None and submit >= w.end_s):
+                        continue
+                    priority = row.get("priority") or d.priority
+                    if priority.lstrip("-").isdigit():
+                        priority = _class_for(int(priority))
+                    preemptible = row.get("preemptible")
+                    jobs.append(TraceJob(
+                        id=row["job_id"], submit_s=submit - w.start_s, duration_s=max(1.0, float(row["duration_s"])),
+                        gpus=int(row["num_gpus"]), team=row["user_or_team"], priority=priority,
+                        preemptible=d.preemptible if preemptible in (None, "") else preemptible.lower() == "true",
+                    ))  # fmt: skip
+                except (KeyError, ValueError) as exc:
+                    raise ScenarioError(f"trace {path}, line {n}: {exc}") from exc
+                if w.limit and len(jobs) >= w.limit:
+                    break
+    except OSError as exc:
+        raise ScenarioError(f"cannot read trace {path}: {exc}") from exc
+    jobs.sort(key=lambda j: (j.submit_s, j.id))
+    return jobs
+
+
+def _class_for(value: int) -> str:
+    best = min(DEFAULT_CLASSES.values(), key=lambda pc: (abs(pc.value - value), -pc.value))
+    return best.name
