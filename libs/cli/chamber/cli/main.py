@@ -46,9 +46,14 @@ def _up(args: argparse.Namespace) -> int:
         infra.stop()
 
 
-def _bench_scheduler(args: argparse.Namespace) -> int:
+def _emit(result: object, one_line: bool) -> int:
     import json
 
+    print(json.dumps(result) if one_line else json.dumps(result, indent=2))
+    return 0
+
+
+def _bench_scheduler(args: argparse.Namespace) -> int:
     from chamber.scheduler.bench import BenchConfig, run
 
     cfg = BenchConfig(
@@ -56,38 +61,28 @@ def _bench_scheduler(args: argparse.Namespace) -> int:
         cycles=args.cycles,
     )  # fmt: skip
     result = run(cfg)
-    print(json.dumps(result) if args.json else json.dumps(result, indent=2))
-    return 0
+    return _emit(result, args.json)
 
 
 def _bench_quota(args: argparse.Namespace) -> int:
-    import json
-
     from chamber.quota.bench import run
 
     result = run(teams=args.teams, pools=args.pools, seed=args.seed)
-    print(json.dumps(result) if args.json else json.dumps(result, indent=2))
-    return 0
+    return _emit(result, args.json)
 
 
 def _bench_telemetry(args: argparse.Namespace) -> int:
-    import json
-
     from chamber.collector.bench import run
 
     result = run(gpus=args.gpus, rounds=args.rounds, lag_gpus=args.lag_gpus, lag_seconds=args.lag_seconds)
-    print(json.dumps(result) if args.json else json.dumps(result, indent=2))
-    return 0
+    return _emit(result, args.json)
 
 
 def _bench_health(args: argparse.Namespace) -> int:
-    import json
-
     from chamber.health.bench import run
 
     result = run(gpus=args.gpus, quiet_s=args.quiet_seconds, faults=args.faults)
-    print(json.dumps(result) if args.json else json.dumps(result, indent=2))
-    return 0
+    return _emit(result, args.json)
 
 
 def _simulate(args: argparse.Namespace) -> int:

@@ -7,7 +7,6 @@
 """
 
 import asyncio
-import contextlib
 import statistics
 import subprocess
 import sys
@@ -20,12 +19,13 @@ import msgspec
 
 from chamber.collector.aggregator import Aggregator
 from chamber.common.bus import Bus
+from chamber.common.cleanup import delete_namespace
 from chamber.common.codec import encode
 from chamber.common.contracts import GpuSample, NodeTelemetry
 from chamber.common.jobstore import JobStore
 from chamber.common.runtime import make_context
 from chamber.common.settings import Settings
-from chamber.common.subjects import JOBS_BUCKET, STREAMS, Names
+from chamber.common.subjects import JOBS_BUCKET
 
 GPUS_PER_NODE = 8
 
@@ -130,21 +130,7 @@ async def _lag(settings: Settings, gpus: int, seconds: float) -> dict[str, float
 
 
 async def _cleanup(settings: Settings) -> None:
-    import redis.asyncio as aioredis
-
-    names = Names(settings.namespace)
-    bus = await Bus.connect(settings.nats_url, names, "bench")
-    for spec in STREAMS:
-        with contextlib.suppress(Exception):
-            await bus.js.delete_stream(names.stream(spec))
-    with contextlib.suppress(Exception):
-        await bus.js.delete_key_value(names.bucket("jobs"))
-    await bus.close()
-    client = aioredis.Redis.from_url(settings.redis_url)
-    keys = [k async for k in client.scan_iter(match=f"{names.redis_prefix()}:*")]
-    if keys:
-        await client.delete(*keys)
-    await client.aclose()
+    await delete_namespace(settings.nats_url, settings.redis_url, settings.namespace)
 
 
 def run(gpus: int = 100_000, rounds: int = 5, lag_gpus: int = 10_000, lag_seconds: float = 10.0) -> dict[str, float]:

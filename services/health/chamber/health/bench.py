@@ -6,7 +6,6 @@
 """
 
 import asyncio
-import contextlib
 import random
 import statistics
 import time
@@ -14,6 +13,7 @@ import uuid
 from typing import Any
 
 from chamber.common.bus import Bus
+from chamber.common.cleanup import delete_namespace
 from chamber.common.codec import Decoder
 from chamber.common.contracts import (
     GpuDevice,
@@ -27,7 +27,7 @@ from chamber.common.contracts import (
 )
 from chamber.common.runtime import make_context
 from chamber.common.settings import Settings
-from chamber.common.subjects import STREAMS, Names
+from chamber.common.subjects import Names
 from chamber.health.service import Health
 
 GPUS_PER_NODE = 8
@@ -122,19 +122,7 @@ async def _run(settings: Settings, gpus: int, quiet_s: float, faults: int) -> di
 
 
 async def _cleanup(settings: Settings) -> None:
-    import redis.asyncio as aioredis
-
-    names = Names(settings.namespace)
-    bus = await Bus.connect(settings.nats_url, names, "bench")
-    for spec in STREAMS:
-        with contextlib.suppress(Exception):
-            await bus.js.delete_stream(names.stream(spec))
-    await bus.close()
-    client = aioredis.Redis.from_url(settings.redis_url)
-    keys = [k async for k in client.scan_iter(match=f"{names.redis_prefix()}:*")]
-    if keys:
-        await client.delete(*keys)
-    await client.aclose()
+    await delete_namespace(settings.nats_url, settings.redis_url, settings.namespace)
 
 
 def run(gpus: int = 10_000, quiet_s: float = 15.0, faults: int = 40) -> dict[str, float]:

@@ -53,10 +53,14 @@ class SimulatedExecutor:
         event = JobStopped(
             job_id=record.id, attempt=record.attempt, stopped_at=self.clock.now(), reason=reason, graceful=graceful
         )
+        await self._report(record, event, "stopped")
+
+    async def _report(self, record: JobRecord, event: JobStarted | JobFinished | JobStopped, what: str) -> None:
+        """Publish a report, retrying until JetStream stores it (the message id makes retries harmless)."""
         while True:
             try:
                 await self.bus.publish(
-                    self.bus.names.job_lifecycle(record.id), event, msg_id=f"{record.id}:{record.attempt}:stopped"
+                    self.bus.names.job_lifecycle(record.id), event, msg_id=f"{record.id}:{record.attempt}:{what}"
                 )
                 return
             except PublishError as exc:
@@ -96,13 +100,5 @@ class SimulatedExecutor:
     async def _finish_at(self, record: JobRecord, finish_at: float) -> None:
         await asyncio.sleep(max(0.0, finish_at - self.clock.now()))
         event = JobFinished(job_id=record.id, attempt=record.attempt, finished_at=finish_at)
-        while True:
-            try:
-                await self.bus.publish(
-                    self.bus.names.job_lifecycle(record.id), event, msg_id=f"{record.id}:{record.attempt}:finished"
-                )
-                break
-            except PublishError as exc:
-                log.warning("sim_executor.publish_failed", job_id=record.id, error=str(exc))
-                await asyncio.sleep(0.5)
+        await self._report(record, event, "finished")
         self._timers.pop((record.id, record.attempt), None)
