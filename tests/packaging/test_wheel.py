@@ -36,5 +36,7 @@ def test_the_wheel_carries_code_data_and_entry_point(tmp_path: Path) -> None:
     assert "chamber/common/ledger/claim.lua" in names
     assert "chamber/common/ledger/release.lua" in names
     assert "chamber/cli/main.py" in names
+    assert "chamber/sim/engine.py" in names
+    assert "chamber/quota/core/report.py" in names
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))
     assert "chamber = chamber.cli.main:main" in zipfile.ZipFile(wheel).read(entry_points).decode()

@@ -32,6 +32,17 @@ class _Proc:
 
 
 @dataclass
+class _Value:
+    uiVal: int
+
+
+@dataclass
+class _Field:
+    nvmlReturn: int
+    value: _Value
+
+
+@dataclass
 class _Event:
     device: Any
     eventData: int
@@ -53,6 +64,7 @@ H100 = {
     "nvlink": {link: {0: 1, 1: 0, 2: 2} for link in range(18)},
     "pcie_replay": 4,
     "procs": [(4242, 50 * 1024**3)],
+    "recovery_action": 0,
 }
 
 V100_NO_REMAP_NO_NVLINK = {k: v for k, v in H100.items() if k not in ("remap", "nvlink")} | {"name": "Tesla V100"}
@@ -146,6 +158,10 @@ class FakeNvml:
 
     def nvmlDeviceGetComputeRunningProcesses(self, h: Any) -> list[_Proc]:
         return [_Proc(pid, mem) for pid, mem in self._get(h, "procs")]
+
+    def nvmlDeviceGetFieldValues(self, h: Any, fields: list[int]) -> list[Any]:
+        action = self._get(h, "recovery_action")
+        return [_Field(pynvml.NVML_SUCCESS, _Value(action)) for _ in fields]
 
     def nvmlEventSetCreate(self) -> object:
         return object()

@@ -26,6 +26,7 @@ def test_an_h100_is_read_completely_and_in_our_units() -> None:
     assert s.processes is not None
     assert s.processes[0].pid == 4242
     assert s.clock_event_reasons == 0
+    assert s.recovery_action == 0
 
 
 def test_capabilities_a_gpu_lacks_are_absent_not_zero() -> None:

@@ -107,6 +107,7 @@ class NvmlReader:
             nvlink_recovery_errors=self._nvlink(h, n.NVML_NVLINK_ERROR_DL_RECOVERY),
             nvlink_crc_errors=self._nvlink(h, n.NVML_NVLINK_ERROR_DL_CRC_FLIT),
             pcie_replay_count=self._try("pcie_replay", lambda: int(n.nvmlDeviceGetPcieReplayCounter(h))),
+            recovery_action=self._try("recovery_action", lambda: self._recovery_action(h)),
             processes=None
             if procs is None
             else [
@@ -114,6 +115,14 @@ class NvmlReader:
                 for p in procs
             ],
         )  # fmt: skip
+
+    def _recovery_action(self, h: Any) -> int:
+        """NVML's recommended recovery (0 none, 1 GPU reset, 2 node reboot, 3 drain P2P, 4 drain and reset)."""
+        n = self.nvml
+        (value,) = n.nvmlDeviceGetFieldValues(h, [n.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION])
+        if value.nvmlReturn != n.NVML_SUCCESS:
+            raise n.NVMLError(value.nvmlReturn)
+        return int(value.value.uiVal)
 
     def _clock_events(self, h: Any) -> int:
         n = self.nvml
