@@ -170,7 +170,8 @@ class SchedulingState:
         job = self.running.pop(job_id, None)
         if job is None:
             return None
-        self.usage.add(job.team, job.pool, -len(job.gpus))
+        if self._quota_on():
+            self.usage.add(job.team, job.pool, -len(job.gpus))
         for ref in job.gpus:
             if ref.slot in self.cordoned or ref.slot in self._nominated_slots:
                 continue
@@ -411,7 +412,8 @@ class SchedulingState:
         self.queue.remove(job.id)
         pool = self.index.nodes[gpus[0].node].pool
         self.running[job.id] = job.start(gpus, self._ctx.now if self._ctx else 0.0, pool=pool, borrowed=borrowing)
-        self.usage.add(job.team, pool, len(gpus))
+        if self._quota_on():
+            self.usage.add(job.team, pool, len(gpus))
         decisions.append(Place(job.id, job.attempt + 1, gpus, reason))
 
     def _preempt_for(
