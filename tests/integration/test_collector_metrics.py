@@ -46,14 +46,16 @@ async def test_fleet_metrics_history_and_prometheus(client: AsyncTestClient[Any]
                 await sim.tick()
                 await aggregator.tick()
                 fleet = (await client.get("/v1/fleet")).json()
-                return bool(fleet["gpus_allocated"] == 8 and fleet["utilization"] and fleet["utilization"] > 0)
+                # (the simulated job may be an idle notebook, so utilization itself may be 0)
+                return bool(fleet["gpus_allocated"] == 8 and fleet["utilization"] is not None)
 
             await eventually(busy, what="the fleet shows the busy GPUs")
             fleet = (await client.get("/v1/fleet")).json()
             assert fleet["gpus_total"] == 32
             assert fleet["gpus_healthy"] == 32
-            assert 0 < fleet["efficiency_score"] <= 100
-            assert fleet["idle_cost_per_hour"] == pytest.approx(24 * 2.5)
+            assert 0 <= fleet["efficiency_score"] <= 100
+            assert fleet["idle_ratio"] >= 24 / 32, "24 GPUs are unallocated"
+            assert 24 * 2.5 <= fleet["idle_cost_per_hour"] <= 32 * 2.5, "unallocated, plus the job's GPUs if idle"
             history = (await client.get("/v1/fleet/history", params={"metric": "utilization", "window": "1h"})).json()
             assert history["resolution"] == "1m"
             assert history["points"]

@@ -41,6 +41,12 @@ async def test_the_example_configuration_seeds_the_quota_service(
         nlp = (await client.get("/v1/teams/nlp")).json()
         assert nlp["config"]["weight"] == 2
         assert nlp["usage"]["nominal"] == 48
+        async def orgs() -> bool:
+            return {o["org"] for o in (await client.get("/v1/orgs")).json()} == {"acme", "research", "product"}
+
+        await eventually(orgs, what="organisation sums are published")
+        acme = next(o for o in (await client.get("/v1/orgs")).json() if o["org"] == "acme")
+        assert acme["nominal"] == 112, "the root sums every team below it"
         pools = (await client.get("/v1/pools")).json()
         assert pools[0]["name"] == "default"
         assert pools[0]["nominal_total"] == 112

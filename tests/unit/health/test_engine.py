@@ -167,3 +167,19 @@ def test_the_circuit_breaker_stops_a_mass_quarantine() -> None:
     assert soon[0].breaker_open, "still inside the 5-minute window"
     later = e.observe(batch(400.0, sample(xids=[48]), node="n9"), 400.0)
     assert later[0].state == HealthState.QUARANTINED, "the window has passed: quarantining resumes"
+
+
+def test_operators_extend_and_override_rules() -> None:
+    from chamber.health.core.rules import DEFAULT_RULES, RuleError, merge_rules
+
+    rules = merge_rules([
+        {"name": "thermal-throttle", "signal": "thermal_throttle", "severity": "degraded", "count": 1},
+        {"name": "xid-13-storm", "signal": "xid", "xids": [13], "severity": "warning"},
+    ])  # fmt: skip
+    assert len(rules) == len(DEFAULT_RULES) + 1
+    e = HealthEngine(rules, CFG)
+    e.set_inventory("n1", 1, 0.0)
+    (v,) = e.observe(batch(1.0, sample(clock_event_reasons=0x20)), 1.0)
+    assert (v.state, v.severity) == (HealthState.QUARANTINED, "degraded")
+    with pytest.raises(RuleError, match="severity"):
+        merge_rules([{"name": "x", "signal": "xid", "severity": "apocalyptic"}])

@@ -42,6 +42,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     node_name: str = ""
     pool: str = "default"
     pool_cost_per_gpu_hour: float = 2.5
+    health_rules_file: str = ""
+    """YAML list of health rules added to (or, by name, replacing) the defaults (docs/health.md)."""
     quota_file: str = ""
     """YAML quota configuration that seeds the quota KV bucket when it is empty (docs/quota.md)."""
 

@@ -14,7 +14,15 @@ from litestar.exceptions import ClientException, NotFoundException, ValidationEx
 from litestar.params import FromPath, JSONBody
 from litestar.status_codes import HTTP_409_CONFLICT
 
-from chamber.common.contracts import BudgetSpec, PoolConfig, QuotaConfig, TeamConfig, TeamQuota, TeamUsage
+from chamber.common.contracts import (
+    BudgetSpec,
+    OrgUsage,
+    PoolConfig,
+    QuotaConfig,
+    TeamConfig,
+    TeamQuota,
+    TeamUsage,
+)
 from chamber.common.contracts.quota import Gpus, Name
 from chamber.common.quota import ConfigError, validate
 from chamber.common.quotastore import StaleConfig
@@ -144,4 +152,10 @@ async def _change(gw: GatewayState, edit: Callable[[QuotaConfig], QuotaConfig]) 
     raise ClientException("the quota configuration changed meanwhile; try again", status_code=HTTP_409_CONFLICT)
 
 
-ROUTES = [list_teams, get_team, put_team, list_pools, get_pool, put_pool]
+@get("/v1/orgs", summary="Organisations with the sums of the teams below them")
+async def list_orgs(state: State) -> list[OrgUsage]:
+    quota = _gw(state).quota_state
+    return [] if quota is None else list(quota.orgs.values())
+
+
+ROUTES = [list_teams, get_team, put_team, list_pools, get_pool, put_pool, list_orgs]

@@ -6,6 +6,9 @@ health-owned cordons are reconciled with the engine's state every few seconds, s
 """
 
 import asyncio
+from pathlib import Path
+
+import yaml
 
 from chamber.common.bus import Bus
 from chamber.common.codec import Decoder
@@ -23,7 +26,7 @@ from chamber.common.log import get_logger
 from chamber.common.runtime import Context, wait_event
 from chamber.common.subjects import HEALTH, TELEMETRY
 from chamber.health.core.engine import Entity, HealthEngine
-from chamber.health.core.rules import as_batch
+from chamber.health.core.rules import DEFAULT_RULES, Rule, RuleError, as_batch, merge_rules
 
 log = get_logger(__name__)
 
@@ -138,10 +141,23 @@ class Health:
                 log.exception("health.tick_failed")
 
 
+def load_rules(path: str) -> tuple[Rule, ...]:
+    if not path:
+        return DEFAULT_RULES
+    try:
+        raw = yaml.safe_load(Path(path).read_text()) or []
+    except (OSError, yaml.YAMLError) as exc:
+        raise RuleError(f"cannot read health rules {path}: {exc}") from exc
+    if not isinstance(raw, list):
+        raise RuleError(f"health rules {path}: expected a list of rules")
+    return merge_rules(raw)
+
+
 async def main(ctx: Context, stop: asyncio.Event) -> None:
+    engine = HealthEngine(load_rules(ctx.settings.health_rules_file))
     bus = await ctx.bus()
     ledger = ctx.ledger()
-    health = Health(ctx, bus, ledger)
+    health = Health(ctx, bus, ledger, engine)
     try:
         await health.start()
         await health.run(stop)

@@ -18,7 +18,7 @@ from chamber.common.quota import ConfigError, QuotaBook, validate
 from chamber.common.quotastore import QuotaStore, load_yaml
 from chamber.common.runtime import Context, wait_event
 from chamber.common.subjects import DECISIONS, JOBS_BUCKET, QUOTA_BUCKET
-from chamber.quota.core.report import compute
+from chamber.quota.core.report import compute, org_totals
 
 log = get_logger(__name__)
 
@@ -88,7 +88,7 @@ class Quota:
         stale = self._published is None or now - self._published.computed_at >= REFRESH_S
         if not stale and self._published is not None and self._published.teams == teams:
             return
-        state = QuotaState(teams=teams, computed_at=now)
+        state = QuotaState(teams=teams, computed_at=now, orgs=org_totals(book, teams))
         await self.bus.publish(self.bus.names.quota_state(), state)
         self._published = state
 

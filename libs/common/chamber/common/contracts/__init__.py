@@ -28,6 +28,7 @@ from chamber.common.contracts.metrics import FleetSnapshot, RollupPoint
 from chamber.common.contracts.quota import (
     BudgetSpec,
     OrgConfig,
+    OrgUsage,
     PoolConfig,
     QuotaConfig,
     QuotaState,
@@ -70,6 +71,7 @@ __all__ = [
     "Pool",
     "BudgetSpec",
     "OrgConfig",
+    "OrgUsage",
     "PoolConfig",
     "QuotaConfig",
     "QuotaState",

@@ -78,8 +78,24 @@ class TeamUsage(Contract, frozen=True):
     budget_used: float = 0.0
     """Share of the budget used this period (1.0 = exhausted)."""
     budget_state: Literal["none", "ok", "warn", "blocked-preemptible", "blocked-all"] = "none"
+    gpu_hours_by_pool: dict[str, float] = msgspec.field(default_factory=dict)
+    gpu_hours_by_priority: dict[str, float] = msgspec.field(default_factory=dict)
+    org: str = ""
+
+
+class OrgUsage(Contract, frozen=True):
+    """An organisation's totals: the sums over every team below it in the hierarchy."""
+
+    org: str
+    teams: int = 0
+    nominal: int = 0
+    gpus_running: int = 0
+    borrowed: int = 0
+    gpu_hours: float = 0.0
+    cost: float = 0.0
 
 
 class QuotaState(Event, frozen=True):
     teams: dict[str, TeamUsage]
     computed_at: float
+    orgs: dict[str, OrgUsage] = msgspec.field(default_factory=dict)

@@ -5,7 +5,8 @@ application XIDs (13, 31, 43, 45, 68: a bad kernel, not a bad GPU) are ignored; 
 a failed row remap or a GPU off the bus take the GPU out at once; pending remaps and retired-page limits (pre-Ampere)
 call for a reset; NVLink and PCIe error *rates* above budget degrade; thermal and power throttling are warnings
 with flap suppression; a node silent for three intervals, or one reporting fewer GPUs than it has, is taken out
-whole. Operators extend the list (`CHAMBER_HEALTH_RULES`, a YAML list of rules).
+whole. Operators extend or override the list with a YAML file of rules (`CHAMBER_HEALTH_RULES_FILE`; a rule
+with a default's name replaces it).
 """
 
 from collections.abc import Mapping
@@ -88,6 +89,24 @@ def as_batch(event: GpuXidEvent) -> NodeTelemetry:
     """An XID event seen as a one-GPU observation (interval 0: not a heartbeat), so the same rules judge it."""
     sample = GpuSample(index=event.gpu_index, uuid=event.uuid, xids=[event.xid])
     return NodeTelemetry(node=event.node, sampled_at=event.observed_at, interval_s=0.0, gpus=[sample], source="nvml")
+
+
+class RuleError(ValueError):
+    """A rules file that cannot be used; the message names the rule and the field."""
+
+
+def merge_rules(extra: list[dict[str, object]], base: tuple[Rule, ...] = DEFAULT_RULES) -> tuple[Rule, ...]:
+    """The default rules, with `extra` (plain dicts, e.g. from YAML) added or replacing those of the same name."""
+    import msgspec
+
+    rules = {r.name: r for r in base}
+    for i, raw in enumerate(extra):
+        try:
+            rule = msgspec.convert({**raw, "xids": tuple(raw.get("xids", ()))}, Rule)  # type: ignore[arg-type]
+        except msgspec.ValidationError as exc:
+            raise RuleError(f"health rule #{i + 1} ({raw.get('name', '?')}): {exc}") from exc
+        rules[rule.name] = rule
+    return tuple(rules.values())
 
 
 @dataclass

@@ -11,7 +11,7 @@ from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Literal
 
-from chamber.common.contracts import JobRecord, JobState, TeamUsage
+from chamber.common.contracts import JobRecord, JobState, OrgUsage, TeamUsage
 from chamber.common.quota import QuotaBook, fair_shares, standings
 
 PENDING = (JobState.PENDING, JobState.PREEMPTED)
@@ -61,6 +61,8 @@ def compute(
     demand: dict[tuple[str, str], int] = {}
     counts: dict[str, list[int]] = {}
     seconds: dict[str, float] = {}
+    by_pool: dict[str, dict[str, float]] = {}
+    by_priority: dict[str, dict[str, float]] = {}
     cost: dict[str, float] = {}
     in_period: dict[str, tuple[float, float]] = {}
     recent: dict[str, float] = {}
@@ -83,6 +85,11 @@ def compute(
         used_s = gpu_seconds(r, now)
         price = book.pools[pool].cost_per_gpu_hour if pool in book.pools else 0.0
         seconds[team] = seconds.get(team, 0.0) + used_s
+        if used_s:
+            pools = by_pool.setdefault(team, {})
+            pools[pool] = pools.get(pool, 0.0) + used_s / 3600
+            prios = by_priority.setdefault(team, {})
+            prios[r.spec.priority] = prios.get(r.spec.priority, 0.0) + used_s / 3600
         cost[team] = cost.get(team, 0.0) + used_s / 3600 * price
         if team in starts and (r.state == JobState.RUNNING or (r.finished_at or r.updated_at) >= starts[team]):
             h, c = in_period.get(team, (0.0, 0.0))
@@ -104,8 +111,26 @@ def compute(
             fair_share=round(sum(s for (t, _), s in shares.items() if t == team), 3),
             standing=round(stand.get(team, 0.0), 4), gpu_hours=round(seconds.get(team, 0.0) / 3600, 4),
             cost=round(cost.get(team, 0.0), 4), budget_used=round(used_share, 4), budget_state=state,
+            gpu_hours_by_pool={p: round(h, 4) for p, h in by_pool.get(team, {}).items()},
+            gpu_hours_by_priority={p: round(h, 4) for p, h in by_priority.get(team, {}).items()},
+            org=book.teams[team].org if team in book.teams else "",
         )  # fmt: skip
     return out
+
+
+def org_totals(book: QuotaBook, teams: Mapping[str, TeamUsage]) -> dict[str, OrgUsage]:
+    """Every organisation's sums over the teams below it (at any depth of the hierarchy)."""
+    acc: dict[str, list[float]] = {}
+    for name, usage in teams.items():
+        for org in book.org_path(name):
+            row = acc.setdefault(org, [0, 0, 0, 0, 0.0, 0.0])
+            for i, v in enumerate((1, usage.nominal, usage.gpus_running, usage.borrowed, usage.gpu_hours, usage.cost)):
+                row[i] += v
+    return {
+        org: OrgUsage(org=org, teams=int(t), nominal=int(n), gpus_running=int(g), borrowed=int(b),
+                      gpu_hours=round(h, 4), cost=round(c, 4))
+        for org, (t, n, g, b, h, c) in sorted(acc.items())
+    }  # fmt: skip
 
 
 def _lent(book: QuotaBook, usage: Mapping[tuple[str, str], int], team: str) -> int:
