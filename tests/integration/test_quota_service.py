@@ -41,6 +41,7 @@ async def test_the_example_configuration_seeds_the_quota_service(
         nlp = (await client.get("/v1/teams/nlp")).json()
         assert nlp["config"]["weight"] == 2
         assert nlp["usage"]["nominal"] == 48
+
         async def orgs() -> bool:
             return {o["org"] for o in (await client.get("/v1/orgs")).json()} == {"acme", "research", "product"}
 
