@@ -77,3 +77,46 @@ async def test_quarantine_cordon_and_release(client: AsyncTestClient[Any], setti
     finally:
         await bus.close()
         await ledger.close()
+
+
+async def test_a_fault_injected_into_the_simulated_fleet_moves_the_job(
+    client: AsyncTestClient[Any], settings: Settings
+) -> None:
+    """The whole loop: simulated telemetry shows a DBE, health quarantines the GPU, the scheduler interrupts the
+    job at once, and the job resumes on other hardware."""
+    from chamber.scheduler import service as scheduler
+
+    async with running(settings, ("collector", collector.main), ("health", health.main), ("scheduler", scheduler.main)):
+
+        async def fleet_up() -> bool:
+            return bool((await client.get("/v1/fleet")).json()["gpus_total"])
+
+        await eventually(fleet_up, what="inventory")
+        job = {"name": "pretrain", "team": "core", "gpus_per_replica": 8, "duration_s": 600, "priority": "train"}
+        job_id = (await client.post("/v1/jobs", json=job)).json()["id"]
+
+        async def view() -> dict[str, Any]:
+            result: dict[str, Any] = (await client.get(f"/v1/jobs/{job_id}")).json()
+            return result
+
+        async def is_running() -> bool:
+            return bool((await view())["state"] == "running")
+
+        await eventually(is_running, what="job running")
+        node = (await view())["placement"]["gpus"][0][0]
+        assert (await client.post("/v1/sim/faults", json={"node": "nowhere", "fault": "dbe"})).status_code == 404
+        assert (await client.post("/v1/sim/faults", json={"node": node, "fault": "gremlins"})).status_code == 400
+        resp = await client.post("/v1/sim/faults", json={"node": node, "gpu": 2, "fault": "dbe"})
+        assert resp.status_code == 202
+
+        async def moved() -> bool:
+            v = await view()
+            return bool(v["state"] == "running" and v["attempt"] == 2)
+
+        await eventually(moved, within=15, what="the job runs again elsewhere")
+        v = await view()
+        assert v["interruptions"] == 1
+        assert f"{node}/2" not in {f"{n}/{i}" for n, i in v["placement"]["gpus"]}
+        gpu = (await client.get(f"/v1/nodes/{node}")).json()["gpus"][2]
+        assert gpu["state"] == "quarantined"
+        assert gpu["action"] == "reset-gpu"

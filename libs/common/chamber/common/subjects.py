@@ -50,11 +50,14 @@ METRICS = StreamSpec(
     max_bytes=256 * MIB,
     max_msgs_per_subject=2000,
 )
+CONTROL = StreamSpec("CONTROL", "control.>", False, "controls for the simulated fleet", max_age_s=HOUR)
 DEADLETTER = StreamSpec(
     "DEADLETTER", "deadletter.>", False, "messages a consumer could not decode", max_age_s=7 * DAY, max_bytes=64 * MIB
 )
 
-STREAMS: tuple[StreamSpec, ...] = (JOBS, DECISIONS, INVENTORY, TELEMETRY, HEALTH, QUOTA, METRICS, DEADLETTER)
+STREAMS: tuple[StreamSpec, ...] = (
+    JOBS, DECISIONS, INVENTORY, TELEMETRY, HEALTH, QUOTA, METRICS, CONTROL, DEADLETTER,
+)  # fmt: skip
 
 SUBJECTS: tuple[SubjectSpec, ...] = (
     SubjectSpec("jobs.submit.<job>", "JOBS", "JobSubmitted", "gateway", "scheduler"),
@@ -75,6 +78,7 @@ SUBJECTS: tuple[SubjectSpec, ...] = (
     ),
     SubjectSpec("health.commands.<node>", "HEALTH", "HealthCommand", "gateway (operators)", "health"),
     SubjectSpec("quota.state", "QUOTA", "QuotaState", "quota", "scheduler, gateway"),
+    SubjectSpec("control.sim.faults", "CONTROL", "FaultInjection", "gateway (POST /v1/sim/faults)", "collector (sim)"),
     SubjectSpec(
         "deadletter.<service>", "DEADLETTER", "the raw message, headers say why", "every consumer", "operators"
     ),

@@ -11,12 +11,14 @@ telemetry batch per node every `telemetry_interval_s`.
 
 import asyncio
 import socket
+from typing import Any
 
 from chamber.collector.aggregator import Aggregator
 from chamber.collector.core.simfleet import FleetShape, SimulatedFleet
 from chamber.collector.core.source import TelemetrySource
 from chamber.common.bus import Bus, PublishError
-from chamber.common.contracts import GpuXidEvent, Pool, TopologyLabels
+from chamber.common.codec import DecodeError, Decoder
+from chamber.common.contracts import FaultInjection, GpuXidEvent, Pool, TopologyLabels
 from chamber.common.jobstore import JobStore
 from chamber.common.ledger import Ledger, LedgerUnavailable
 from chamber.common.log import get_logger
@@ -59,6 +61,30 @@ class Collector:
             except PublishError as exc:
                 log.warning("collector.publish_failed", error=str(exc))
             await wait_event(stop, self.ctx.settings.telemetry_interval_s)
+
+
+async def follow_faults(ctx: Context, bus: Bus, fleet: SimulatedFleet) -> Any:
+    """Apply fault injections to the simulated fleet as they arrive (garbage is logged and skipped)."""
+    decoder = Decoder(FaultInjection)
+
+    async def on_msg(msg: Any) -> None:
+        try:
+            fault: FaultInjection = decoder.decode(msg.data)
+        except DecodeError as exc:
+            log.warning("collector.bad_fault_injection", error=str(exc))
+            return
+        if fault.fault == "clear":
+            fleet.clear(fault.node, fault.gpu)
+            return
+        until = None if fault.duration_s is None else ctx.clock.now() + fault.duration_s
+        try:
+            fleet.inject(fault.node, fault.gpu, fault.fault, value=fault.value, until=until)
+        except ValueError as exc:
+            log.warning("collector.bad_fault_injection", error=str(exc))
+            return
+        log.warning("collector.fault_injected", node=fault.node, gpu=fault.gpu, fault=fault.fault)
+
+    return await bus.nc.subscribe(bus.names.subject("control.sim.faults"), cb=on_msg)
 
 
 def simulated_source(ctx: Context) -> SimulatedFleet:
@@ -119,7 +145,9 @@ async def main(ctx: Context, stop: asyncio.Event) -> None:
             await aggregator.start()
             tasks.append(asyncio.create_task(aggregator.run(stop)))
         if role in ("all", "sim"):
-            tasks.append(asyncio.create_task(Collector(ctx, bus, ledger, simulated_source(ctx)).run(stop)))
+            fleet = simulated_source(ctx)
+            await follow_faults(ctx, bus, fleet)
+            tasks.append(asyncio.create_task(Collector(ctx, bus, ledger, fleet).run(stop)))
         if role == "agent":
             tasks.append(asyncio.create_task(_agent(ctx, bus, ledger, stop)))
         await asyncio.gather(*tasks)

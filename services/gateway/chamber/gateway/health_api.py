@@ -7,10 +7,10 @@ import msgspec
 from litestar import get, post
 from litestar.datastructures import State
 from litestar.exceptions import NotFoundException
-from litestar.params import Body, FromPath
+from litestar.params import Body, FromPath, JSONBody
 from litestar.status_codes import HTTP_202_ACCEPTED
 
-from chamber.common.contracts import GpuHealthVerdict, HealthCommand, HealthState
+from chamber.common.contracts import FaultInjection, GpuHealthVerdict, HealthCommand, HealthState
 from chamber.gateway.core.views import NodeView, node_views
 from chamber.gateway.state import GatewayState
 
@@ -122,4 +122,14 @@ async def release_node(
     return await _order(_gw(state), name, data or OperatorOrder(), "release")
 
 
-ROUTES = [get_node, get_gpu, cordon_node, release_node]
+@post("/v1/sim/faults", status_code=HTTP_202_ACCEPTED, summary="Inject a fault into the simulated fleet")
+async def inject_fault(data: JSONBody[FaultInjection], state: State) -> FaultInjection:
+    """For demos and tests: the simulated collector makes the GPU (or node) show the fault in its telemetry."""
+    gw = _gw(state)
+    if data.node not in gw.nodes:
+        raise NotFoundException(f"no node {data.node!r}")
+    await gw.bus.publish(gw.bus.names.subject("control.sim.faults"), data)
+    return data
+
+
+ROUTES = [get_node, get_gpu, cordon_node, release_node, inject_fault]

@@ -36,7 +36,14 @@ from chamber.common.contracts.quota import (
     TeamQuota,
     TeamUsage,
 )
-from chamber.common.contracts.telemetry import GpuProcess, GpuSample, GpuXidEvent, NodeTelemetry, TelemetryEvent
+from chamber.common.contracts.telemetry import (
+    FaultInjection,
+    GpuProcess,
+    GpuSample,
+    GpuXidEvent,
+    NodeTelemetry,
+    TelemetryEvent,
+)
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -44,6 +51,7 @@ __all__ = [
     "Contract",
     "Decision",
     "Event",
+    "FaultInjection",
     "FleetSnapshot",
     "GpuDevice",
     "GpuHealthVerdict",

@@ -4,6 +4,8 @@ A capability a GPU lacks (older GPUs, MIG, a driver without the call) is an abse
 that could be mistaken for a reading.
 """
 
+from typing import Literal
+
 import msgspec
 
 from chamber.common.contracts.base import Contract, Event
@@ -71,3 +73,13 @@ class GpuXidEvent(Event, frozen=True):
 
 
 TelemetryEvent = NodeTelemetry | GpuXidEvent
+
+
+class FaultInjection(Event, frozen=True):
+    """Make the simulated fleet show a fault (demos, tests, the health benchmark); real node agents ignore it."""
+
+    node: str
+    fault: Literal["xid", "dbe", "row_remap_failure", "nvlink_replay", "thermal", "heartbeat_loss", "clear"]
+    gpu: int | None = None
+    value: int = 0
+    duration_s: float | None = None

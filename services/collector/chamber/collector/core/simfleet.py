@@ -112,7 +112,10 @@ class SimulatedFleet:
         self.faults.setdefault(f"{node}/{gpu}", []).append(Fault(kind, value, until))
 
     def clear(self, node: str, gpu: int | None = None) -> None:
+        """The fault is repaired (a GPU reset, a reboot): counters are back to zero, the node reports again."""
         self.silent.discard(node)
+        for slot in [s for s in self._counters if s.startswith(f"{node}/") and (gpu is None or s == f"{node}/{gpu}")]:
+            del self._counters[slot]
         for slot in [s for s in self.faults if s.startswith(f"{node}/") and (gpu is None or s == f"{node}/{gpu}")]:
             del self.faults[slot]
 

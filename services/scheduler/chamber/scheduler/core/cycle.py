@@ -349,18 +349,28 @@ class SchedulingState:
             ):
                 return False
 
+            assert self.quota is not None
+            budgets = {
+                team: used - self.quota.quota(team, pool).nominal
+                for (team, pool), used in self.usage.items()
+                if pool == shape.pool and team != job.team and used > self.quota.quota(team, pool).nominal
+            }
+
             def allowed(r: RunningJob) -> bool:
                 if r.team == job.team:
                     return can_be_victim(r, job.priority, now)
-                return reclaim and r.pool == shape.pool and can_be_reclaimed(r, now)
+                return reclaim and r.pool == shape.pool and r.team in budgets and can_be_reclaimed(r, now)
         else:
             key = (shape, "")
             if ctx.lowest_victim is None or job.priority <= ctx.lowest_victim:
                 return False
             allowed = None  # type: ignore[assignment]
+            budgets = None
         if job.priority <= ctx.preempt_failed.get(key, -(10**9)):
             return False
-        plan = plan_preemption(self.index, replace(job, shape=shape), self.running.values(), now, allowed)
+        plan = plan_preemption(
+            self.index, replace(job, shape=shape), self.running.values(), now, allowed, budgets=budgets
+        )
         if plan is None:
             ctx.preempt_failed[key] = job.priority
             return False

@@ -8,7 +8,7 @@ per step), drops every victim the fit does not need (most expensive first), then
 and keeps only the victims whose GPUs the placement uses. A plan is returned only if that placement exists.
 """
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from chamber.common.contracts import GpuRef
@@ -35,13 +35,9 @@ def can_be_victim(victim: RunningJob, preemptor_priority: int, now: float) -> bo
 
 
 def can_be_reclaimed(victim: RunningJob, now: float) -> bool:
-    """Borrowed capacity is reclaimable whatever its priority (only preemptible jobs ever borrow)."""
-    return (
-        victim.borrowed
-        and victim.preemptible
-        and not victim.stopping
-        and now - victim.started_at >= victim.min_runtime_s
-    )
+    """Another team's job may be taken back to reclaim borrowed capacity whatever its priority (only preemptible
+    jobs ever borrow); how many GPUs a team may lose is bounded by what it borrows (`budgets`)."""
+    return victim.preemptible and not victim.stopping and now - victim.started_at >= victim.min_runtime_s
 
 
 def victim_cost(victim: RunningJob, now: float) -> tuple[bool, int, float, int, str]:
@@ -54,8 +50,12 @@ def plan_preemption(
     running: Iterable[RunningJob],
     now: float,
     allowed: Callable[[RunningJob], bool] | None = None,
+    *,
+    budgets: Mapping[str, int] | None = None,
 ) -> PreemptionPlan | None:
-    """`allowed` replaces the default victim rule (quota: own team by priority, other teams only by reclaim)."""
+    """`allowed` replaces the default victim rule (quota: own team by priority, other teams only by reclaim).
+    `budgets` caps the GPUs taken from each listed team (what it borrows above its nominal): any of a borrowing
+    team's jobs may go, so fragmentation cannot hide the borrowed capacity, but never more than it borrows."""
     parts = set(index.partitions_for(job.shape))
     eligible = {name for name, node in index.nodes.items() if node.partition in parts}
     rule = allowed or (lambda r: can_be_victim(r, job.priority, now))
@@ -66,9 +66,44 @@ def plan_preemption(
     avail = {node.name: len(node.free) for node in index.nodes_with(index.partitions_for(job.shape), 1)}
     for name, n in per_node(job.nominated, eligible).items():
         avail[name] = avail.get(name, 0) + n
+    orders = [candidates]
+    if budgets:
+        # With per-team caps, the cheapest-first greedy can spend a team's budget on victims scattered over many
+        # nodes and then have to skip the one whose node would free the gang. Try a node-by-node order too.
+        orders.append(_node_order(candidates, avail, eligible))
+    for order in orders:
+        plan = _search(index, job, order, dict(avail), eligible=eligible, budgets=budgets)
+        if plan is not None:
+            return plan
+    return None
+
+
+def _node_order(candidates: list[RunningJob], avail: Mapping[str, int], eligible: set[str]) -> list[RunningJob]:
+    """Victims grouped by node, the nodes that would be freest first (cheapest victims first within a node)."""
+    room: dict[str, int] = dict(avail)
+    for v in candidates:
+        for name, n in per_node(v.gpus, eligible).items():
+            room[name] = room.get(name, 0) + n
+    return sorted(candidates, key=lambda v: (-max(room.get(g.node, 0) for g in v.gpus), v.gpus[0].node))
+
+
+def _search(
+    index: FleetIndex,
+    job: PendingJob,
+    candidates: list[RunningJob],
+    avail: dict[str, int],
+    *,
+    eligible: set[str],
+    budgets: Mapping[str, int] | None,
+) -> PreemptionPlan | None:
     counter = CapacityCounter(index, job.shape, avail)
     chosen: list[RunningJob] = []
+    spent: dict[str, int] = {}
     for victim in candidates:
+        if budgets is not None and victim.team in budgets:
+            if spent.get(victim.team, 0) + len(victim.gpus) > budgets[victim.team]:
+                continue
+            spent[victim.team] = spent.get(victim.team, 0) + len(victim.gpus)
         for name, n in per_node(victim.gpus, eligible).items():
             counter.add(name, n)
         chosen.append(victim)

@@ -1,0 +1,194 @@
+"""The scheduler under team quotas: borrowing, reclaim, budgets; and the quota invariants over time."""
+
+import heapq
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from chamber.common.contracts import OrgConfig, PoolConfig, QuotaConfig, TeamConfig, TeamQuota
+from chamber.common.quota import QuotaBook, validate
+from chamber.scheduler.core.cycle import SchedulingState
+from chamber.scheduler.core.decisions import Nominate, Place, Preempt, Wait
+from chamber.scheduler.core.model import pending_from
+from tests.support.builders import make_job, make_node
+
+NOW = 1000.0
+NODES = [make_node(f"n{i}").gpus(4).build() for i in range(4)]  # 16 GPUs in pool "default"
+
+
+def book(a: int, b: int, *, a_borrow: int | None = None, cohort_b: str = "c") -> QuotaBook:
+    return validate(
+        QuotaConfig(
+            pools=[PoolConfig(name="default", gpu_model="H100")],
+            orgs=[OrgConfig(name="org")],
+            teams=[
+                TeamConfig(name="a", org="org", cohort="c",
+                           quotas=[TeamQuota(pool="default", nominal=a, borrowing_limit=a_borrow)]),
+                TeamConfig(name="b", org="org", cohort=cohort_b, quotas=[TeamQuota(pool="default", nominal=b)]),
+            ],
+        ),
+        capacity={"default": 16},
+    )  # fmt: skip
+
+
+def cycle(jobs: list, quota: QuotaBook, budget: dict[str, str] | None = None) -> list:  # type: ignore[type-arg]
+    owners = {g.slot: r.id for r in jobs if r.placement for g in r.placement.gpus}
+    state = SchedulingState.from_snapshot(NODES, owners, {}, jobs, quota=quota, budget_blocks=budget)
+    return state.cycle(NOW)
+
+
+def running(job_id: str, team: str, node: str, priority: str = "research") -> object:
+    return make_job(job_id).team(team).priority(priority).running_on(*[(node, i) for i in range(4)]).build()
+
+
+def test_idle_quota_is_lent_and_the_borrower_is_marked() -> None:
+    jobs = [make_job("big").team("a").gpus(4, replicas=3).priority("research").build()]
+    decisions = cycle(jobs, book(8, 8))
+    (place,) = [d for d in decisions if isinstance(d, Place)]
+    assert "borrowing" in place.reason
+
+
+def test_non_preemptible_work_stays_within_nominal() -> None:
+    jobs = [make_job("t").team("a").gpus(4, replicas=3).priority("train").build()]
+    (wait,) = cycle(jobs, book(8, 8))
+    assert isinstance(wait, Wait)
+    assert "only preemptible jobs borrow" in wait.reason
+
+
+def test_borrowing_limit_holds() -> None:
+    jobs = [make_job("x").team("a").gpus(4, replicas=3).priority("research").build()]
+    (wait,) = cycle(jobs, book(8, 8, a_borrow=2))
+    assert isinstance(wait, Wait)
+    assert "borrowing limit" in wait.reason
+
+
+def test_the_owner_reclaims_borrowed_capacity_whatever_its_priority() -> None:
+    jobs = [
+        running("a1", "a", "n0"), running("a2", "a", "n1"), running("a3", "a", "n2"), running("b0", "b", "n3"),
+        make_job("back").team("b").gpus(4).priority("best-effort").build(),
+    ]  # fmt: skip
+    decisions = cycle(jobs, book(8, 8))
+    preempted = {d.job_id for d in decisions if isinstance(d, Preempt)}
+    assert len(preempted) == 1
+    assert preempted <= {"a1", "a2", "a3"}, "only a's borrowed work is reclaimed"
+    assert any(isinstance(d, Nominate) and d.job_id == "back" for d in decisions)
+
+
+def test_a_borrower_never_preempts_another_team() -> None:
+    jobs = [
+        running("b1", "b", "n0"), running("b2", "b", "n1"), running("a1", "a", "n2"), running("a2", "a", "n3"),
+        make_job("more").team("a").gpus(4).priority("train").build(),
+    ]  # fmt: skip
+    decisions = cycle(jobs, book(8, 8))
+    assert not [d for d in decisions if isinstance(d, Preempt)], decisions
+
+
+@pytest.mark.parametrize(
+    ("mode", "priority", "blocked"),
+    [("block-all", "train", True), ("block-preemptible", "research", True), ("block-preemptible", "train", False)],
+)
+def test_budget_modes(mode: str, priority: str, blocked: bool) -> None:
+    jobs = [make_job("j").team("a").gpus(4).priority(priority).build()]
+    decisions = cycle(jobs, book(8, 8), budget={"a": mode})
+    assert any(isinstance(d, Wait) and "budget" in d.reason for d in decisions) == blocked
+    assert any(isinstance(d, Place) for d in decisions) != blocked
+
+
+@settings(max_examples=3000, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(["a", "b"]), st.sampled_from([1, 2, 4]), st.sampled_from(["research", "train"]),
+                  st.integers(1, 300), st.integers(0, 600)),
+        min_size=1, max_size=30,
+    ),
+    st.integers(0, 16), st.sampled_from([None, 0, 4]),
+)  # fmt: skip
+def test_quota_invariants_over_time(jobs_spec: list[tuple[str, int, str, int, int]], nominal_a: int,
+                                    borrow: int | None) -> None:  # fmt: skip
+    """Pool capacity and borrowing limits are never exceeded; a team with demand within its nominal gets it
+    within the borrowers' grace; everything completes."""
+    quota = book(nominal_a, 16 - nominal_a, a_borrow=borrow)
+    grace = 30.0
+    records = [
+        make_job(f"j{i}").team(team).gpus(g).priority(p).grace_s(grace).at(float(t)).build()
+        for i, (team, g, p, _, t) in enumerate(jobs_spec)
+    ]
+    durations = {f"j{i}": float(d) for i, (_, _, _, d, _) in enumerate(jobs_spec)}
+    arrivals = sorted(((r.submitted_at, r.id) for r in records), reverse=True)
+    by_id = {r.id: r for r in records}
+    state = SchedulingState.from_snapshot(NODES, {}, {}, [], quota=quota)
+    events: list[tuple[float, int, str, int]] = []
+    started: dict[str, float] = {}
+    pending = {r.id: pending_from(r) for r in records}
+    done: set[str] = set()
+    now = 0.0
+    starved_since: dict[str, float] = {}
+    last_have: dict[str, int] = {}
+    nominated_at: dict[str, float] = {}
+    for _ in range(3000):
+        while arrivals and arrivals[-1][0] <= now:
+            _, job_id = arrivals.pop()
+            state.requeue(pending[job_id])
+        for d in state.cycle(now):
+            if isinstance(d, Nominate):
+                nominated_at[d.job_id] = now
+            if isinstance(d, Place):
+                if d.job_id in nominated_at:
+                    waited = now - nominated_at.pop(d.job_id)
+                    assert waited <= grace + 2, f"{d.job_id} started {waited} s after its reclaim was decided"
+                started[d.job_id] = now
+                heapq.heappush(events, (now + durations[d.job_id], 1, d.job_id, d.attempt))
+            elif isinstance(d, Preempt):
+                heapq.heappush(events, (now + d.grace_s, 0, d.job_id, d.attempt))
+        used_a = state.usage.get(("a", "default"), 0)
+        assert sum(len(r.gpus) for r in state.running.values()) <= 16, "pool capacity"
+        if borrow is not None:
+            assert used_a <= nominal_a + borrow, "borrowing limit"
+        nominals = {"a": nominal_a, "b": 16 - nominal_a}
+        for t, nominal in nominals.items():
+            want = sum(j.shape.gpus for j in state.queue.jobs.values() if j.team == t)
+            want += sum(j.shape.gpus for j in state.nominated.values() if j.team == t)
+            have = state.usage.get((t, "default"), 0)
+            smallest = min((j.shape.gpus for j in state.queue.jobs.values() if j.team == t), default=0)
+            other = "b" if t == "a" else "a"
+            other_borrows = state.usage.get((other, "default"), 0) > nominals[other]
+            if want and have + smallest <= nominal and other_borrows:
+                if have > last_have.get(t, have):
+                    starved_since[t] = now  # progress: a reclaim was decided or a job started
+                starved_since.setdefault(t, now)
+                # An entitled team never waits longer than the victims' grace (and one event step) without its
+                # next reclaim being decided; each reclaimed job then starts within the grace (checked above).
+                assert now - starved_since[t] <= grace + 2 or not state.running, (
+                    f"team {t} below its nominal without progress for {now - starved_since[t]} s"
+                )
+            else:
+                starved_since.pop(t, None)
+            last_have[t] = have
+        next_arrival = arrivals[-1][0] if arrivals else None
+        if not events and next_arrival is None:
+            break
+        if events and (next_arrival is None or events[0][0] <= next_arrival):
+            now, kind, job_id, attempt = heapq.heappop(events)
+            run = state.running.get(job_id)
+            if run is None or run.attempt != attempt:
+                continue
+            state.release(job_id)
+            if kind == 1:
+                done.add(job_id)
+            else:
+                pending[job_id] = pending[job_id].requeued(attempt, now - started[job_id])
+                state.requeue(pending[job_id])
+        else:
+            assert next_arrival is not None
+            now = next_arrival
+
+    def admissible(job_id: str) -> bool:
+        r = by_id[job_id]
+        nominal = nominal_a if r.spec.team == "a" else 16 - nominal_a
+        if r.spec.priority == "train":
+            return r.spec.gpus <= nominal
+        room = 16 if r.spec.team == "b" or borrow is None else nominal + borrow
+        return r.spec.gpus <= min(16, room)
+
+    assert done == {j for j in by_id if admissible(j)}, "every job its quota admits ran to completion"
