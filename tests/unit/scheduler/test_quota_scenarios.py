@@ -157,9 +157,10 @@ def test_quota_invariants_over_time(jobs_spec: list[tuple[str, int, str, int, in
                 if have > last_have.get(t, have):
                     starved_since[t] = now  # progress: a reclaim was decided or a job started
                 starved_since.setdefault(t, now)
-                # An entitled team never waits longer than the victims' grace (and one event step) without its
-                # next reclaim being decided; each reclaimed job then starts within the grace (checked above).
-                assert now - starved_since[t] <= grace + 2 or not state.running, (
+                # An entitled team never waits longer than the victims' grace (plus the few simulated seconds until
+                # the next event, where this harness decides) without progress; each reclaimed job then starts
+                # within the grace (checked above).
+                assert now - starved_since[t] <= grace + 5 or not state.running, (
                     f"team {t} below its nominal without progress for {now - starved_since[t]} s"
                 )
             else:
