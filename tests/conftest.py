@@ -5,8 +5,10 @@ from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
+from chamber.common.bus import Bus
 from chamber.common.cleanup import delete_namespace
 from chamber.common.settings import Settings
+from chamber.common.subjects import Names
 from tests.support.servers import Servers, find_servers
 
 
@@ -41,3 +43,11 @@ async def cleanup(settings: Settings) -> AsyncIterator[None]:
     """Remove the test's streams, KV buckets and Redis keys afterwards."""
     yield
     await delete_namespace(settings.nats_url, settings.redis_url, settings.namespace)
+
+
+@pytest.fixture
+async def bus(settings: Settings, cleanup: None) -> AsyncIterator[Bus]:
+    b = await Bus.connect(settings.nats_url, Names(settings.namespace), "test")
+    await b.ensure_streams()
+    yield b
+    await b.close()

@@ -1,25 +1,14 @@
 """The bus adapter on a real NATS JetStream server."""
 
-from collections.abc import AsyncIterator
-
 import pytest
 
 from chamber.common.bus import Bus
 from chamber.common.codec import Decoder
 from chamber.common.contracts import JobCancelRequested, JobEvent
-from chamber.common.settings import Settings
-from chamber.common.subjects import DEADLETTER, JOBS, STREAMS, TELEMETRY, Names
+from chamber.common.subjects import DEADLETTER, JOBS, STREAMS, TELEMETRY
 from tests.support.services import eventually
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-async def bus(settings: Settings, cleanup: None) -> AsyncIterator[Bus]:
-    b = await Bus.connect(settings.nats_url, Names(settings.namespace), "test")
-    await b.ensure_streams()
-    yield b
-    await b.close()
 
 
 async def test_streams_are_declared_idempotently_with_their_limits(bus: Bus) -> None:

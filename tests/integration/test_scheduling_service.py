@@ -1,7 +1,5 @@
 """The scheduler service end to end on real NATS and Redis: preemption with resume, and interruption by a fault."""
 
-from collections.abc import AsyncIterator
-
 import pytest
 
 from chamber.collector import service as collector
@@ -9,20 +7,12 @@ from chamber.common.bus import Bus
 from chamber.common.contracts import GpuSample, JobRecord, JobSpec, JobSubmitted, NodeTelemetry
 from chamber.common.jobstore import JobStore
 from chamber.common.settings import Settings
-from chamber.common.subjects import JOBS_BUCKET, Names
+from chamber.common.subjects import JOBS_BUCKET
 from chamber.health import service as health
 from chamber.scheduler import service as scheduler
 from tests.support.services import eventually, running
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-async def bus(settings: Settings, cleanup: None) -> AsyncIterator[Bus]:
-    b = await Bus.connect(settings.nats_url, Names(settings.namespace), "test")
-    await b.ensure_streams()
-    yield b
-    await b.close()
 
 
 async def submit(bus: Bus, job_id: str, spec: JobSpec, at: float) -> None:

@@ -77,29 +77,13 @@ class RunningJob:
 def running_from(
     record: JobRecord, classes: dict[str, PriorityClass] = DEFAULT_CLASSES, borrowed: bool = False, pool: str = ""
 ) -> RunningJob:
+    """The running job a record that holds GPUs describes: its current attempt, started when it started."""
     assert record.placement is not None
-    spec = record.spec
     started = record.started_at if record.started_at is not None else record.updated_at
-    est_end = None
-    if spec.max_runtime_s is not None:
-        est_end = started + max(0.0, spec.max_runtime_s - record.run_s)
-    pc = classes.get(spec.priority)
-    return RunningJob(
-        id=record.id,
-        team=spec.team,
-        priority=priority_value(spec.priority, classes),
-        preemptible=pc.preemptible if pc else True,
-        gpus=tuple(record.placement.gpus),
-        started_at=started,
-        min_runtime_s=spec.min_runtime_s,
-        checkpoint_interval_s=spec.checkpoint_interval_s,
-        checkpoint_grace_s=spec.checkpoint_grace_s,
-        est_end=est_end,
-        borrowed=borrowed,
-        stopping=record.stopping,
-        attempt=record.attempt,
-        pool=pool,
-    )
+    job = pending_from(record, classes).start(tuple(record.placement.gpus), started, pool=pool, borrowed=borrowed)
+    job.attempt = record.attempt
+    job.stopping = record.stopping
+    return job
 
 
 @dataclass(slots=True)
