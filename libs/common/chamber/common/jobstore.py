@@ -7,6 +7,7 @@ from collections.abc import Awaitable, Callable
 
 import nats.errors
 import nats.js.errors
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
 
 from chamber.common.bus.errors import BusError
@@ -60,20 +61,47 @@ class JobStore:
             raise BusError(f"cannot update job {record.id}: {exc}") from exc
 
     async def load_all(self) -> dict[str, tuple[JobRecord, int]]:
+        """Every current record, read to the end of the bucket's stream.
+
+        Not with a KV watcher: nats-py's watcher may signal "initial values done" before it has handed over
+        messages already delivered to the client (it compares the consumer's pending count, which is 0 once
+        everything is delivered, with the messages its callback has processed), and a scheduler that starts
+        from a partial view releases live claims and ignores the reports of the jobs it missed.
+        """
+        js = self.kv._js
+        stream = self.kv._stream
+        prefix = self.kv._pre
         records: dict[str, tuple[JobRecord, int]] = {}
-        watcher = await self.kv.watchall(ignore_deletes=True)
         try:
-            async for entry in watcher:
-                if entry is None:
-                    break
-                if entry.value is None:
-                    continue
+            info = await js.stream_info(stream)
+            if info.state.messages == 0:
+                return records
+            config = ConsumerConfig(
+                deliver_policy=DeliverPolicy.LAST_PER_SUBJECT, ack_policy=AckPolicy.NONE, inactive_threshold=30.0
+            )
+            psub = await js.pull_subscribe(f"{prefix}>", stream=stream, config=config)
+        except nats.errors.Error as exc:
+            raise BusError(f"cannot read the job records: {exc}") from exc
+        try:
+            done = False
+            while not done:
                 try:
-                    records[entry.key] = (_decoder.decode(entry.value), entry.revision or 0)
-                except DecodeError:
-                    log.error("jobstore.undecodable_record", job_id=entry.key)
+                    msgs = await psub.fetch(1024, timeout=2.0)
+                except (nats.errors.TimeoutError, TimeoutError):
+                    break
+                for msg in msgs:
+                    done = done or msg.metadata.num_pending == 0
+                    op = (msg.headers or {}).get("KV-Operation")
+                    key = msg.subject[len(prefix) :]
+                    if op in (KV_DEL, KV_PURGE) or not msg.data:
+                        records.pop(key, None)
+                        continue
+                    try:
+                        records[key] = (_decoder.decode(msg.data), msg.metadata.sequence.stream)
+                    except DecodeError:
+                        log.error("jobstore.undecodable_record", job_id=key)
         finally:
-            await watcher.stop()  # type: ignore[no-untyped-call]
+            await psub.unsubscribe()
         return records
 
     async def follow(self, on_record: Callable[[JobRecord], Awaitable[None] | None]) -> Callable[[], Awaitable[None]]:
