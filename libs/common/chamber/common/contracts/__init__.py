@@ -15,6 +15,7 @@ from chamber.common.contracts.jobs import (
     JobCancelRequested,
     JobEvent,
     JobFinished,
+    JobLaunchFailed,
     JobRecord,
     JobSpec,
     JobStarted,
@@ -23,7 +24,9 @@ from chamber.common.contracts.jobs import (
     JobSubmitted,
     Placement,
     Topology,
+    WorkloadRef,
 )
+from chamber.common.contracts.ledger import Cordon, Severity
 from chamber.common.contracts.metrics import FleetSnapshot, RollupPoint
 from chamber.common.contracts.quota import (
     BudgetSpec,
@@ -36,6 +39,7 @@ from chamber.common.contracts.quota import (
     TeamQuota,
     TeamUsage,
 )
+from chamber.common.contracts.scheduler import SchedulerStats
 from chamber.common.contracts.telemetry import (
     FaultInjection,
     GpuProcess,
@@ -49,6 +53,7 @@ __all__ = [
     "SCHEMA_VERSION",
     "TERMINAL_STATES",
     "Contract",
+    "Cordon",
     "Decision",
     "Event",
     "FaultInjection",
@@ -64,6 +69,7 @@ __all__ = [
     "JobCancelRequested",
     "JobEvent",
     "JobFinished",
+    "JobLaunchFailed",
     "JobPlaced",
     "JobRecord",
     "JobSpec",
@@ -77,6 +83,7 @@ __all__ = [
     "NodeTelemetry",
     "Placement",
     "Pool",
+    "Severity",
     "BudgetSpec",
     "OrgConfig",
     "OrgUsage",
@@ -84,10 +91,12 @@ __all__ = [
     "QuotaConfig",
     "QuotaState",
     "RollupPoint",
+    "SchedulerStats",
     "TeamConfig",
     "TeamQuota",
     "TeamUsage",
     "TelemetryEvent",
     "Topology",
     "TopologyLabels",
+    "WorkloadRef",
 ]

@@ -36,8 +36,25 @@ class Topology(Contract, frozen=True):
     """Required: wait until it fits so. Preferred: so if possible, else anywhere."""
 
 
+EnvName = Annotated[str, msgspec.Meta(min_length=1, max_length=256, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
+
+
+class WorkloadRef(Contract, frozen=True):
+    """The Kubernetes object a job stands for (a suspended `batch/v1` Job, a JobSet, a PyTorchJob ...)."""
+
+    api_version: str
+    kind: str
+    namespace: str
+    name: str
+    uid: str = ""
+
+
 class JobSpec(Contract, frozen=True):
-    """A job as submitted: a gang of `replicas`, each needing `gpus_per_replica` GPUs on one node."""
+    """A job as submitted: a gang of `replicas`, each needing `gpus_per_replica` GPUs on one node.
+
+    What runs: `command` (+ `env`, `working_dir`, `image`) for the process executor, `workload` for Kubernetes,
+    `duration_s` for the simulated executor (which only pretends to run it).
+    """
 
     name: JobName
     team: TeamName
@@ -55,6 +72,22 @@ class JobSpec(Contract, frozen=True):
     """How often the job checkpoints; None: it checkpoints when told to stop, if given a grace period."""
     requeue: Literal["always", "never"] = "always"
     """After a preemption or interruption: back to the queue (resuming from its checkpoint) or fail."""
+    command: (
+        Annotated[list[Annotated[str, msgspec.Meta(max_length=65536)]], msgspec.Meta(min_length=1, max_length=4096)]
+        | None
+    ) = None
+    """argv of each replica's process (process executor); None: nothing to run (simulated or Kubernetes)."""
+    env: Annotated[dict[EnvName, Annotated[str, msgspec.Meta(max_length=65536)]], msgspec.Meta(max_length=1024)] = (
+        msgspec.field(default_factory=dict)
+    )
+    working_dir: Annotated[str, msgspec.Meta(min_length=1, max_length=4096)] | None = None
+    image: Annotated[str, msgspec.Meta(min_length=1, max_length=1024)] | None = None
+    """A container image, for container runtimes (not used by the process executor yet)."""
+    preemptible: bool | None = None
+    """None: as its priority class says. True: this job may be preempted (and may borrow idle quota) even in a
+    class that is not preempted by default; False: never preempted."""
+    workload: WorkloadRef | None = None
+    """The Kubernetes workload this job stands for (set by Chamber's Kubernetes intake, not by users)."""
 
     @property
     def gpus(self) -> int:
@@ -99,6 +132,8 @@ class JobRecord(Contract, frozen=True):
     cancel_requested: bool = False
     nominated: list[GpuRef] = msgspec.field(default_factory=list)
     """GPUs set aside for this job while the jobs it preempted stop; nobody else may take them."""
+    waiting_for: list[str] = msgspec.field(default_factory=list)
+    """While nominated: the jobs preempted for it that it waits for."""
     stopping: bool = False
     """The executor was asked to stop the current attempt (preemption or interruption) and has not confirmed yet."""
     stop_reason: str = ""
@@ -106,6 +141,11 @@ class JobRecord(Contract, frozen=True):
     lost_s: float = 0.0
     """Run time lost to preemptions and interruptions (work done after the last checkpoint)."""
     interruptions: int = 0
+    launch_failures: int = 0
+    """Launches of this job that failed in a row (the job fails after `MAX_LAUNCH_FAILURES`)."""
+    reason_kind: str = ""
+    """The kind of `reason` while the job waits (`queued`, `capacity`, `reserved`, `quota`, `budget`,
+    `preempting`, `unschedulable`); empty otherwise. The API adds live numbers to waiting reasons on read."""
 
 
 class JobSubmitted(Event, frozen=True):
@@ -135,6 +175,9 @@ class JobFinished(Event, frozen=True):
     finished_at: float
     succeeded: bool = True
     message: str = ""
+    started_at: float | None = None
+    """When the attempt started, so its run time is counted even if the start report was never applied."""
+    exit_code: int | None = None
 
 
 class JobStopped(Event, frozen=True):
@@ -146,6 +189,20 @@ class JobStopped(Event, frozen=True):
     reason: str = ""
     graceful: bool = True
     """The job had its checkpoint grace period (False: killed at once, e.g. its GPU failed)."""
+    started_at: float | None = None
+    """When the attempt started (see JobFinished.started_at)."""
+    interrupted: bool = False
+    """Stopped by a failure (its GPU or node died), not on request: counted as an interruption."""
 
 
-JobEvent = JobSubmitted | JobCancelRequested | JobStarted | JobFinished | JobStopped
+class JobLaunchFailed(Event, frozen=True):
+    """The executor could not start an attempt (bad spec for the runtime, node gone, start deadline passed): the
+    claim is released and the job waits again, or fails after too many failed launches."""
+
+    job_id: str
+    attempt: int
+    failed_at: float
+    reason: str
+
+
+JobEvent = JobSubmitted | JobCancelRequested | JobStarted | JobFinished | JobStopped | JobLaunchFailed
