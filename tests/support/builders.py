@@ -4,6 +4,7 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from chamber.common.contracts import (
+    Cordon,
     GpuDevice,
     GpuRef,
     JobRecord,
@@ -163,3 +164,11 @@ class JobBuilder:
 
 def make_job(job_id: str) -> JobBuilder:
     return JobBuilder(job_id)
+
+
+def fatal(reason: str) -> Cordon:
+    return Cordon(severity="fatal", reason=reason)
+
+
+def degraded(reason: str) -> Cordon:
+    return Cordon(severity="degraded", reason=reason)

@@ -6,20 +6,20 @@ from collections.abc import Sequence
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from chamber.common.contracts import GpuRef, JobRecord, Node
+from chamber.common.contracts import Cordon, GpuRef, JobRecord, Node
 from chamber.common.priorities import DEFAULT_CLASSES
-from chamber.scheduler.core.cycle import SchedulingState
 from chamber.scheduler.core.decisions import Nominate, Place, Preempt, Wait
 from chamber.scheduler.core.model import pending_from
 from chamber.scheduler.core.placement import find_placement
-from tests.support.builders import make_job, make_node
+from chamber.scheduler.core.state import SchedulingState
+from tests.support.builders import degraded, fatal, make_job, make_node
 
 PRIORITIES = ["inference", "train", "research", "best-effort"]
 NOW = 10_000.0
 
 
 @st.composite
-def worlds(draw: st.DrawFn) -> tuple[list[Node], list[JobRecord], dict[str, str]]:
+def worlds(draw: st.DrawFn) -> tuple[list[Node], list[JobRecord], dict[str, Cordon]]:
     nodes = [
         make_node(f"n{i}").gpus(draw(st.sampled_from([4, 8]))).rack(f"r{i % 3}").build()
         for i in range(draw(st.integers(1, 6)))
@@ -59,7 +59,7 @@ def worlds(draw: st.DrawFn) -> tuple[list[Node], list[JobRecord], dict[str, str]
         jobs.append(builder.build())
     slots = [f"{n.name}/{g.index}" for n in nodes for g in n.gpus]
     cordoned = {
-        s: draw(st.sampled_from(["fatal: xid", "degraded: thermal"]))
+        s: draw(st.sampled_from([fatal("xid"), degraded("thermal")]))
         for s in draw(st.lists(st.sampled_from(slots), max_size=3))
     }
     return nodes, jobs, cordoned
@@ -71,7 +71,7 @@ def _owners(jobs: Sequence[JobRecord]) -> dict[str, str]:
 
 @settings(max_examples=300, deadline=None)
 @given(worlds())
-def test_one_cycle_keeps_every_invariant(world: tuple[list[Node], list[JobRecord], dict[str, str]]) -> None:
+def test_one_cycle_keeps_every_invariant(world: tuple[list[Node], list[JobRecord], dict[str, Cordon]]) -> None:
     nodes, jobs, cordoned = world
     owners = _owners(jobs)
     by_id = {j.id: j for j in jobs}
@@ -101,7 +101,7 @@ def test_one_cycle_keeps_every_invariant(world: tuple[list[Node], list[JobRecord
                 assert DEFAULT_CLASSES[by_id[d.by].spec.priority].value > DEFAULT_CLASSES[victim.spec.priority].value
     # A lower-priority job never takes capacity a waiting higher-priority job could use now.
     waiting = [by_id[d.job_id] for d in decisions if isinstance(d, Wait) and by_id[d.job_id].placement is None]
-    ctx = state._ctx
+    ctx = state.ctx
     reserved = {g.slot for g in ctx.reservation.gpus} if ctx and ctx.reservation else set()
     for h in waiting:
         if h.nominated:
@@ -122,7 +122,7 @@ def test_one_cycle_keeps_every_invariant(world: tuple[list[Node], list[JobRecord
 @settings(max_examples=60, deadline=None)
 @given(worlds(), st.lists(st.integers(1, 600), min_size=20, max_size=20))
 def test_every_job_runs_to_completion_and_no_gpu_is_ever_shared(
-    world: tuple[list[Node], list[JobRecord], dict[str, str]], durations: list[int]
+    world: tuple[list[Node], list[JobRecord], dict[str, Cordon]], durations: list[int]
 ) -> None:
     """Drive cycles with jobs finishing and preempted jobs stopping and returning: everything completes."""
     nodes, jobs, _ = world

@@ -8,9 +8,9 @@ from hypothesis import strategies as st
 
 from chamber.common.contracts import OrgConfig, PoolConfig, QuotaConfig, TeamConfig, TeamQuota
 from chamber.common.quota import QuotaBook, validate
-from chamber.scheduler.core.cycle import SchedulingState
 from chamber.scheduler.core.decisions import Nominate, Place, Preempt, Wait
 from chamber.scheduler.core.model import pending_from
+from chamber.scheduler.core.state import SchedulingState
 from tests.support.builders import make_job, make_node
 
 NOW = 1000.0
@@ -81,7 +81,52 @@ def test_a_borrower_never_preempts_another_team() -> None:
         make_job("more").team("a").gpus(4).priority("train").build(),
     ]  # fmt: skip
     decisions = cycle(jobs, book(8, 8))
+    preempted = {d.job_id for d in decisions if isinstance(d, Preempt)}
+    assert not preempted & {"b1", "b2"}, decisions
+
+
+def test_a_team_displaces_its_own_lower_priority_work_when_its_quota_is_full() -> None:
+    """Team a's quota is full of its own research work: its train job displaces one research job (not team b's,
+    not both), and is nominated GPUs so nothing else takes the room (Kueue's withinClusterQueue: LowerPriority)."""
+    jobs = [
+        running("b1", "b", "n0"), running("b2", "b", "n1"), running("a1", "a", "n2"), running("a2", "a", "n3"),
+        make_job("more").team("a").gpus(4).priority("train").build(),
+    ]  # fmt: skip
+    decisions = cycle(jobs, book(8, 8))
+    (preempt,) = [d for d in decisions if isinstance(d, Preempt)]
+    assert preempt.job_id in {"a1", "a2"}
+    assert preempt.by == "more"
+    (nominate,) = [d for d in decisions if isinstance(d, Nominate)]
+    assert nominate.job_id == "more"
+    assert nominate.victims == (preempt.job_id,)
+
+
+def test_a_non_preemptible_job_within_nominal_never_waits_behind_its_teams_borrowed_work() -> None:
+    """The issue's case: team a runs research jobs beyond its nominal (borrowing) and idle GPUs remain: its train
+    job starts at once on the idle GPUs, and the team's research work now counts as the borrowing (nobody is
+    preempted while the pool can lend)."""
+    nodes = [make_node(f"n{i}").gpus(8).build() for i in range(4)]  # 32 GPUs
+    research = [
+        make_job(f"r{i}").team("a").priority("research").running_on(*[(f"n{i}", g) for g in range(8)]).build()
+        for i in range(2)
+    ]
+    train = make_job("t").team("a").gpus(1).priority("train").build()
+    quota = validate(
+        QuotaConfig(
+            pools=[PoolConfig(name="default", gpu_model="H100")],
+            orgs=[OrgConfig(name="org")],
+            teams=[TeamConfig(name="a", org="org", cohort="c", quotas=[TeamQuota(pool="default", nominal=8)])],
+        ),
+        capacity={"default": 32},
+    )
+    owners = {g.slot: r.id for r in research if r.placement for g in r.placement.gpus}
+    state = SchedulingState.from_snapshot(nodes, owners, {}, [*research, train], quota=quota)
+    decisions = state.cycle(NOW)
     assert not [d for d in decisions if isinstance(d, Preempt)], decisions
+    assert [d.job_id for d in decisions if isinstance(d, Place)] == ["t"]
+    assert not state.running["t"].borrowed
+    assert state.running["r0"].borrowed, "the research work is what borrows now"
+    assert state.running["r1"].borrowed
 
 
 @pytest.mark.parametrize(

@@ -4,10 +4,10 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from chamber.common.contracts import JobRecord, Node
-from chamber.scheduler.core.cycle import SchedulingState
+from chamber.common.contracts import Cordon, JobRecord, Node
 from chamber.scheduler.core.decisions import Nominate, Place, Preempt, Wait
-from tests.support.builders import make_job, make_node
+from chamber.scheduler.core.state import SchedulingState
+from tests.support.builders import degraded, fatal, make_job, make_node
 
 NOW = 1000.0
 
@@ -23,7 +23,7 @@ class Scenario:
     nominated: set[str] = field(default_factory=set)
     waiting: dict[str, str] = field(default_factory=dict)
     """job -> a phrase its reason must contain."""
-    cordoned: dict[str, str] = field(default_factory=dict)
+    cordoned: dict[str, Cordon] = field(default_factory=dict)
     standing: dict[str, float] = field(default_factory=dict)
     borrowed: frozenset[str] = frozenset()
     grace: dict[str, float] = field(default_factory=dict)
@@ -61,9 +61,21 @@ SCENARIOS = [
     ),
     Scenario(
         "a gang that cannot fit whole takes nothing",
+        [n8("a"), n8("b"), n8("c")],
+        [J("r").priority("train").running_on(*holding("r", "c", 1)).build(), J("g").gpus(8, replicas=3).build()],
+        waiting={"g": "waiting for 24 GPUs"},
+    ),
+    Scenario(
+        "a gang larger than the whole fleet is unschedulable, and says why",
         [n8("a"), n8("b")],
         [J("g").gpus(8, replicas=3).build()],
-        waiting={"g": "waiting for 24 GPUs"},
+        waiting={"g": "unschedulable: 24 GPUs (3 x 8) needs more nodes than the fleet has"},
+    ),
+    Scenario(
+        "a job for a pool that has no nodes is unschedulable, and says which",
+        [n8("a")],
+        [J("x").gpus(1).pool("spot").build()],
+        waiting={"x": "unschedulable: no nodes with GPUs of spot"},
     ),
     Scenario(
         "same-node keeps all replicas on one node",
@@ -105,7 +117,7 @@ SCENARIOS = [
         "unschedulable GPUs are never used",
         [make_node("a").gpus(2).build()],
         [J("x").gpus(2).build()],
-        cordoned={"a/1": "fatal: XID 79"},
+        cordoned={"a/1": fatal("XID 79")},
         waiting={"x": "waiting for 2 GPUs; 1 free"},
     ),
     # ---- order
@@ -329,7 +341,7 @@ SCENARIOS = [
         "a fatal fault interrupts its job at once",
         [n8("a")],
         [J("t").priority("train").grace_s(60).running_on(*holding("t", "a", 8)).build()],
-        cordoned={"a/3": "fatal: XID 79"},
+        cordoned={"a/3": fatal("XID 79")},
         preempted={"t"},
         grace={"t": 0},
     ),
@@ -337,7 +349,7 @@ SCENARIOS = [
         "a degraded GPU drains its job with the checkpoint grace",
         [n8("a")],
         [J("t").priority("train").grace_s(60).running_on(*holding("t", "a", 8)).build()],
-        cordoned={"a/3": "degraded: thermal"},
+        cordoned={"a/3": degraded("thermal")},
         preempted={"t"},
         grace={"t": 60},
     ),

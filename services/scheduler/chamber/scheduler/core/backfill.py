@@ -28,7 +28,7 @@ class Reservation:
 def reserve(index: FleetIndex, job: PendingJob, running: list[RunningJob], now: float) -> Reservation | None:
     parts = index.partitions_for(job.shape)
     everywhere = len(parts) == index.partition_count()
-    eligible = None if everywhere else {n for n, node in index.nodes.items() if node.partition in set(parts)}
+    eligible = None if everywhere else index.nodes_in(parts)
     avail = {node.name: len(node.free) for node in index.nodes_with(parts, 1)}
     for name, n in per_node(job.nominated, eligible).items():
         avail[name] = avail.get(name, 0) + n

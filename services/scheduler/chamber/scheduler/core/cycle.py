@@ -1,56 +1,42 @@
 """One scheduling cycle, in a documented order (least disruptive first):
 
-1. interrupt jobs whose GPUs became unschedulable (fatal faults at once, others with checkpoint grace);
+1. interrupt jobs whose GPUs became unschedulable (fatal cordons at once, degraded ones with checkpoint grace);
 2. place preemptors on the GPUs nominated to them, once their victims have stopped;
 3. walk the queue in order; for each job:
    a. place it on free capacity (best fit, topology honoured);
    b. else backfill it into reserved capacity, if its estimate ends before the reservation starts;
-   c. else preempt lower-priority work for it, if a plan really fits (the freed GPUs are nominated to it);
+   c. else preempt lower-priority work for it, if a plan really fits (the freed GPUs are nominated to it); under
+      quotas, a job whose team's quota is full of its own lower-priority work displaces that work;
    d. else, if nothing is reserved yet, reserve for it (EASY backfill: it is the head that must not starve);
    e. else it waits, with the reason.
 
-`SchedulingState` is pure: built from a snapshot (or kept up to date incrementally by the simulator and the
-benchmark), it mutates only itself and returns decisions; the time comes in as an argument.
+The cycle reads and commits into a `SchedulingState`; what it concluded (blocked shapes, the reservation, failed
+preemption plans) is kept in a `CycleContext` until something invalidates it, so an arrival in between is
+decided against it without a new cycle (`decide_arrivals`).
 """
 
+import bisect
 import heapq
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
 
-from chamber.common.contracts import GpuRef, JobRecord, Node, QuotaConfig
-from chamber.common.priorities import DEFAULT_CLASSES, PriorityClass
-from chamber.common.quota import QuotaBook, QuotaUsage, admit, borrowed_jobs, may_reclaim
+from chamber.common.contracts import GpuRef
+from chamber.scheduler.core.admission import Option, QuotaNeed, admissions, budget_refusal
 from chamber.scheduler.core.backfill import Reservation, reserve
-from chamber.scheduler.core.decisions import Decision, Nominate, Place, Preempt, Wait
+from chamber.scheduler.core.decisions import Decision, Nominate, Preempt, Wait
 from chamber.scheduler.core.fleet import FleetIndex
-from chamber.scheduler.core.lifecycle import holds_gpus, needs_placement
-from chamber.scheduler.core.model import PendingJob, RunningJob, Shape, pending_from, running_from
+from chamber.scheduler.core.model import PendingJob, RunningJob, Shape
 from chamber.scheduler.core.placement import find_placement
-from chamber.scheduler.core.preemption import can_be_reclaimed, can_be_victim, plan_preemption
-from chamber.scheduler.core.queue import JobQueue, QueueKey, order_key
+from chamber.scheduler.core.preemption import can_be_reclaimed, can_be_victim, plan_preemption, victim_cost
+from chamber.scheduler.core.queue import order_key
+from chamber.scheduler.core.reasons import Reason, WaitKind, placed_on
+from chamber.scheduler.core.state import SchedulingState
 
-FATAL_PREFIX = "fatal"
-
-
-@dataclass(frozen=True, slots=True)
-class SchedulerConfig:
-    classes: Mapping[str, PriorityClass] = field(default_factory=lambda: dict(DEFAULT_CLASSES))
-    backfill_lookahead: int = 16
-    """Jobs looked at after a blocked sub-queue head, for ones short enough to backfill."""
-    backfill_budget: int = 512
-    """Look-ahead jobs per cycle in all (like Slurm's bf_max_job_test): bounds a cycle with a deep queue."""
-    max_tests_per_cycle: int = 5000
-    standing_cap: int = 3
-    """A job preempted n times is ordered ahead of its class peers by min(n, cap) steps: it gains standing."""
-    reservations: bool = True
-    """EASY backfill reservations for blocked queue heads (off: best-effort FIFO, large jobs may starve)."""
-    preemption: bool = True
-    strict_fifo_per_team: bool = False
-    """A team's blocked head blocks the rest of the team's queue (the isolated-cluster baseline)."""
+NO_PRIORITY = -(10**9)
 
 
 @dataclass
-class _CycleContext:
+class CycleContext:
     now: float
     blocked: set[Shape] = field(default_factory=set)
     preempt_failed: dict[tuple[Shape, str], int] = field(default_factory=dict)
@@ -62,197 +48,138 @@ class _CycleContext:
     reclaimable: bool = False
     """Some running job is on borrowed capacity: a team within its quota may reclaim it whatever the priorities."""
     backfill_tested: int = 0
+    cost_at: float = 0.0
+    _victims: list[tuple[tuple[bool, int, float, int, str], RunningJob]] | None = None
+    _stopping: dict[tuple[str, str], int] | None = None
 
-
-class SchedulingState:
-    def __init__(self, config: SchedulerConfig | None = None) -> None:
-        self.config = config or SchedulerConfig()
-        self.index = FleetIndex()
-        self.queue = JobQueue(self.config.standing_cap)
-        self.running: dict[str, RunningJob] = {}
-        self.nominated: dict[str, PendingJob] = {}
-        """Preemptors waiting for their victims to stop, with the GPUs set aside for them (out of the queue)."""
-        self._nominated_slots: dict[str, str] = {}
-        self.cordoned: dict[str, str] = {}
-        self.standing: dict[str, float] = {}
-        self.quota: QuotaBook | None = None
-        self.usage = QuotaUsage(QuotaBook(QuotaConfig()))
-        """(team, pool) -> GPUs held, for quota admission."""
-        self.budget_blocks: dict[str, str] = {}
-        """team -> budget mode in force ("block-preemptible" or "block-all")."""
-        self._ctx: _CycleContext | None = None
-
-    # ---- building -----------------------------------------------------------------------------------------
-
-    @classmethod
-    def from_snapshot(
-        cls,
-        nodes: Iterable[Node],
-        owners: Mapping[str, str],
-        cordoned: Mapping[str, str],
-        records: Iterable[JobRecord],
-        *,
-        standing: Mapping[str, float] | None = None,
-        borrowed: frozenset[str] | None = None,
-        quota: QuotaBook | None = None,
-        budget_blocks: Mapping[str, str] | None = None,
-        config: SchedulerConfig | None = None,
-    ) -> "SchedulingState":
-        """`borrowed`: jobs on borrowed capacity; computed from `quota` when not given."""
-        state = cls(config)
-        state.cordoned = dict(cordoned)
-        state.standing = dict(standing or {})
-        state.quota = quota
-        state.budget_blocks = dict(budget_blocks or {})
-        classes = dict(state.config.classes)
-        nodes = list(nodes)
-        pool_of = {n.name: n.pool for n in nodes}
-        pending = []
-        for record in records:
-            if holds_gpus(record):
-                assert record.placement is not None
-                pool = pool_of.get(record.placement.gpus[0].node, "")
-                state.running[record.id] = running_from(record, classes, pool=pool)
-            elif needs_placement(record):
-                job = pending_from(record, classes)
-                if job.nominated:
-                    state.nominated[job.id] = job
-                    for ref in job.nominated:
-                        state._nominated_slots[ref.slot] = job.id
-                else:
-                    pending.append(job)
-        usage: dict[tuple[str, str], int] = {}
-        for run in state.running.values():
-            key = (run.team, run.pool)
-            usage[key] = usage.get(key, 0) + len(run.gpus)
-        for nominee in state.nominated.values():
-            pool = pool_of.get(nominee.nominated[0].node, "")
-            usage[(nominee.team, pool)] = usage.get((nominee.team, pool), 0) + len(nominee.nominated)
-        state.usage = QuotaUsage(quota or QuotaBook(QuotaConfig()), usage)
-        if borrowed is None and quota is not None:
-            borrowed = frozenset(
-                borrowed_jobs(quota, ((j.id, j.team, j.pool, len(j.gpus), j.priority, j.started_at)
-                                      for j in state.running.values()))
-            )  # fmt: skip
-        for job_id in borrowed or ():
-            if job_id in state.running:
-                state.running[job_id].borrowed = True
-        held = set(owners) | set(cordoned) | set(state._nominated_slots)
-        for node in sorted(nodes, key=lambda n: n.name):
-            indices = [g.index for g in node.gpus]
-            free = [i for i in indices if f"{node.name}/{i}" not in held]
-            model = node.gpus[0].model if node.gpus else ""
-            topo = node.topology
-            state.index.add_node(
-                node.name, pool=node.pool, model=model, rack=topo.rack, zone=topo.zone, capacity=len(indices), free=free
+    def victims(self, state: SchedulingState) -> Iterator[RunningJob]:
+        """Preemptible running jobs in victim-cost order, sorted once per context (costs fixed at `cost_at`)."""
+        if self._victims is None:
+            self._victims = sorted(
+                ((victim_cost(r, self.cost_at), r) for r in state.running.values() if r.preemptible),
+                key=lambda item: item[0],
             )
-        for job in pending:
-            state.queue.push(job)
-        return state
+        return (r for _, r in self._victims)
 
-    # ---- incremental updates (simulator, benchmark) -------------------------------------------------------
+    def stopping_gpus(self, state: SchedulingState, team: str, pool: str) -> int:
+        """GPUs of `team` in `pool` held by jobs that are stopping (their quota comes back soon)."""
+        if self._stopping is None:
+            self._stopping = {}
+            for r in state.running.values():
+                if r.stopping:
+                    self._stopping[(r.team, r.pool)] = self._stopping.get((r.team, r.pool), 0) + len(r.gpus)
+        return self._stopping.get((team, pool), 0)
 
-    def submit(self, job: PendingJob, now: float) -> list[Decision]:
-        """Queue a job and decide about it at once when nothing ahead of it in its sub-queue waits."""
-        self.queue.push(job)
-        ctx = self._ctx
-        if ctx is None:
-            return []
-        if not self.queue.is_head(job):
-            return [Wait(job.id, "queued behind earlier jobs of the same priority, team and shape")]
-        decisions: list[Decision] = []
-        ctx.now = now
-        self._consider(job, ctx, decisions)
-        return decisions
+    def stopped(self, job: RunningJob) -> None:
+        """A job this context asked to stop."""
+        if self._stopping is not None:
+            key = (job.team, job.pool)
+            self._stopping[key] = self._stopping.get(key, 0) + len(job.gpus)
 
-    def release(self, job_id: str) -> RunningJob | None:
-        """A running job ended: its GPUs go back to the pool (or to the preemptor they are nominated to)."""
-        job = self.running.pop(job_id, None)
-        if job is None:
-            return None
-        if self._quota_on():
-            self.usage.add(job.team, job.pool, -len(job.gpus))
-        for ref in job.gpus:
-            if ref.slot in self.cordoned or ref.slot in self._nominated_slots:
-                continue
-            self.index.give(ref.node, [ref.index])
-        self._invalidate()
-        return job
-
-    def cordon(self, slot: str, reason: str) -> None:
-        """A GPU became unschedulable: the next cycle interrupts its job (at once when `reason` is fatal)."""
-        self.cordoned[slot] = reason
-        node, _, index = slot.rpartition("/")
-        held = self.index.nodes.get(node)
-        if held is not None and int(index) in held.free:
-            self.index.take(node, [int(index)])
-        self._invalidate()
-
-    def uncordon(self, slot: str) -> None:
-        if self.cordoned.pop(slot, None) is None:
+    def placed(self, job: RunningJob) -> None:
+        """A job placed under this context: it is a possible victim from now on."""
+        if not job.preemptible:
             return
-        node, _, index = slot.rpartition("/")
-        ref = GpuRef(node, int(index))
-        if not any(ref in r.gpus for r in self.running.values()) and slot not in self._nominated_slots:
-            self.index.give(node, [int(index)])
-        self._invalidate()
+        if self.lowest_victim is None or job.priority < self.lowest_victim:
+            self.lowest_victim = job.priority
+        if self._victims is not None:
+            bisect.insort(self._victims, (victim_cost(job, self.cost_at), job), key=lambda item: item[0])
 
-    def requeue(self, job: PendingJob) -> None:
-        self.queue.push(job)
-        self._invalidate()
+    def hold_reservation(self, res: Reservation, index: FleetIndex) -> None:
+        self.reservation = res
+        for ref in res.gpus:
+            node = index.nodes.get(ref.node)
+            if node is not None and ref.index in node.free:
+                self.reserved_free.setdefault(ref.node, []).append(ref.index)
+        for node_name, indices in self.reserved_free.items():
+            index.take(node_name, indices)
 
-    def _invalidate(self) -> None:
-        """Capacity or order changed: the next decision needs a full cycle (and a fresh reservation)."""
-        self._drop_reservation()
-        self._ctx = None
+    def release_reservation(self, index: FleetIndex) -> None:
+        for node_name, indices in self.reserved_free.items():
+            index.give(node_name, indices)
+        self.reserved_free = {}
+        self.reservation = None
 
-    # ---- the cycle ----------------------------------------------------------------------------------------
 
-    def cycle(self, now: float) -> list[Decision]:
-        self._drop_reservation()
-        ctx = self._ctx = _CycleContext(now)
+def run_cycle(state: SchedulingState, now: float) -> list[Decision]:
+    state.invalidate()
+    ctx = state.ctx = CycleContext(now, cost_at=now)
+    return _Cycle(state, ctx).run()
+
+
+def decide_arrivals(state: SchedulingState, ctx: CycleContext, arrived: Iterable[str], now: float) -> list[Decision]:
+    """Decide about jobs that arrived since the last cycle, against what it concluded."""
+    ctx.now = now
+    cycle = _Cycle(state, ctx)
+    decisions: list[Decision] = []
+    for job_id in arrived:
+        job = state.queue.jobs.get(job_id)
+        if job is None:
+            continue
+        if not state.queue.is_head(job):
+            decisions.append(Wait(job.id, QUEUED))
+            continue
+        cycle.consider(job, decisions)
+    return decisions
+
+
+QUEUED = Reason(WaitKind.QUEUED, "queued behind earlier jobs of the same priority, team and shape")
+
+
+class _Cycle:
+    def __init__(self, state: SchedulingState, ctx: CycleContext) -> None:
+        self.state = state
+        self.ctx = ctx
+        self.config = state.config
+
+    def run(self) -> list[Decision]:
+        state, ctx = self.state, self.ctx
         decisions: list[Decision] = []
-        self._interrupt(now, decisions)
+        self._interrupt(decisions)
         self._place_nominated(decisions)
         ctx.lowest_victim = min(
-            (r.priority for r in self.running.values() if r.preemptible and not r.stopping), default=None
+            (r.priority for r in state.running.values() if r.preemptible and not r.stopping), default=None
         )
-        ctx.reclaimable = self._quota_on() and any(r.borrowed and not r.stopping for r in self.running.values())
+        ctx.reclaimable = state.quota_on and any(r.borrowed and not r.stopping for r in state.running.values())
         cap = self.config.standing_cap
-        heads: list[tuple[tuple[int, int, float, float, str], QueueKey]] = []
-        for key in self.queue.subqueue_keys():
-            head = self.queue.head(key)
+        queue = state.queue
+        heads = []
+        for key in queue.subqueue_keys():
+            head = queue.head(key)
             if head is not None:
-                heads.append((order_key(head, self.standing, cap), key))
+                heads.append((order_key(head, state.standing, cap), key))
         heapq.heapify(heads)
         tests = 0
         while heads and tests < self.config.max_tests_per_cycle:
             _, key = heapq.heappop(heads)
-            job = self.queue.head(key)
+            job = queue.head(key)
             if job is None:
                 continue
             tests += 1
             if job.team in ctx.blocked_teams:
                 continue
-            if self._exhausted(job, ctx):
-                decisions.append(Wait(job.id, self._waiting_reason(job, ctx)))
+            if self._exhausted(job):
+                decisions.append(Wait(job.id, self._capacity_reason(job)))
                 break
-            if self._hopeless(job, ctx):
+            if self._hopeless(job):
                 continue  # its sub-queue stays as it was: nothing this cycle could do for it
-            if self._consider(job, ctx, decisions) == "blocked":
+            if self.consider(job, decisions) == "blocked":
                 if self.config.strict_fifo_per_team:
                     ctx.blocked_teams.add(job.team)
                     continue
-                tests += self._backfill_behind(key, ctx, decisions)
+                tests += self._backfill_behind(key, decisions)
                 continue
-            nxt = self.queue.head(key)
+            nxt = queue.head(key)
             if nxt is not None:
-                heapq.heappush(heads, (order_key(nxt, self.standing, cap), key))
+                heapq.heappush(heads, (order_key(nxt, state.standing, cap), key))
         return decisions
 
-    def _exhausted(self, job: PendingJob, ctx: _CycleContext) -> bool:
+    # ---- shortcuts that keep a cycle O(sub-queues) -----------------------------------------------------------
+
+    def _exhausted(self, job: PendingJob) -> bool:
         """Nothing free, nothing reserved, nobody this job (or anyone after it) may preempt: stop looking."""
-        if self.index.free_total() or ctx.reserved_free:
+        ctx = self.ctx
+        if self.state.index.free_total() or ctx.reserved_free:
             return False
         if not self.config.preemption:
             return True
@@ -260,171 +187,176 @@ class SchedulingState:
             return False
         return ctx.lowest_victim is None or job.priority <= ctx.lowest_victim
 
-    def _hopeless(self, job: PendingJob, ctx: _CycleContext) -> bool:
+    def _hopeless(self, job: PendingJob) -> bool:
         """Already known this cycle: its shape does not fit, it may not preempt, and nothing is left to try."""
-        shape = job.shape
-        if self._quota_on() or shape not in ctx.blocked or ctx.reservation is None:
+        ctx, shape = self.ctx, job.shape
+        if self.state.quota_on or shape not in ctx.blocked or ctx.reservation is None:
             return False
         may_preempt = (
             ctx.lowest_victim is not None
             and job.priority > ctx.lowest_victim
-            and job.priority > ctx.preempt_failed.get((shape, ""), -(10**9))
+            and job.priority > ctx.preempt_failed.get((shape, ""), NO_PRIORITY)
         )
         if may_preempt:
             return False
         short = job.est_runtime_s is not None and ctx.reservation.start is not None and ctx.reserved_free
         return not short
 
-    def _quota_on(self) -> bool:
-        return self.quota is not None and self.quota.enabled
+    # ---- one job -------------------------------------------------------------------------------------------
 
-    def _options(self, job: PendingJob) -> tuple[list[tuple[Shape, bool, bool]], str]:
-        """Where the job may go under its team's quota: (shape pinned to a pool, borrowing?, may reclaim?), pools
-        within nominal first; and why not, when nowhere."""
-        if not self._quota_on():
-            return [(job.shape, False, False)], ""
-        assert self.quota is not None
-        pools = [job.shape.pool] if job.shape.pool else self.index.pools(job.shape.gpu_model)
-        options: list[tuple[Shape, bool, bool]] = []
-        refusals: list[str] = []
-        gpus = job.shape.gpus
-        for pool in pools:
-            adm = admit(self.quota, self.usage, job.team, pool, gpus, preemptible=job.preemptible)
-            if adm.ok:
-                reclaim = may_reclaim(self.quota, self.usage, job.team, pool, gpus)
-                options.append((replace(job.shape, pool=pool), adm.borrowing, reclaim))
-            else:
-                refusals.append(adm.reason)
-        options.sort(key=lambda o: o[1])
-        return options, "; ".join(refusals[:2])
-
-    def _budget_refusal(self, job: PendingJob) -> str:
-        mode = self.budget_blocks.get(job.team)
-        if mode == "block-all" or (mode == "block-preemptible" and job.preemptible):
-            return f"team {job.team} has used its budget for this period ({mode})"
-        return ""
-
-    def _consider(self, job: PendingJob, ctx: _CycleContext, decisions: list[Decision]) -> str:
-        refusal = self._budget_refusal(job)
-        options, why_not = self._options(job)
-        if refusal or not options:
-            decisions.append(Wait(job.id, f"waiting: {refusal or why_not}"))
+    def consider(self, job: PendingJob, decisions: list[Decision]) -> str:
+        """Place, backfill, preempt for, reserve for, or keep waiting one job. Returns what happened to it."""
+        state, ctx = self.state, self.ctx
+        missing = self._unschedulable(job)
+        if missing:
+            decisions.append(Wait(job.id, Reason(WaitKind.UNSCHEDULABLE, f"unschedulable: {missing}")))
             return "blocked"
-        for shape, borrowing, _ in options:
-            if shape in ctx.blocked:
+        refusal = budget_refusal(state, job)
+        if refusal:
+            decisions.append(Wait(job.id, Reason(WaitKind.BUDGET, f"waiting: {refusal}")))
+            return "blocked"
+        adm = admissions(state, job)
+        for option in adm.options:
+            if option.shape in ctx.blocked:
                 continue
-            gpus = find_placement(self.index, shape)
+            gpus = find_placement(state.index, option.shape)
             if gpus is not None:
-                note = "; borrowing idle quota" if borrowing else ""
-                self._place(job, gpus, _placed_reason(gpus) + note, decisions, borrowing=borrowing)
+                note = "; borrowing idle quota" if option.borrowing else ""
+                self._place(job, gpus, _placed_reason(gpus) + note, decisions, borrowing=option.borrowing)
                 return "placed"
-            ctx.blocked.add(shape)
-        if self._backfill_into_reservation(job, ctx, decisions):
+            ctx.blocked.add(option.shape)
+        if adm.options and self._backfill_into_reservation(job, decisions):
             return "placed"
         if self.config.preemption:
-            for shape, _, reclaim in options:
-                if self._try_preemption(job, ctx, decisions, shape=shape, reclaim=reclaim):
+            for option in adm.options:
+                if self._try_preemption(job, decisions, option):
                     return "nominated"
+            for option, need in adm.displace:
+                if self._try_preemption(job, decisions, option, need):
+                    return "nominated"
+        if not adm.options:
+            decisions.append(Wait(job.id, Reason(WaitKind.QUOTA, f"waiting: {adm.refusal}")))
+            return "blocked"
         if ctx.reservation is None and self.config.reservations:
-            pinned = replace(job, shape=options[0][0])
-            res = reserve(self.index, pinned, list(self.running.values()), ctx.now)
+            pinned = replace(job, shape=adm.options[0].shape)
+            res = reserve(state.index, pinned, list(state.running.values()), ctx.now)
             if res is not None:
-                self._hold(res, ctx)
-                decisions.append(Wait(job.id, _reserved_reason(job, res, ctx.now)))
+                ctx.hold_reservation(res, state.index)
+                start_in = None if res.start is None else res.start - ctx.now
+                reason = Reason(WaitKind.RESERVED, f"waiting for {job.shape.describe()}; reserved", None, start_in)
+                decisions.append(Wait(job.id, reason))
                 return "blocked"
-        decisions.append(Wait(job.id, self._waiting_reason(job, ctx)))
+        decisions.append(Wait(job.id, self._capacity_reason(job)))
         return "blocked"
 
+    def _unschedulable(self, job: PendingJob) -> str:
+        """What the fleet lacks for this job whatever happens to other jobs; empty when it could run someday."""
+        index, shape = self.state.index, job.shape
+        parts = index.partitions_for(shape)
+        if not parts:
+            what = " of ".join(c for c in (shape.gpu_model, shape.pool) if c)
+            return f"no nodes with GPUs of {what}" if what else "no nodes with GPUs"
+        if shape.level is not None and shape.required:
+            return ""  # whether a domain can hold it depends on the topology: reserved or waiting say more
+        largest, slots = index.capacity_for(parts, shape.per_replica)
+        if shape.per_replica > largest:
+            return f"{shape.per_replica} GPUs per replica, but the largest node has {largest}"
+        if slots < shape.replicas:
+            return f"{shape.describe()} needs more nodes than the fleet has (room for {slots} replicas)"
+        return ""
+
     def _try_preemption(
-        self, job: PendingJob, ctx: _CycleContext, decisions: list[Decision], *, shape: Shape, reclaim: bool
-    ) -> bool:  # fmt: skip
+        self, job: PendingJob, decisions: list[Decision], option: Option, need: QuotaNeed | None = None
+    ) -> bool:
         """Without quota: any lower-priority preemptible job. With quota: lower-priority jobs of the job's own
         team, and other teams' borrowed jobs only when the job stays within its nominal (reclaim). So teams
-        never preempt each other back and forth: only a team within its guarantee takes from a borrower."""
-        now = ctx.now
-        if self._quota_on():
-            key: tuple[Shape, str] = (shape, job.team)
-            if not reclaim and not any(
-                r.team == job.team and can_be_victim(r, job.priority, now) for r in self.running.values()
-            ):
-                return False
-
-            assert self.quota is not None
-            budgets = {
-                team: used - self.quota.quota(team, pool).nominal
-                for (team, pool), used in self.usage.items()
-                if pool == shape.pool and team != job.team and used > self.quota.quota(team, pool).nominal
-            }
+        never preempt each other back and forth: only a team within its guarantee takes from a borrower.
+        With `need`, only the team's own lower-priority jobs, and they must free that much of its quota."""
+        state, ctx = self.state, self.ctx
+        now, shape = ctx.now, option.shape
+        budgets: dict[str, int] | None = None
+        quota_need: tuple[str, str, int] | None = None
+        if state.quota_on:
+            key = (shape, job.team if need is None else f"{job.team}/displace")
+            book = state.quota
+            assert book is not None
+            if need is not None:
+                stopping = ctx.stopping_gpus(state, need.team, need.pool)
+                if need.gpus - stopping <= 0:
+                    return False  # enough of its own work is already stopping: it is admitted once it has
+                quota_need = (need.team, need.pool, need.gpus - stopping)
+            elif option.reclaim:
+                budgets = {
+                    team: used - book.quota(team, pool).nominal
+                    for (team, pool), used in state.usage.items()
+                    if pool == shape.pool and team != job.team and used > book.quota(team, pool).nominal
+                }
+            reclaim = option.reclaim and need is None
 
             def allowed(r: RunningJob) -> bool:
                 if r.team == job.team:
-                    return can_be_victim(r, job.priority, now)
-                return reclaim and r.pool == shape.pool and r.team in budgets and can_be_reclaimed(r, now)
+                    return can_be_victim(r, job.priority, now) and (need is None or r.pool == need.pool)
+                return reclaim and r.pool == shape.pool and r.team in (budgets or ()) and can_be_reclaimed(r, now)
         else:
             key = (shape, "")
             if ctx.lowest_victim is None or job.priority <= ctx.lowest_victim:
                 return False
-            allowed = None  # type: ignore[assignment]
-            budgets = None
-        if job.priority <= ctx.preempt_failed.get(key, -(10**9)):
+
+            def allowed(r: RunningJob) -> bool:
+                return can_be_victim(r, job.priority, now)
+
+        if job.priority <= ctx.preempt_failed.get(key, NO_PRIORITY):
             return False
         plan = plan_preemption(
-            self.index, replace(job, shape=shape), self.running.values(), now, allowed, budgets=budgets
-        )
+            state.index, replace(job, shape=shape), ctx.victims(state), now, allowed, budgets=budgets,
+            quota_need=quota_need, by_cost=True,
+        )  # fmt: skip
         if plan is None:
             ctx.preempt_failed[key] = job.priority
             return False
-        self._preempt_for(job, plan.victims, plan.gpus, decisions)
+        self._preempt_for(job, plan.victims, plan.gpus, decisions, quota=need is not None)
         return True
 
-    def _backfill_into_reservation(self, job: PendingJob, ctx: _CycleContext, decisions: list[Decision]) -> bool:
+    def _backfill_into_reservation(self, job: PendingJob, decisions: list[Decision]) -> bool:
+        ctx, index = self.ctx, self.state.index
         res = ctx.reservation
         if res is None or res.start is None or job.est_runtime_s is None or not ctx.reserved_free:
             return False
         if ctx.now + job.est_runtime_s > res.start:
             return False
-        gpus = find_placement(self.index, job.shape, bonus=ctx.reserved_free)
+        gpus = find_placement(index, job.shape, bonus=ctx.reserved_free)
         if gpus is None:
             return False
         for ref in gpus:
             held = ctx.reserved_free.get(ref.node)
             if held is not None and ref.index in held:
                 held.remove(ref.index)
-                self.index.give(ref.node, [ref.index])
-        self._place(
-            job, gpus, _placed_reason(gpus) + f"; backfilled: ends before {res.job_id}'s reserved start", decisions
-        )
+                index.give(ref.node, [ref.index])
+        reason = _placed_reason(gpus) + f"; backfilled: ends before {res.job_id}'s reserved start"
+        self._place(job, gpus, reason, decisions)
         return True
 
-    def _backfill_behind(self, key: QueueKey, ctx: _CycleContext, decisions: list[Decision]) -> int:
+    def _backfill_behind(self, key: object, decisions: list[Decision]) -> int:
         """After a blocked sub-queue head, look a little further for jobs short enough to backfill."""
+        ctx = self.ctx
         res = ctx.reservation
         budget = self.config.backfill_budget - ctx.backfill_tested
         if res is None or res.start is None or not ctx.reserved_free or budget <= 0:
             return 0
         tested = 0
-        for job in list(self.queue.after_head(key, min(budget, self.config.backfill_lookahead))):
+        for job in list(self.state.queue.after_head(key, min(budget, self.config.backfill_lookahead))):  # type: ignore[arg-type]
             tested += 1
-            self._backfill_into_reservation(job, ctx, decisions)
+            self._backfill_into_reservation(job, decisions)
         ctx.backfill_tested += tested
         return tested
 
-    # ---- applying decisions to the working state -----------------------------------------------------------
+    # ---- committing ------------------------------------------------------------------------------------------
 
     def _place(
         self, job: PendingJob, gpus: tuple[GpuRef, ...], reason: str, decisions: list[Decision], borrowing: bool = False
     ) -> None:
-        by_node: dict[str, list[int]] = {}
-        for ref in gpus:
-            by_node.setdefault(ref.node, []).append(ref.index)
-        for node, indices in by_node.items():
-            self.index.take(node, indices)
-        self.queue.remove(job.id)
-        pool = self.index.nodes[gpus[0].node].pool
-        self.running[job.id] = job.start(gpus, self._ctx.now if self._ctx else 0.0, pool=pool, borrowed=borrowing)
-        if self._quota_on():
-            self.usage.add(job.team, pool, len(gpus))
-        decisions.append(Place(job.id, job.attempt + 1, gpus, reason))
+        decisions.append(self.state.place(job, gpus, reason, self.ctx.now, borrowing))
+        self.ctx.placed(self.state.running[job.id])
 
     def _preempt_for(
         self,
@@ -432,132 +364,78 @@ class SchedulingState:
         victims: tuple[RunningJob, ...],
         gpus: tuple[GpuRef, ...],
         decisions: list[Decision],
+        *,
+        quota: bool,
     ) -> None:
         names = []
+        why = f" to free team {job.team}'s quota" if quota else ""
         for victim in victims:
             victim.stopping = True
+            self.ctx.stopped(victim)
             names.append(victim.id)
             grace = victim.checkpoint_grace_s
             decisions.append(
-                Preempt(victim.id, victim.attempt, grace, f"preempted by {job.id} (priority {job.priority}); "
+                Preempt(victim.id, victim.attempt, grace, f"preempted by {job.id} (priority {job.priority}){why}; "
                         f"{grace:g} s to checkpoint", by=job.id)
             )  # fmt: skip
-        self._nominate(job, gpus)
+        job.waiting_for = tuple(names)
+        self.state.nominate(job, gpus)
         decisions.append(
-            Nominate(job.id, gpus, f"preempting {', '.join(names)} for {job.shape.describe()}; starts when they stop")
+            Nominate(
+                job.id,
+                gpus,
+                f"preempting {', '.join(names)}{why} for {job.shape.describe()}; starts when they stop",
+                victims=tuple(names),
+            )
         )
 
-    def _nominate(self, job: PendingJob, gpus: tuple[GpuRef, ...]) -> None:
-        self.queue.remove(job.id)
-        self.nominated[job.id] = job
-        job.nominated = gpus
-        self._count_nomination(job, +1)
-        for ref in gpus:
-            self._nominated_slots[ref.slot] = job.id
-            node = self.index.nodes.get(ref.node)
-            if node is not None and ref.index in node.free:
-                self.index.take(ref.node, [ref.index])
-
-    def _count_nomination(self, job: PendingJob, sign: int) -> None:
-        """Nominated GPUs count against the team's quota from the nomination on, so that nothing else of the
-        team is admitted into the room the preemptor was admitted into."""
-        if not job.nominated:
-            return
-        node = self.index.nodes.get(job.nominated[0].node)
-        if node is not None:
-            self.usage.add(job.team, node.pool, sign * len(job.nominated))
-
     def _place_nominated(self, decisions: list[Decision]) -> None:
-        for job_id, job in list(self.nominated.items()):
+        state = self.state
+        for job_id, job in list(state.nominated.items()):
             gpus = job.nominated
-            blocked_by = [r.id for r in self.running.values() if any(g in gpus for g in r.gpus)]
-            if any(g.slot in self.cordoned for g in gpus):
-                self._drop_nomination(job_id)  # the plan no longer holds: the job competes again
+            if any(g.slot in state.cordoned for g in gpus):
+                state.drop_nomination(job_id)  # the plan no longer holds: the job competes again
                 continue
+            blocked_by = {state.holder[g.slot] for g in gpus if g.slot in state.holder}
+            blocked_by.update(v for v in job.waiting_for if v in state.running and state.running[v].stopping)
             if blocked_by:
-                decisions.append(
-                    Wait(job_id, f"waiting for {', '.join(sorted(blocked_by))} to stop (preempted for it)")
-                )
+                reason = f"waiting for {', '.join(sorted(blocked_by))} to stop (preempted for it)"
+                decisions.append(Wait(job_id, Reason(WaitKind.PREEMPTING, reason)))
                 continue
-            self._drop_nomination(job_id)
+            state.drop_nomination(job_id)
+            job.waiting_for = ()
             self._place(job, gpus, _placed_reason(gpus) + " (on the GPUs it preempted for)", decisions)
 
-    def _drop_nomination(self, job_id: str) -> None:
-        """Give the nominated GPUs back and put the job back in the queue (placed or competing again)."""
-        job = self.nominated.pop(job_id, None)
-        if job is None:
+    def _interrupt(self, decisions: list[Decision]) -> None:
+        state = self.state
+        if not state.cordoned:
             return
-        self._count_nomination(job, -1)
-        for ref in job.nominated:
-            if self._nominated_slots.get(ref.slot) == job_id:
-                del self._nominated_slots[ref.slot]
-                owned = any(ref in r.gpus for r in self.running.values())
-                if not owned and ref.slot not in self.cordoned:
-                    self.index.give(ref.node, [ref.index])
-        job.nominated = ()
-        self.queue.push(job)
-
-    def _interrupt(self, now: float, decisions: list[Decision]) -> None:
-        if not self.cordoned:
-            return
-        bad_nodes = {slot.rsplit("/", 1)[0] for slot in self.cordoned}
-        for job in self.running.values():
-            if job.stopping or not any(g.node in bad_nodes for g in job.gpus):
+        seen: set[str] = set()
+        for slot in sorted(state.cordoned):
+            job_id = state.holder.get(slot)
+            if job_id is None or job_id in seen:
                 continue
-            bad = [g.slot for g in job.gpus if g.slot in self.cordoned]
-            if not bad:
+            seen.add(job_id)
+            job = state.running[job_id]
+            if job.stopping:
                 continue
-            reason = self.cordoned[bad[0]]
-            fatal = reason.startswith(FATAL_PREFIX)
-            grace = 0.0 if fatal else job.checkpoint_grace_s
+            cordon = state.cordoned[slot]
+            grace = 0.0 if cordon.fatal else job.checkpoint_grace_s
             job.stopping = True
+            self.ctx.stopped(job)
             decisions.append(
-                Preempt(job.id, job.attempt, grace, f"interrupted: GPU {bad[0]} unschedulable ({reason})",
+                Preempt(job.id, job.attempt, grace, f"interrupted: GPU {slot} unschedulable ({cordon.describe()})",
                         interrupt=True)
             )  # fmt: skip
 
-    def _hold(self, res: Reservation, ctx: _CycleContext) -> None:
-        ctx.reservation = res
-        for ref in res.gpus:
-            node = self.index.nodes.get(ref.node)
-            if node is not None and ref.index in node.free:
-                ctx.reserved_free.setdefault(ref.node, []).append(ref.index)
-        for node_name, indices in ctx.reserved_free.items():
-            self.index.take(node_name, indices)
-
-    def _drop_reservation(self) -> None:
-        ctx = self._ctx
-        if ctx is None:
-            return
-        for node_name, indices in ctx.reserved_free.items():
-            self.index.give(node_name, indices)
-        ctx.reserved_free = {}
-        ctx.reservation = None
-
-    def _waiting_reason(self, job: PendingJob, ctx: _CycleContext) -> str:
-        free = self.index.free_in(self.index.partitions_for(job.shape))
-        text = f"waiting for {job.shape.describe()}; {free} free"
+    def _capacity_reason(self, job: PendingJob) -> Reason:
+        index, ctx = self.state.index, self.ctx
+        free = index.free_in(index.partitions_for(job.shape))
+        text = f"waiting for {job.shape.describe()}"
         if ctx.reservation is not None:
             text += f"; capacity reserved for {ctx.reservation.job_id}"
-        return text
+        return Reason(WaitKind.CAPACITY, text, free)
 
 
 def _placed_reason(gpus: tuple[GpuRef, ...]) -> str:
-    nodes = sorted({g.node for g in gpus})
-    shown = ", ".join(nodes[:4]) + (f" and {len(nodes) - 4} more" if len(nodes) > 4 else "")
-    return f"placed on {shown}"
-
-
-def _reserved_reason(job: PendingJob, res: Reservation, now: float) -> str:
-    what = job.shape.describe()
-    if res.start is None:
-        return f"waiting for {what}; reserved (earliest start unknown: running jobs have no runtime estimate)"
-    return f"waiting for {what}; reserved, earliest start in {_duration(res.start - now)}"
-
-
-def _duration(seconds: float) -> str:
-    if seconds < 90:
-        return f"{max(0, round(seconds))} s"
-    if seconds < 90 * 60:
-        return f"{round(seconds / 60)} min"
-    return f"{seconds / 3600:.1f} h"
+    return placed_on(sorted({g.node for g in gpus}))

@@ -1,8 +1,9 @@
-"""What a scheduling cycle decides. Every decision says why, in words a user reads on the job."""
+"""What a scheduling cycle decides. Every decision says why: placements in words, waits as data (`Reason`)."""
 
 from dataclasses import dataclass
 
 from chamber.common.contracts import GpuRef
+from chamber.scheduler.core.reasons import Reason
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,12 +34,19 @@ class Nominate:
     job_id: str
     gpus: tuple[GpuRef, ...]
     reason: str
+    victims: tuple[str, ...] = ()
+    """The jobs it waits for (their GPUs, or the team quota they hold)."""
 
 
 @dataclass(frozen=True, slots=True)
 class Wait:
     job_id: str
-    reason: str
+    why: Reason
+
+    @property
+    def reason(self) -> str:
+        """The reason in words, with its live numbers."""
+        return self.why.render()
 
 
 Decision = Place | Preempt | Nominate | Wait

@@ -39,6 +39,8 @@ class FleetIndex:
         self._buckets: dict[Partition, list[dict[str, None]]] = {}
         self._free: dict[Partition, int] = {}
         self._parts_cache: dict[tuple[str | None, str | None], tuple[Partition, ...]] = {}
+        self._nodes_cache: dict[tuple[Partition, ...], frozenset[str]] = {}
+        self._capacity_cache: dict[tuple[tuple[Partition, ...], int], tuple[int, int]] = {}
 
     def add_node(
         self, name: str, *, pool: str, model: str, rack: str, zone: str, capacity: int, free: Iterable[int]
@@ -47,6 +49,8 @@ class FleetIndex:
         node = NodeSlots(name, pool, model, rack, zone, capacity, sorted(free))
         self.nodes[name] = node
         part = node.partition
+        self._nodes_cache.clear()
+        self._capacity_cache.clear()
         if part not in self._buckets:
             self._parts_cache.clear()
             self._buckets[part] = []
@@ -98,6 +102,25 @@ class FleetIndex:
             )
             self._parts_cache[key] = parts
         return parts
+
+    def nodes_in(self, parts: tuple[Partition, ...]) -> frozenset[str]:
+        """The names of every node in `parts` (cached: the fleet changes rarely, this is asked per plan)."""
+        names = self._nodes_cache.get(parts)
+        if names is None:
+            wanted = set(parts)
+            names = frozenset(n for n, node in self.nodes.items() if node.partition in wanted)
+            self._nodes_cache[parts] = names
+        return names
+
+    def capacity_for(self, parts: tuple[Partition, ...], per_replica: int) -> tuple[int, int]:
+        """(GPUs of the largest node, replicas of `per_replica` GPUs the nodes could hold if all were free)."""
+        key = (parts, per_replica)
+        found = self._capacity_cache.get(key)
+        if found is None:
+            caps = [self.nodes[n].capacity for n in self.nodes_in(parts)]
+            found = (max(caps, default=0), sum(c // per_replica for c in caps))
+            self._capacity_cache[key] = found
+        return found
 
     def pools(self, gpu_model: str | None = None) -> list[str]:
         return sorted({p for p, m in self._buckets if gpu_model is None or m == gpu_model})

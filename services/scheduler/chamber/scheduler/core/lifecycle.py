@@ -14,6 +14,7 @@ from chamber.common.contracts import (
     JobCancelRequested,
     JobEvent,
     JobFinished,
+    JobLaunchFailed,
     JobRecord,
     JobStarted,
     JobState,
@@ -21,6 +22,10 @@ from chamber.common.contracts import (
     JobSubmitted,
     Placement,
 )
+from chamber.scheduler.core.checkpoint import saved_work
+
+MAX_LAUNCH_FAILURES = 3
+"""A job whose launch failed this many times in a row fails: its spec cannot run on this executor."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,27 +66,62 @@ def apply_event(record: JobRecord | None, event: JobEvent, now: float) -> Transi
     if isinstance(event, JobStarted):
         if record.state == JobState.RUNNING:
             return None
-        started = _bump(record, now, state=JobState.RUNNING, started_at=event.started_at, reason="running")
-        return Transition(started, record.state)
+        running = _bump(
+            record, now, state=JobState.RUNNING, started_at=event.started_at, reason="running", reason_kind="",
+            launch_failures=0,
+        )  # fmt: skip
+        return Transition(running, record.state)
     if isinstance(event, JobFinished):
-        ran = _run_time(record, event.finished_at)
+        started = _started(record, event.started_at, event.finished_at)
+        ran = record.run_s + max(0.0, event.finished_at - started)
         state = JobState.SUCCEEDED if event.succeeded else JobState.FAILED
         reason = "completed" if event.succeeded else f"failed: {event.message}"
-        done = _bump(record, now, state=state, finished_at=event.finished_at, run_s=ran, reason=reason)
+        done = _bump(
+            record, now, state=state, started_at=started, finished_at=event.finished_at, run_s=ran, reason=reason,
+            reason_kind="", stopping=False, launch_failures=0,
+        )  # fmt: skip
         return Transition(done, record.state, release_attempt=record.attempt)
+    if isinstance(event, JobLaunchFailed):
+        return _launch_failed(record, event, now)
     return _stopped(record, event, now)
 
 
+def _started(record: JobRecord, reported: float | None, until: float) -> float:
+    """When the attempt started: from the record, else from the executor's report, else (never reported) at
+    `until`, so nothing is counted that nobody saw run."""
+    if record.started_at is not None:
+        return record.started_at
+    return reported if reported is not None else until
+
+
+def _launch_failed(record: JobRecord, event: JobLaunchFailed, now: float) -> Transition:
+    failures = record.launch_failures + 1
+    if record.cancel_requested or failures >= MAX_LAUNCH_FAILURES:
+        state = JobState.CANCELLED if record.cancel_requested else JobState.FAILED
+        reason = "cancelled" if record.cancel_requested else f"launch failed {failures} times: {event.reason}"
+        done = _bump(
+            record, now, state=state, finished_at=event.failed_at, reason=reason, reason_kind="", stopping=False,
+            launch_failures=failures,
+        )  # fmt: skip
+        return Transition(done, record.state, release_attempt=record.attempt)
+    back = _bump(
+        record, now, placement=None, started_at=None, stopping=False, stop_reason="", stop_kind="",
+        launch_failures=failures, reason=f"launch failed: {event.reason}; requeued", reason_kind="",
+    )  # fmt: skip
+    return Transition(back, record.state, release_attempt=record.attempt)
+
+
 def _stopped(record: JobRecord, event: JobStopped, now: float) -> Transition:
-    ran = max(0.0, event.stopped_at - record.started_at) if record.started_at is not None else 0.0
+    started = _started(record, event.started_at, event.stopped_at)
+    ran = max(0.0, event.stopped_at - started)
     if record.cancel_requested:
         stopped = _bump(
             record, now, state=JobState.CANCELLED, finished_at=event.stopped_at, run_s=record.run_s + ran,
-            reason="cancelled",
+            reason="cancelled", reason_kind="", stopping=False,
         )  # fmt: skip
         return Transition(stopped, record.state, release_attempt=record.attempt)
     saved = checkpointed(record, ran, event.graceful)
-    interrupted = record.stop_kind == "interrupt"
+    interrupted = record.stop_kind == "interrupt" or event.interrupted
     common = {
         "run_s": record.run_s + saved,
         "lost_s": record.lost_s + (ran - saved),
@@ -103,22 +143,18 @@ def _stopped(record: JobRecord, event: JobStopped, now: float) -> Transition:
 
 
 def checkpointed(record: JobRecord, ran: float, graceful: bool) -> float:
-    """How much of `ran` seconds survives a stop: up to the last periodic checkpoint, or all of it when the job
-    checkpoints on request and was given its grace period."""
-    interval = record.spec.checkpoint_interval_s
-    if interval:
-        return ran - ran % interval
-    return ran if graceful else 0.0
+    """How much of `ran` seconds of this job's current attempt survives a stop."""
+    return saved_work(ran, record.spec.checkpoint_interval_s, graceful)
 
 
 def stop_requested(record: JobRecord, now: float, reason: str, interrupt: bool) -> JobRecord:
     """The record after the scheduler asked the executor to stop it for a preemption or an interruption."""
     return _bump(record, now, stopping=True, stop_reason=reason, stop_kind="interrupt" if interrupt else "preempt",
-                 reason=reason)  # fmt: skip
+                 reason=reason, reason_kind="")  # fmt: skip
 
 
-def nominate(record: JobRecord, now: float, gpus: list[GpuRef], reason: str) -> JobRecord:
-    return _bump(record, now, nominated=gpus, reason=reason)
+def nominate(record: JobRecord, now: float, gpus: list[GpuRef], reason: str, victims: list[str]) -> JobRecord:
+    return _bump(record, now, nominated=gpus, waiting_for=victims, reason=reason, reason_kind="preempting")
 
 
 def _cancel(record: JobRecord, now: float) -> Transition | None:
@@ -126,35 +162,37 @@ def _cancel(record: JobRecord, now: float) -> Transition | None:
         return None
     if record.placement is None:
         cancelled = _bump(
-            record, now, state=JobState.CANCELLED, finished_at=now, cancel_requested=True, reason="cancelled"
+            record,
+            now,
+            state=JobState.CANCELLED,
+            finished_at=now,
+            cancel_requested=True,
+            reason="cancelled",
+            reason_kind="",
+            nominated=[],
+            waiting_for=[],
         )
         return Transition(cancelled, record.state)
     stopping = _bump(record, now, cancel_requested=True, reason="cancelling")
     return Transition(stopping, record.state, stop_attempt=record.attempt)
 
 
-def _run_time(record: JobRecord, until: float) -> float:
-    if record.started_at is None:
-        return record.run_s
-    return record.run_s + max(0.0, until - record.started_at)
-
-
 def place(record: JobRecord, placement: Placement, now: float) -> JobRecord:
     """The record after the scheduler placed a new attempt (the claim is already in the ledger)."""
     return _bump(
         record, now, attempt=placement.attempt, placement=placement, reason=placement.reason, nominated=[],
-        stopping=False, stop_reason="", stop_kind="",
+        waiting_for=[], stopping=False, stop_reason="", stop_kind="", reason_kind="",
     )  # fmt: skip
 
 
-def unplace(record: JobRecord, now: float, reason: str) -> JobRecord:
-    """The record after a placement could not be kept (its claim was refused): back in the queue."""
-    return _bump(record, now, placement=None, started_at=None, reason=reason)
+def note(record: JobRecord, now: float, reason: str, kind: str) -> JobRecord:
+    """The record with a new explanation of why it waits (stored when its kind or words change)."""
+    return _bump(record, now, reason=reason, reason_kind=kind)
 
 
-def note(record: JobRecord, now: float, reason: str) -> JobRecord:
-    """The record with a new explanation of why it is where it is (e.g. why it still waits)."""
-    return _bump(record, now, reason=reason)
+def unnominate(record: JobRecord, now: float) -> JobRecord:
+    """The preemption plan no longer holds (a nominated GPU failed): the job competes again."""
+    return _bump(record, now, nominated=[], waiting_for=[], reason="queued", reason_kind="queued")
 
 
 def needs_placement(record: JobRecord) -> bool:

@@ -4,6 +4,7 @@ from dataclasses import dataclass, replace
 
 from chamber.common.contracts import GpuRef, JobRecord
 from chamber.common.priorities import DEFAULT_CLASSES, PriorityClass, priority_value
+from chamber.scheduler.core.checkpoint import saved_work
 
 TopologyLevel = str  # "node" | "rack" | "zone"
 
@@ -69,9 +70,7 @@ class RunningJob:
 
     def work_lost_if_stopped(self, now: float) -> float:
         ran = max(0.0, now - self.started_at)
-        if self.checkpoint_interval_s:
-            return ran % self.checkpoint_interval_s
-        return 0.0 if self.checkpoint_grace_s > 0 else ran
+        return ran - saved_work(ran, self.checkpoint_interval_s, graceful=self.checkpoint_grace_s > 0)
 
 
 def running_from(
@@ -102,11 +101,15 @@ class PendingJob:
     checkpoint_interval_s: float | None = None
     checkpoint_grace_s: float = 0.0
     nominated: tuple[GpuRef, ...] = ()
+    waiting_for: tuple[str, ...] = ()
+    """While nominated: the victims it waits for (besides whoever holds its nominated GPUs)."""
 
     def requeued(self, attempt: int, saved_s: float) -> "PendingJob":
         """The job back in the queue after attempt `attempt` was preempted, `saved_s` of its work checkpointed."""
         est = None if self.est_runtime_s is None else max(0.0, self.est_runtime_s - saved_s)
-        return replace(self, attempt=attempt, preemptions=self.preemptions + 1, est_runtime_s=est, nominated=())
+        return replace(
+            self, attempt=attempt, preemptions=self.preemptions + 1, est_runtime_s=est, nominated=(), waiting_for=()
+        )
 
     def start(self, gpus: tuple[GpuRef, ...], now: float, pool: str = "", borrowed: bool = False) -> RunningJob:
         """The running job this becomes when placed on `gpus` at `now`."""
@@ -140,9 +143,10 @@ def pending_from(record: JobRecord, classes: dict[str, PriorityClass] = DEFAULT_
         preemptions=record.preemptions,
         attempt=record.attempt,
         est_runtime_s=est,
-        preemptible=pc.preemptible if pc else True,
+        preemptible=spec.preemptible if spec.preemptible is not None else (pc.preemptible if pc else True),
         min_runtime_s=spec.min_runtime_s,
         checkpoint_interval_s=spec.checkpoint_interval_s,
         checkpoint_grace_s=spec.checkpoint_grace_s,
         nominated=tuple(record.nominated),
+        waiting_for=tuple(record.waiting_for),
     )

@@ -8,7 +8,7 @@ per step), drops every victim the fit does not need (most expensive first), then
 and keeps only the victims whose GPUs the placement uses. A plan is returned only if that placement exists.
 """
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Set
 from dataclasses import dataclass
 
 from chamber.common.contracts import GpuRef
@@ -52,33 +52,40 @@ def plan_preemption(
     allowed: Callable[[RunningJob], bool] | None = None,
     *,
     budgets: Mapping[str, int] | None = None,
+    quota_need: tuple[str, str, int] | None = None,
+    by_cost: bool = False,
 ) -> PreemptionPlan | None:
     """`allowed` replaces the default victim rule (quota: own team by priority, other teams only by reclaim).
     `budgets` caps the GPUs taken from each listed team (what it borrows above its nominal): any of a borrowing
-    team's jobs may go, so fragmentation cannot hide the borrowed capacity, but never more than it borrows."""
-    parts = set(index.partitions_for(job.shape))
-    eligible = {name for name, node in index.nodes.items() if node.partition in parts}
+    team's jobs may go, so fragmentation cannot hide the borrowed capacity, but never more than it borrows.
+    `quota_need` (team, pool, gpus): the victims must also free that many GPUs of that team's quota in that pool
+    (the job displaces its own team's lower-priority work). `by_cost`: `running` is already in cost order."""
+    parts = index.partitions_for(job.shape)
+    eligible = index.nodes_in(parts)
+    everywhere = len(parts) == index.partition_count()
     rule = allowed or (lambda r: can_be_victim(r, job.priority, now))
-    candidates = [r for r in running if rule(r) and any(g.node in eligible for g in r.gpus)]
-    if not candidates:
-        return None
-    candidates.sort(key=lambda r: victim_cost(r, now))
-    avail = {node.name: len(node.free) for node in index.nodes_with(index.partitions_for(job.shape), 1)}
+    candidates: Iterable[RunningJob] = (
+        r for r in running if rule(r) and (everywhere or any(g.node in eligible for g in r.gpus))
+    )
+    if not by_cost:
+        candidates = sorted(candidates, key=lambda r: victim_cost(r, now))
+    avail = {node.name: len(node.free) for node in index.nodes_with(parts, 1)}
     for name, n in per_node(job.nominated, eligible).items():
         avail[name] = avail.get(name, 0) + n
     orders = [candidates]
     if budgets:
         # With per-team caps, the cheapest-first greedy can spend a team's budget on victims scattered over many
         # nodes and then have to skip the one whose node would free the gang. Try a node-by-node order too.
-        orders.append(_node_order(candidates, avail, eligible))
+        listed = list(candidates)
+        orders = [listed, _node_order(listed, avail, eligible)]
     for order in orders:
-        plan = _search(index, job, order, dict(avail), eligible=eligible, budgets=budgets)
+        plan = _search(index, job, order, dict(avail), eligible=eligible, budgets=budgets, quota_need=quota_need)
         if plan is not None:
             return plan
     return None
 
 
-def _node_order(candidates: list[RunningJob], avail: Mapping[str, int], eligible: set[str]) -> list[RunningJob]:
+def _node_order(candidates: list[RunningJob], avail: Mapping[str, int], eligible: Set[str]) -> list[RunningJob]:
     """Victims grouped by node, the nodes that would be freest first (cheapest victims first within a node)."""
     room: dict[str, int] = dict(avail)
     for v in candidates:
@@ -90,15 +97,22 @@ def _node_order(candidates: list[RunningJob], avail: Mapping[str, int], eligible
 def _search(
     index: FleetIndex,
     job: PendingJob,
-    candidates: list[RunningJob],
+    candidates: Iterable[RunningJob],
     avail: dict[str, int],
     *,
-    eligible: set[str],
+    eligible: Set[str],
     budgets: Mapping[str, int] | None,
+    quota_need: tuple[str, str, int] | None,
 ) -> PreemptionPlan | None:
     counter = CapacityCounter(index, job.shape, avail)
+    team, pool, need = quota_need if quota_need is not None else ("", "", 0)
+
+    def quota_of(victim: RunningJob) -> int:
+        return len(victim.gpus) if quota_need is not None and victim.team == team and victim.pool == pool else 0
+
     chosen: list[RunningJob] = []
     spent: dict[str, int] = {}
+    freed_quota = 0
     for victim in candidates:
         if budgets is not None and victim.team in budgets:
             if spent.get(victim.team, 0) + len(victim.gpus) > budgets[victim.team]:
@@ -107,25 +121,42 @@ def _search(
         for name, n in per_node(victim.gpus, eligible).items():
             counter.add(name, n)
         chosen.append(victim)
-        if counter.fits():
+        freed_quota += quota_of(victim)
+        if freed_quota >= need and counter.fits():
             break
     else:
         return None
+    # Drop every victim the fit (and the quota) does not need, most expensive first. Marked, not removed one by
+    # one from the list: with hundreds of cheap, tied victims that was quadratic.
+    dropped: set[str] = set()
     for victim in reversed(chosen[:-1]):
         freed = per_node(victim.gpus, eligible)
         for name, n in freed.items():
             counter.remove(name, n)
-        if counter.fits():
-            chosen.remove(victim)
+        share = quota_of(victim)
+        if freed_quota - share >= need and counter.fits():
+            dropped.add(victim.id)
+            freed_quota -= share
         else:
             for name, n in freed.items():
                 counter.add(name, n)
+    kept = [v for v in chosen if v.id not in dropped]
     trial = WhatIf(index, job.nominated)
-    for victim in chosen:
+    for victim in kept:
         trial.evict(victim.gpus)
     gpus = trial.allocate(job.shape)
     if gpus is None:
         return None
     used = {g.slot for g in gpus}
-    needed = tuple(v for v in chosen if any(g.slot in used for g in v.gpus))
-    return PreemptionPlan(needed, gpus)
+    needed = [v for v in kept if any(g.slot in used for g in v.gpus)]
+    if quota_need is not None:
+        # The placement may not need every victim's GPUs, but the team's quota needs room: keep the cheapest
+        # of the rest until it has it.
+        short = need - sum(quota_of(v) for v in needed)
+        for victim in kept:
+            if short <= 0:
+                break
+            if victim not in needed and quota_of(victim):
+                needed.append(victim)
+                short -= quota_of(victim)
+    return PreemptionPlan(tuple(needed), gpus)

@@ -5,7 +5,7 @@ plan that does not fit simply goes away (the rollback), and one that fits is ret
 """
 
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Set
 
 from chamber.common.contracts import GpuRef
 from chamber.scheduler.core.fleet import FleetIndex
@@ -28,7 +28,6 @@ class WhatIf:
         return find_placement(self.index, shape, bonus=self._freed)
 
 
-def per_node(gpus: Iterable[GpuRef], nodes: Iterable[str] | None = None) -> Counter[str]:
+def per_node(gpus: Iterable[GpuRef], nodes: Set[str] | None = None) -> Counter[str]:
     """How many of `gpus` sit on each node (only on `nodes`, when given)."""
-    allowed = None if nodes is None else set(nodes)
-    return Counter(g.node for g in gpus if allowed is None or g.node in allowed)
+    return Counter(g.node for g in gpus if nodes is None or g.node in nodes)

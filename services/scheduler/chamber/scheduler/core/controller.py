@@ -1,0 +1,188 @@
+"""The scheduler's whole pure state: the active job records and the scheduling state derived from them.
+
+Both move together, through two doors only: `apply` (an event, through the job state machine) and `commit` (a
+decision). The scheduler service persists what they return (ledger claims and releases, the jobs KV, decisions
+on the bus, the executor); the simulator advances a virtual clock and plays the executor. Because both drive this
+one object, borrowing, fair share, preemption, checkpoint accounting and the state machine cannot drift apart
+between what Chamber simulates and what it does.
+
+Only active jobs live here: a record that reaches a terminal state is dropped from memory (the KV keeps it), so
+memory is bounded by the jobs that wait or run, not by history.
+"""
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from chamber.common.contracts import (
+    TERMINAL_STATES,
+    Cordon,
+    JobEvent,
+    JobRecord,
+    JobState,
+    JobSubmitted,
+    Node,
+    Placement,
+)
+from chamber.common.quota import QuotaBook
+from chamber.scheduler.core.decisions import Decision, Nominate, Place, Preempt, Wait
+from chamber.scheduler.core.lifecycle import (
+    Transition,
+    apply_event,
+    holds_gpus,
+    nominate,
+    note,
+    place,
+    stop_requested,
+    unnominate,
+)
+from chamber.scheduler.core.model import pending_from, running_from
+from chamber.scheduler.core.snapshot import build_state
+from chamber.scheduler.core.state import SchedulerConfig, SchedulingState
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """A record the shell must persist: `previous` is the state before (None: the record was just created)."""
+
+    record: JobRecord
+    previous: JobState | None
+    publish: bool = True
+    """Publish the change on the bus (False for a new waiting reason: stored, not announced)."""
+
+
+class Controller:
+    def __init__(self, config: SchedulerConfig | None = None) -> None:
+        self.config = config or SchedulerConfig()
+        self.classes = dict(self.config.classes)
+        self.records: dict[str, JobRecord] = {}
+        """Active jobs only."""
+        self.state = SchedulingState(self.config)
+
+    def load(
+        self,
+        nodes: Iterable[Node],
+        records: Iterable[JobRecord],
+        owners: Mapping[str, str],
+        cordons: Mapping[str, Cordon],
+        *,
+        quota: QuotaBook | None = None,
+        standing: Mapping[str, float] | None = None,
+        budget_blocks: Mapping[str, str] | None = None,
+    ) -> None:
+        """Start from a snapshot: at start-up, and after the ledger was lost or found out of step."""
+        active = [r for r in records if r.state not in TERMINAL_STATES]
+        self.records = {r.id: r for r in active}
+        self.state = build_state(
+            nodes, owners, cordons, active, standing=standing, quota=quota, budget_blocks=budget_blocks,
+            config=self.config,
+        )  # fmt: skip
+
+    # ---- events ------------------------------------------------------------------------------------------------
+
+    def apply(self, event: JobEvent, now: float) -> Transition | None:
+        """The event through the job state machine; the scheduling state follows. None: nothing changed."""
+        before = self.records.get(event.job_id)
+        transition = apply_event(before, event, now)
+        if transition is None:
+            return None
+        self._keep(transition.record)
+        self._follow(before, transition)
+        return transition
+
+    def adopt(self, record: JobRecord) -> None:
+        """A submission turned out to be a duplicate of a job already stored: `record` is what is stored."""
+        self.forget(record.id)
+        if record.state not in TERMINAL_STATES:
+            self.records[record.id] = record
+            self.state.add(pending_from(record, self.classes))
+
+    def forget(self, job_id: str) -> None:
+        self.records.pop(job_id, None)
+        if self.state.release(job_id) is None:
+            self.state.withdraw(job_id)
+
+    def replace(self, record: JobRecord) -> None:
+        """Take `record` as the truth about its job (re-read from the store after a write was refused as stale):
+        whatever the state believed about the job is dropped and rebuilt from the record."""
+        self.forget(record.id)
+        if record.state in TERMINAL_STATES:
+            return
+        self.records[record.id] = record
+        if holds_gpus(record):
+            assert record.placement is not None
+            pool = self.state.pool_of(record.placement.gpus[0].node)
+            self.state.add_running(running_from(record, self.classes, pool=pool))
+            return
+        job = pending_from(record, self.classes)
+        if job.nominated:
+            self.state.add_nominated(job)
+        else:
+            self.state.requeue(job)
+
+    def _keep(self, record: JobRecord) -> None:
+        if record.state in TERMINAL_STATES:
+            self.records.pop(record.id, None)
+        else:
+            self.records[record.id] = record
+
+    def _follow(self, before: JobRecord | None, t: Transition) -> None:
+        state, record = self.state, t.record
+        if before is None:
+            state.add(pending_from(record, self.classes))
+            return
+        if t.release_attempt is not None:
+            state.release(record.id)
+            if record.state not in TERMINAL_STATES:
+                state.requeue(pending_from(record, self.classes))
+        elif record.state in TERMINAL_STATES:
+            state.withdraw(record.id)  # it never held GPUs (cancelled while waiting)
+        elif t.stop_attempt is not None:
+            state.mark_stopping(record.id)
+        elif record.state == JobState.RUNNING and record.started_at is not None:
+            state.set_started(record.id, record.started_at)
+
+    # ---- decisions ---------------------------------------------------------------------------------------------
+
+    def decide(self, now: float) -> list[Decision]:
+        return self.state.decide(now)
+
+    def cycle(self, now: float) -> list[Decision]:
+        return self.state.cycle(now)
+
+    def commit(self, decision: Decision, now: float) -> Change | None:
+        """The record change a decision makes (a placement only once its ledger claim succeeded)."""
+        record = self.records.get(decision.job_id)
+        if record is None:
+            return None
+        if isinstance(decision, Place):
+            changed = place(record, Placement(decision.attempt, list(decision.gpus), decision.reason), now)
+        elif isinstance(decision, Nominate):
+            changed = nominate(record, now, list(decision.gpus), decision.reason, list(decision.victims))
+        elif isinstance(decision, Preempt):
+            if record.attempt != decision.attempt or not holds_gpus(record) or record.stopping:
+                return None
+            changed = stop_requested(record, now, decision.reason, decision.interrupt)
+        else:
+            return self._waiting(record, decision, now)
+        self._keep(changed)
+        return Change(changed, record.state)
+
+    def _waiting(self, record: JobRecord, wait: Wait, now: float) -> Change | None:
+        why = wait.why
+        if record.nominated and record.id not in self.state.nominated:
+            record = unnominate(record, now)  # its preemption plan was dropped (a nominated GPU failed)
+        elif (record.reason_kind, record.reason) == (why.kind, why.text):
+            return None
+        changed = note(record, now, why.text, why.kind)
+        self._keep(changed)
+        return Change(changed, record.state, publish=False)
+
+    def refuse(self, decision: Place) -> None:
+        """The ledger refused a placement (the fleet moved under the decision): the job waits again."""
+        record = self.records.get(decision.job_id)
+        if record is not None and decision.job_id in self.state.running:
+            self.state.unplace(decision.job_id, pending_from(record, self.classes))
+
+    def submitted(self, event: JobSubmitted) -> bool:
+        """Is this a submission of a job not known to be active? (The shell then checks the store.)"""
+        return event.job_id not in self.records

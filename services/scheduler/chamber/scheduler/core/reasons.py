@@ -1,0 +1,66 @@
+"""Why a job waits, as data: a kind, the stable words, and the live numbers kept apart.
+
+A waiting job's reason is re-decided every cycle, but only its kind and its stable words are worth storing: the
+numbers in it (GPUs free now, the reserved start) change all the time, and writing every waiting record each cycle
+to refresh them would cost more than the scheduling itself. The service stores `text` when `(kind, text)` changes;
+`render()` adds the numbers for whoever shows the reason now (the simulator's log, a test, the API).
+"""
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+
+class WaitKind(StrEnum):
+    QUEUED = "queued"
+    """Behind earlier jobs of its sub-queue (same priority, standing, team and shape)."""
+    CAPACITY = "capacity"
+    """No room for its shape now, and nothing it may preempt."""
+    RESERVED = "reserved"
+    """The head that must not starve: capacity is reserved for it (EASY backfill)."""
+    QUOTA = "quota"
+    """Its team's quota (or the cohort's lendable capacity) does not admit it."""
+    BUDGET = "budget"
+    """Its team has spent its budget for the period."""
+    PREEMPTING = "preempting"
+    """Jobs were preempted for it; it starts when they have stopped."""
+    UNSCHEDULABLE = "unschedulable"
+    """No node in the fleet could ever hold it as it is (missing pool, model, or too few GPUs in all)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Reason:
+    kind: WaitKind
+    text: str
+    """The stable words: what the job needs and why it waits, without numbers that change between cycles."""
+    free: int | None = None
+    """GPUs free now in the partitions the job may use (live)."""
+    start_in_s: float | None = None
+    """For a reservation: the earliest start from running jobs' estimates, seconds from the decision (live)."""
+
+    def render(self) -> str:
+        text = self.text
+        if self.free is not None:
+            text += f"; {self.free} free"
+        if self.kind == WaitKind.RESERVED:
+            if self.start_in_s is None:
+                text += " (earliest start unknown: running jobs have no runtime estimate)"
+            else:
+                text += f", earliest start in {duration(self.start_in_s)}"
+        return text
+
+    def __str__(self) -> str:
+        return self.render()
+
+
+def duration(seconds: float) -> str:
+    if seconds < 90:
+        return f"{max(0, round(seconds))} s"
+    if seconds < 90 * 60:
+        return f"{round(seconds / 60)} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def placed_on(nodes: list[str]) -> str:
+    """`placed on a, b, c, d and 3 more` (nodes sorted by the caller)."""
+    shown = ", ".join(nodes[:4]) + (f" and {len(nodes) - 4} more" if len(nodes) > 4 else "")
+    return f"placed on {shown}"

@@ -1,0 +1,69 @@
+"""Building the scheduler's state from scratch: at start-up, after the ledger was lost, and in tests.
+
+Inputs are what the service can read: the nodes (inventory), the ledger's owners and cordons, the active job
+records and the quota inputs. Slots held in the ledger by nobody the records know stay out of the free index
+until the ledger is reconciled, so a stale claim can never be double-booked.
+"""
+
+from collections.abc import Iterable, Mapping
+
+from chamber.common.contracts import Cordon, JobRecord, Node
+from chamber.common.quota import QuotaBook
+from chamber.scheduler.core.lifecycle import holds_gpus, needs_placement
+from chamber.scheduler.core.model import PendingJob, pending_from, running_from
+from chamber.scheduler.core.state import SchedulerConfig, SchedulingState
+
+
+def build_state(
+    nodes: Iterable[Node],
+    owners: Mapping[str, str],
+    cordoned: Mapping[str, Cordon],
+    records: Iterable[JobRecord],
+    *,
+    standing: Mapping[str, float] | None = None,
+    borrowed: frozenset[str] | None = None,
+    quota: QuotaBook | None = None,
+    budget_blocks: Mapping[str, str] | None = None,
+    config: SchedulerConfig | None = None,
+) -> SchedulingState:
+    """`borrowed`: jobs on borrowed capacity; computed from `quota` when not given."""
+    state = SchedulingState(config)
+    state.cordoned = dict(cordoned)
+    classes = dict(state.config.classes)
+    nodes = sorted(nodes, key=lambda n: n.name)
+    pool_of = {n.name: n.pool for n in nodes}
+    pending: list[PendingJob] = []
+    for record in records:
+        if holds_gpus(record):
+            assert record.placement is not None
+            pool = pool_of.get(record.placement.gpus[0].node, "")
+            run = running_from(record, classes, pool=pool)
+            state.running[record.id] = run
+            state.count_preemptible(run, +1)
+            for ref in run.gpus:
+                state.holder[ref.slot] = record.id
+        elif needs_placement(record):
+            job = pending_from(record, classes)
+            if job.nominated:
+                state.nominated[job.id] = job
+                for ref in job.nominated:
+                    state.nominated_slots[ref.slot] = job.id
+            else:
+                pending.append(job)
+    held = set(owners) | state.held_slots()
+    for node in nodes:
+        indices = [g.index for g in node.gpus]
+        free = [i for i in indices if f"{node.name}/{i}" not in held]
+        model = node.gpus[0].model if node.gpus else ""
+        topo = node.topology
+        state.index.add_node(
+            node.name, pool=node.pool, model=model, rack=topo.rack, zone=topo.zone, capacity=len(indices), free=free
+        )
+    state.set_quota(quota, standing, budget_blocks)
+    if borrowed is not None:
+        for run in state.running.values():
+            run.borrowed = run.id in borrowed
+    for job in pending:
+        state.add(job)
+    state.arrivals.clear()
+    return state

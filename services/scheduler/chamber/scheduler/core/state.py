@@ -1,0 +1,315 @@
+"""The scheduler's working state, kept up to date incrementally: who waits, who runs where, what is free.
+
+One `SchedulingState` lives as long as the scheduler (service or simulator). Events change it in O(job):
+`submit` queues a job, `release` gives a finished or stopped job's GPUs back, `requeue` returns a preempted job to
+the queue, `cordon`/`uncordon` follow health. A scheduling cycle (`chamber.scheduler.core.cycle`) reads it and
+commits its decisions into it (`place`, `nominate`, `mark_stopping`). It is rebuilt from a snapshot only at
+start-up and after the ledger was lost (`chamber.scheduler.core.snapshot`).
+
+Whatever invalidates what an earlier cycle concluded (capacity freed, a cordon, quota or order changed) drops the
+cycle's context, so the next decision runs a full cycle; an arrival with the context intact is decided on its own.
+"""
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from chamber.common.contracts import Cordon, GpuRef, QuotaConfig
+from chamber.common.priorities import DEFAULT_CLASSES, PriorityClass
+from chamber.common.quota import QuotaBook, QuotaUsage, borrowed_jobs
+from chamber.scheduler.core.decisions import Decision, Place
+from chamber.scheduler.core.fleet import FleetIndex
+from chamber.scheduler.core.model import PendingJob, RunningJob
+from chamber.scheduler.core.queue import JobQueue
+
+if TYPE_CHECKING:
+    from chamber.scheduler.core.cycle import CycleContext
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerConfig:
+    classes: Mapping[str, PriorityClass] = field(default_factory=lambda: dict(DEFAULT_CLASSES))
+    backfill_lookahead: int = 16
+    """Jobs looked at after a blocked sub-queue head, for ones short enough to backfill."""
+    backfill_budget: int = 512
+    """Look-ahead jobs per cycle in all (like Slurm's bf_max_job_test): bounds a cycle with a deep queue."""
+    max_tests_per_cycle: int = 5000
+    standing_cap: int = 3
+    """A job preempted n times is ordered ahead of its class peers by min(n, cap) steps: it gains standing."""
+    reservations: bool = True
+    """EASY backfill reservations for blocked queue heads (off: best-effort FIFO, large jobs may starve)."""
+    preemption: bool = True
+    strict_fifo_per_team: bool = False
+    """A team's blocked head blocks the rest of the team's queue (the isolated-cluster baseline)."""
+
+
+class SchedulingState:
+    def __init__(self, config: SchedulerConfig | None = None) -> None:
+        self.config = config or SchedulerConfig()
+        self.index = FleetIndex()
+        self.queue = JobQueue(self.config.standing_cap)
+        self.running: dict[str, RunningJob] = {}
+        self.holder: dict[str, str] = {}
+        """slot -> the running job that holds it."""
+        self.nominated: dict[str, PendingJob] = {}
+        """Preemptors waiting for their victims to stop, with the GPUs set aside for them (out of the queue)."""
+        self.nominated_slots: dict[str, str] = {}
+        self.cordoned: dict[str, Cordon] = {}
+        self.standing: dict[str, float] = {}
+        self.quota: QuotaBook | None = None
+        self.usage = QuotaUsage(QuotaBook(QuotaConfig()))
+        """(team, pool) -> GPUs held, for quota admission."""
+        self.budget_blocks: dict[str, str] = {}
+        """team -> budget mode in force ("block-preemptible" or "block-all")."""
+        self.preemptible_usage: dict[tuple[str, str], dict[int, int]] = {}
+        """(team, pool) -> priority -> GPUs held by preemptible jobs: what a team's higher-priority job may displace."""
+        self.ctx: CycleContext | None = None
+        """What the last cycle concluded, while nothing has invalidated it."""
+        self.arrivals: list[str] = []
+        """Jobs submitted since the last decision, to decide on their own while the context holds."""
+
+    # ---- building (start-up, tests) --------------------------------------------------------------------------
+
+    @classmethod
+    def from_snapshot(cls, *args: object, **kwargs: object) -> "SchedulingState":
+        """See `chamber.scheduler.core.snapshot.build_state`."""
+        from chamber.scheduler.core.snapshot import build_state
+
+        return build_state(*args, **kwargs)  # type: ignore[arg-type]
+
+    # ---- deciding ----------------------------------------------------------------------------------------------
+
+    def cycle(self, now: float) -> list[Decision]:
+        """A full scheduling cycle (see `chamber.scheduler.core.cycle`)."""
+        from chamber.scheduler.core.cycle import run_cycle
+
+        self.arrivals.clear()
+        return run_cycle(self, now)
+
+    def decide(self, now: float) -> list[Decision]:
+        """Decide what changed since the last decision: a full cycle if anything invalidated the last one, else
+        only the jobs that arrived since (each where nothing ahead of it in its sub-queue waits)."""
+        if self.ctx is None:
+            return self.cycle(now)
+        from chamber.scheduler.core.cycle import decide_arrivals
+
+        arrived, self.arrivals = self.arrivals, []
+        return decide_arrivals(self, self.ctx, arrived, now)
+
+    def submit(self, job: PendingJob, now: float) -> list[Decision]:
+        """Queue a job and decide about it at once (see `decide`)."""
+        self.add(job)
+        return self.decide(now)
+
+    # ---- incremental updates --------------------------------------------------------------------------------
+
+    def add(self, job: PendingJob) -> None:
+        """Queue a new job; it is decided by the next `decide`."""
+        self.queue.push(job)
+        self.arrivals.append(job.id)
+
+    def release(self, job_id: str) -> RunningJob | None:
+        """A running job ended: its GPUs go back to the pool (or to the preemptor they are nominated to)."""
+        job = self.running.pop(job_id, None)
+        if job is None:
+            return None
+        if self.quota_on:
+            self.usage.add(job.team, job.pool, -len(job.gpus))
+        self.count_preemptible(job, -1)
+        for ref in job.gpus:
+            slot = ref.slot
+            if self.holder.get(slot) == job_id:
+                del self.holder[slot]
+            if slot in self.cordoned or slot in self.nominated_slots:
+                continue
+            self.index.give(ref.node, [ref.index])
+        self.invalidate()
+        return job
+
+    def add_running(self, job: RunningJob) -> None:
+        """A job that already holds its GPUs (loaded at start-up, or re-read from the store)."""
+        self.running[job.id] = job
+        self.count_preemptible(job, +1)
+        if self.quota_on:
+            self.usage.add(job.team, job.pool, len(job.gpus))
+        by_node: dict[str, list[int]] = {}
+        for ref in job.gpus:
+            self.holder[ref.slot] = job.id
+            by_node.setdefault(ref.node, []).append(ref.index)
+        for node, indices in by_node.items():
+            held = self.index.nodes.get(node)
+            if held is not None:
+                self.index.take(node, [i for i in indices if i in held.free])
+        self.invalidate()
+
+    def add_nominated(self, job: PendingJob) -> None:
+        """A preemptor already holding a nomination (loaded at start-up, or re-read from the store)."""
+        self.nominate(job, job.nominated)
+
+    def requeue(self, job: PendingJob) -> None:
+        self.queue.push(job)
+        self.invalidate()
+
+    def withdraw(self, job_id: str) -> None:
+        """A waiting job left (cancelled): out of the queue, its nomination (if any) given back."""
+        if job_id in self.nominated:
+            self.drop_nomination(job_id, requeue=False)
+        self.queue.remove(job_id)
+
+    def mark_stopping(self, job_id: str) -> None:
+        """The job was asked to stop (cancel, preemption, interruption): it is nobody's victim any more."""
+        job = self.running.get(job_id)
+        if job is not None:
+            job.stopping = True
+
+    def set_started(self, job_id: str, started_at: float) -> None:
+        job = self.running.get(job_id)
+        if job is not None and job.started_at != started_at:
+            if job.est_end is not None:
+                job.est_end += started_at - job.started_at
+            job.started_at = started_at
+
+    def cordon(self, slot: str, cordon: Cordon) -> None:
+        """A GPU became unschedulable: the next cycle interrupts its job (at once when the cordon is fatal)."""
+        if self.cordoned.get(slot) == cordon:
+            return
+        self.cordoned[slot] = cordon
+        node, _, index = slot.rpartition("/")
+        held = self.index.nodes.get(node)
+        if held is not None and int(index) in held.free:
+            self.index.take(node, [int(index)])
+        self.invalidate()
+
+    def uncordon(self, slot: str) -> None:
+        if self.cordoned.pop(slot, None) is None:
+            return
+        node, _, index = slot.rpartition("/")
+        if slot not in self.holder and slot not in self.nominated_slots:
+            self.index.give(node, [int(index)])
+        self.invalidate()
+
+    def set_quota(
+        self,
+        book: QuotaBook | None,
+        standing: Mapping[str, float] | None = None,
+        budget_blocks: Mapping[str, str] | None = None,
+    ) -> None:
+        """New quota configuration, capacity, standings or budget blocks: usage is re-counted under the new book."""
+        self.quota = book
+        self.standing = dict(standing or {})
+        self.budget_blocks = dict(budget_blocks or {})
+        usage: dict[tuple[str, str], int] = {}
+        for run in self.running.values():
+            usage[(run.team, run.pool)] = usage.get((run.team, run.pool), 0) + len(run.gpus)
+        for nominee in self.nominated.values():
+            pool = self.pool_of(nominee.nominated[0].node)
+            usage[(nominee.team, pool)] = usage.get((nominee.team, pool), 0) + len(nominee.nominated)
+        self.usage = QuotaUsage(book or QuotaBook(QuotaConfig()), usage)
+        self.mark_borrowed()
+        self.invalidate()
+
+    def mark_borrowed(self) -> None:
+        """Which running jobs are on borrowed capacity, from scratch (at start-up and when quotas change; a
+        placement marks its own job as it is made)."""
+        borrowed: set[str] = set()
+        if self.quota is not None and self.quota.enabled:
+            borrowed = borrowed_jobs(
+                self.quota,
+                ((j.id, j.team, j.pool, len(j.gpus), j.priority, j.started_at) for j in self.running.values()),
+            )
+        for job in self.running.values():
+            job.borrowed = job.id in borrowed
+
+    def invalidate(self) -> None:
+        """Capacity or order changed: the next decision needs a full cycle (and a fresh reservation)."""
+        ctx = self.ctx
+        if ctx is not None:
+            ctx.release_reservation(self.index)
+        self.ctx = None
+
+    # ---- committing decisions --------------------------------------------------------------------------------
+
+    @property
+    def quota_on(self) -> bool:
+        return self.quota is not None and self.quota.enabled
+
+    def pool_of(self, node: str) -> str:
+        held = self.index.nodes.get(node)
+        return held.pool if held is not None else ""
+
+    def place(self, job: PendingJob, gpus: tuple[GpuRef, ...], reason: str, now: float, borrowing: bool) -> Place:
+        by_node: dict[str, list[int]] = {}
+        for ref in gpus:
+            by_node.setdefault(ref.node, []).append(ref.index)
+            self.holder[ref.slot] = job.id
+        for node, indices in by_node.items():
+            self.index.take(node, indices)
+        self.queue.remove(job.id)
+        pool = self.pool_of(gpus[0].node)
+        run = self.running[job.id] = job.start(gpus, now, pool=pool, borrowed=borrowing)
+        self.count_preemptible(run, +1)
+        if self.quota_on:
+            beyond = self.usage.get((job.team, pool)) + len(gpus) > self.quota_nominal(job.team, pool)
+            self.usage.add(job.team, pool, len(gpus))
+            if beyond and not borrowing:
+                self.mark_borrowed()  # admitted by counting the team's lower-priority work as borrowing
+        return Place(job.id, job.attempt + 1, gpus, reason)
+
+    def count_preemptible(self, job: RunningJob, sign: int) -> None:
+        if not job.preemptible:
+            return
+        counts = self.preemptible_usage.setdefault((job.team, job.pool), {})
+        counts[job.priority] = counts.get(job.priority, 0) + sign * len(job.gpus)
+
+    def preemptible_below(self, team: str, pool: str, priority: int) -> int:
+        """GPUs the team holds in `pool` with preemptible jobs of lower priority than `priority`."""
+        counts = self.preemptible_usage.get((team, pool), {})
+        return sum(n for p, n in counts.items() if p < priority)
+
+    def quota_nominal(self, team: str, pool: str) -> int:
+        return self.quota.quota(team, pool).nominal if self.quota is not None else 0
+
+    def unplace(self, job_id: str, job: PendingJob) -> None:
+        """A placement the ledger refused: the GPUs are free again (as far as we know) and the job waits."""
+        self.release(job_id)
+        self.queue.push(job)
+
+    def nominate(self, job: PendingJob, gpus: tuple[GpuRef, ...]) -> None:
+        self.queue.remove(job.id)
+        self.nominated[job.id] = job
+        job.nominated = gpus
+        self._count_nomination(job, +1)
+        for ref in gpus:
+            self.nominated_slots[ref.slot] = job.id
+            node = self.index.nodes.get(ref.node)
+            if node is not None and ref.index in node.free:
+                self.index.take(ref.node, [ref.index])
+
+    def drop_nomination(self, job_id: str, *, requeue: bool = True) -> PendingJob | None:
+        """Give the nominated GPUs back and (unless it left) put the job back in the queue."""
+        job = self.nominated.pop(job_id, None)
+        if job is None:
+            return None
+        self._count_nomination(job, -1)
+        for ref in job.nominated:
+            slot = ref.slot
+            if self.nominated_slots.get(slot) == job_id:
+                del self.nominated_slots[slot]
+                if slot not in self.holder and slot not in self.cordoned:
+                    self.index.give(ref.node, [ref.index])
+        job.nominated = ()
+        if requeue:
+            self.queue.push(job)
+        return job
+
+    def _count_nomination(self, job: PendingJob, sign: int) -> None:
+        """Nominated GPUs count against the team's quota from the nomination on, so that nothing else of the
+        team is admitted into the room the preemptor was admitted into."""
+        if job.nominated and self.quota_on:
+            self.usage.add(job.team, self.pool_of(job.nominated[0].node), sign * len(job.nominated))
+
+    # ---- questions ---------------------------------------------------------------------------------------------
+
+    def held_slots(self) -> set[str]:
+        """Every slot not free for new work: held by a job, nominated to a preemptor or cordoned."""
+        return set(self.holder) | set(self.nominated_slots) | set(self.cordoned)
