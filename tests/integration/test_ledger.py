@@ -8,7 +8,8 @@ from hypothesis import HealthCheck, given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
-from chamber.common.ledger import Claim, Ledger, LedgerConflict, LedgerNotReady
+from chamber.common.contracts import Cordon
+from chamber.common.ledger import Claim, Ledger, LedgerConflict, LedgerFenced, LedgerNotReady
 from chamber.common.settings import Settings
 from chamber.common.subjects import Names
 
@@ -50,7 +51,7 @@ async def test_release_is_idempotent_and_only_for_the_right_attempt(ledger: Ledg
 
 
 async def test_cordoned_gpus_cannot_be_claimed(ledger: Ledger) -> None:
-    await ledger.cordon(["n1/0"], "health: DBE")
+    await ledger.cordon(["n1/0"], Cordon(severity="fatal", reason="health: DBE"))
     with pytest.raises(LedgerConflict) as err:
         await ledger.claim("a", 1, ["n1/0"])
     assert err.value.code == "UNSCHEDULABLE"
@@ -119,3 +120,36 @@ async def test_no_slot_is_ever_held_by_two_jobs(
                 held[slot] = claim.job_id
                 assert snap.owners[slot] == f"{claim.job_id}/{claim.attempt}"
         assert set(held) == set(snap.owners), "owners and claims agree: every gang is whole"
+
+
+async def test_a_batch_claims_each_gang_whole_in_order(ledger: Ledger) -> None:
+    from chamber.common.ledger import Claim
+
+    results = await ledger.claim_many(
+        [Claim("a", 1, ("n1/0", "n1/1")), Claim("b", 1, ("n1/1", "n1/2")), Claim("c", 1, ("n1/2", "n1/3"))]
+    )
+    assert [r.code for r in results] == ["OK", "TAKEN", "OK"], "b sees a's claim and takes nothing"
+    assert (await ledger.snapshot()).owners == {"n1/0": "a/1", "n1/1": "a/1", "n1/2": "c/1", "n1/3": "c/1"}
+    assert await ledger.release_many([("a", 1), ("b", 1), ("c", 2)]) == [True, False, False]
+
+
+async def test_a_paused_old_leader_is_fenced_out(ledger: Ledger, settings: Settings) -> None:
+    """Leader A (token 5) is paused past its lease; B takes over (token 9) and claims. A wakes up: its claim, its
+    release and its rebuild are all refused, and B's claim stands."""
+    old = ledger
+    old.token = 5
+    await old.claim("a", 1, ["n1/0"])
+    new = Ledger.from_url(settings.redis_url, Names(settings.namespace).redis_prefix())
+    new.token = 9
+    try:
+        await new.claim("b", 1, ["n1/1"])
+        with pytest.raises(LedgerFenced):
+            await old.claim("c", 1, ["n1/2"])
+        with pytest.raises(LedgerFenced):
+            await old.release("b", 1)
+        with pytest.raises(LedgerFenced):
+            await old.rebuild([])
+        assert (await new.snapshot()).owners == {"n1/0": "a/1", "n1/1": "b/1"}
+        await new.release("a", 1)
+    finally:
+        await new.close()

@@ -13,6 +13,7 @@ import yaml
 from chamber.common.bus import Bus
 from chamber.common.codec import Decoder
 from chamber.common.contracts import (
+    Cordon,
     GpuHealthVerdict,
     GpuXidEvent,
     HealthCommand,
@@ -32,13 +33,16 @@ log = get_logger(__name__)
 
 RECONCILE_INTERVAL_S = 5.0
 TICK_S = 1.0
-OWNED = ("fatal: health", "degraded: health")
+OWNER = "health"
 
 
-def cordon_reason(entity: Entity) -> str:
+def cordon_reason(entity: Entity) -> Cordon:
     """Fatal faults interrupt the GPU's jobs at once; degraded ones drain them with their checkpoint grace."""
-    severity = "fatal" if entity.severity == "fatal" else "degraded"
-    return f"{severity}: health: {entity.rule}: {entity.reason}"
+    return Cordon(
+        severity="fatal" if entity.severity == "fatal" else "degraded",
+        reason=f"health: {entity.rule}: {entity.reason}",
+        owner=OWNER,
+    )
 
 
 class Health:
@@ -105,8 +109,8 @@ class Health:
             return [f"{node}/{gpu}"]
         return [f"{node}/{i}" for i in self.inventory.get(node, [])]
 
-    def _wanted_cordons(self) -> dict[str, str]:
-        wanted: dict[str, str] = {}
+    def _wanted_cordons(self) -> dict[str, Cordon]:
+        wanted: dict[str, Cordon] = {}
         for entity in self.engine.out_of_service():
             for slot in self._slots(entity.node, entity.gpu):
                 wanted.setdefault(slot, cordon_reason(entity))
@@ -115,13 +119,13 @@ class Health:
     async def reconcile(self) -> None:
         """Make the ledger's health-owned cordons exactly what the engine says."""
         wanted = self._wanted_cordons()
-        by_reason: dict[str, list[str]] = {}
-        for slot, reason in wanted.items():
-            by_reason.setdefault(reason, []).append(slot)
-        for reason, slots in by_reason.items():
-            await self.ledger.cordon(slots, reason)
-        current = (await self.ledger.snapshot()).cordoned
-        stale = [s for s, r in current.items() if r.startswith(OWNED) and s not in wanted]
+        by_reason: dict[Cordon, list[str]] = {}
+        for slot, cordon in wanted.items():
+            by_reason.setdefault(cordon, []).append(slot)
+        for cordon, slots in by_reason.items():
+            await self.ledger.cordon(slots, cordon)
+        current = await self.ledger.cordons()
+        stale = [s for s, c in current.items() if c.owner == OWNER and s not in wanted]
         await self.ledger.uncordon(stale)
 
     async def run(self, stop: asyncio.Event) -> None:

@@ -2,6 +2,7 @@
 
 from chamber.common.bus.client import Bus
 from chamber.common.bus.consumer import Consumer
-from chamber.common.bus.errors import BusError, BusUnavailable, PublishError
+from chamber.common.bus.errors import BusError, BusUnavailable, PublishError, WrongLastSequence
+from chamber.common.bus.reading import read_stream
 
-__all__ = ["Bus", "BusError", "BusUnavailable", "Consumer", "PublishError"]
+__all__ = ["Bus", "BusError", "BusUnavailable", "Consumer", "PublishError", "WrongLastSequence", "read_stream"]

@@ -2,8 +2,7 @@
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable
-from datetime import UTC, datetime
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import msgspec
@@ -14,8 +13,6 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import (
-    AckPolicy,
-    ConsumerConfig,
     DeliverPolicy,
     DiscardPolicy,
     PubAck,
@@ -24,8 +21,9 @@ from nats.js.api import (
 )
 from nats.js.kv import KeyValue
 
-from chamber.common.bus.consumer import Consumer, EventHandler
-from chamber.common.bus.errors import BusError, BusUnavailable, PublishError
+from chamber.common.bus.consumer import BatchHandler, Consumer, EventHandler
+from chamber.common.bus.errors import BusError, BusUnavailable, PublishError, WrongLastSequence
+from chamber.common.bus.reading import read_stream
 from chamber.common.codec import DecodeError, Decoder, encode
 from chamber.common.log import get_logger
 from chamber.common.subjects import STREAMS, Names, StreamSpec
@@ -148,11 +146,14 @@ class Bus:
         filter_subjects: list[str],
         decoder: Decoder,
         handler: EventHandler[Any],
+        batch_handler: BatchHandler[Any] | None = None,
         batch: int = 64,
         ack_wait_s: float = 30.0,
         max_attempts: int = 10,
     ) -> Consumer[Any]:
-        """A durable pull consumer with explicit acks; start it with `await consumer.start()`."""
+        """A durable pull consumer with explicit acks; start it with `await consumer.start()`. With
+        `batch_handler`, each fetched batch is handled in one call (one ack per message after it); a batch that
+        fails is retried message by message through `handler`, so a poison message is isolated."""
         consumer: Consumer[Any] = Consumer(
             bus=self,
             stream=self.names.stream(stream),
@@ -160,6 +161,7 @@ class Bus:
             filter_subjects=filter_subjects,
             decoder=decoder,
             handler=handler,
+            batch_handler=batch_handler,
             batch=batch,
             ack_wait_s=ack_wait_s,
             max_attempts=max_attempts,
@@ -196,62 +198,44 @@ class Bus:
 
     async def read_latest(self, stream: StreamSpec, subject: str, decoder: Decoder) -> list[Any]:
         """The last message of every subject matching `subject`, decoded (garbage skipped). For start-up state."""
-        try:
-            info = await self.js.stream_info(self.names.stream(stream))
-        except nats.errors.Error as exc:
-            raise BusError(f"cannot read stream {stream.key}: {exc}") from exc
-        if info.state.messages == 0:
-            return []
-        config = ConsumerConfig(
-            deliver_policy=DeliverPolicy.LAST_PER_SUBJECT, ack_policy=AckPolicy.NONE, inactive_threshold=30.0
-        )
-        psub = await self.js.pull_subscribe(subject, stream=self.names.stream(stream), config=config)
         values: list[Any] = []
-        try:
-            done = False
-            while not done:
-                try:
-                    msgs = await psub.fetch(512, timeout=1.0)
-                except nats.errors.TimeoutError:
-                    break
-                for msg in msgs:
-                    done = done or msg.metadata.num_pending == 0
-                    try:
-                        values.append(decoder.decode(msg.data))
-                    except DecodeError as exc:
-                        log.warning("read_latest.undecodable", subject=msg.subject, error=str(exc))
-        finally:
-            await psub.unsubscribe()
+        async for msg in read_stream(
+            self.js, self.names.stream(stream), subject, deliver=DeliverPolicy.LAST_PER_SUBJECT
+        ):
+            try:
+                values.append(decoder.decode(msg.data))
+            except DecodeError as exc:
+                log.warning("read_latest.undecodable", subject=msg.subject, error=str(exc))
         return values
 
     async def read_since(self, stream: StreamSpec, subject: str, since: float, decoder: Decoder) -> list[Any]:
         """Every message on `subject` stored at or after `since` (epoch seconds), decoded (garbage skipped)."""
-        start = datetime.fromtimestamp(max(since, 0.0), UTC)
-        config = ConsumerConfig(
-            deliver_policy=DeliverPolicy.BY_START_TIME, opt_start_time=start, ack_policy=AckPolicy.NONE,
-            inactive_threshold=30.0,
-        )  # fmt: skip
-        try:
-            psub = await self.js.pull_subscribe(subject, stream=self.names.stream(stream), config=config)
-        except nats.errors.Error as exc:
-            raise BusError(f"cannot read {subject}: {exc}") from exc
         values: list[Any] = []
-        try:
-            done = False
-            while not done:
-                try:
-                    msgs = await psub.fetch(1024, timeout=0.5)
-                except (nats.errors.TimeoutError, TimeoutError):
-                    break
-                for msg in msgs:
-                    done = done or msg.metadata.num_pending == 0
-                    try:
-                        values.append(decoder.decode(msg.data))
-                    except DecodeError:
-                        continue
-        finally:
-            await psub.unsubscribe()
+        async for msg in read_stream(self.js, self.names.stream(stream), subject, since=since, idle_s=0.5):
+            try:
+                values.append(decoder.decode(msg.data))
+            except DecodeError:
+                continue
         return values
+
+    async def publish_many(self, items: Sequence[tuple[str, bytes, dict[str, str] | None]]) -> list[PubAck | BusError]:
+        """Publish many messages with one wait for all their acks: they are all in flight at once. Each result is
+        the ack or the error for that message, in order; nothing raises, so one refusal does not hide the rest.
+
+        Concurrent `publish` calls rather than nats-py's `publish_async`: in nats-py 2.16 an error reply to an
+        async publish (e.g. a compare-and-set refused) raises inside its reply handler, so the future never
+        completes and the refusal is lost.
+        """
+
+        async def one(subject: str, data: bytes, headers: dict[str, str] | None) -> PubAck | BusError:
+            try:
+                return await self.js.publish(subject, data, headers=headers, timeout=5.0)
+            except nats.js.errors.APIError as exc:
+                return _api_error(exc)
+            except (nats.errors.Error, TimeoutError) as exc:
+                return PublishError(f"publish to {subject} not acknowledged: {exc!r}")
+
+        return list(await asyncio.gather(*(one(*item) for item in items)))
 
     async def key_value(self, bucket: str, *, history: int = 1) -> KeyValue:
         name = self.names.bucket(bucket)
@@ -294,3 +278,13 @@ async def _log_disconnected() -> None:
 
 async def _log_reconnected() -> None:
     log.info("nats.reconnected")
+
+
+WRONG_LAST_SEQUENCE = 10071
+"""JetStream's error code for a compare-and-set publish whose expected last sequence did not match."""
+
+
+def _api_error(exc: "nats.js.errors.APIError") -> BusError:
+    if exc.err_code == WRONG_LAST_SEQUENCE:
+        return WrongLastSequence(str(exc))
+    return PublishError(f"publish refused: {exc}")

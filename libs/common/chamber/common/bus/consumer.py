@@ -3,6 +3,15 @@
 A message that does not decode is dead-lettered and terminated (it would never decode on redelivery). A handler
 that raises gets the message redelivered with backoff; after `max_attempts` it is dead-lettered rather than
 retried forever, so one poison message cannot stall a service.
+
+With a batch handler, everything one fetch returned is applied in one call (the scheduler coalesces a burst of
+submissions into one decision pass), then each message is acked; if the batch fails, its messages are retried
+one by one, so a poison message is isolated and the rest go through.
+
+At start, messages that an earlier instance of this consumer received but never acknowledged (it crashed
+mid-batch) are replayed at once rather than after the ack wait (every handler is idempotent, so seeing them
+again when JetStream redelivers them is harmless). Without this, jobs submitted just before a crash waited the
+whole ack wait to be scheduled.
 """
 
 import asyncio
@@ -15,6 +24,7 @@ import nats.js.errors
 from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
+from chamber.common.bus.reading import read_stream
 from chamber.common.codec import DecodeError, Decoder
 from chamber.common.log import get_logger
 
@@ -25,6 +35,7 @@ log = get_logger(__name__)
 
 T = TypeVar("T")
 EventHandler = Callable[[T], Awaitable[None]]
+BatchHandler = Callable[[list[T]], Awaitable[None]]
 
 
 class Consumer(Generic[T]):
@@ -37,6 +48,7 @@ class Consumer(Generic[T]):
         filter_subjects: list[str],
         decoder: Decoder,
         handler: EventHandler[T],
+        batch_handler: BatchHandler[T] | None = None,
         batch: int,
         ack_wait_s: float,
         max_attempts: int,
@@ -47,6 +59,7 @@ class Consumer(Generic[T]):
         self.filter_subjects = filter_subjects
         self.decoder = decoder
         self.handler = handler
+        self.batch_handler = batch_handler
         self.batch = batch
         self.ack_wait_s = ack_wait_s
         self.max_attempts = max_attempts
@@ -55,6 +68,7 @@ class Consumer(Generic[T]):
         self._stopping = asyncio.Event()
         self.processed = 0
         self.rejected = 0
+        self.replayed = 0
 
     async def start(self) -> None:
         config = ConsumerConfig(
@@ -66,7 +80,8 @@ class Consumer(Generic[T]):
             filter_subjects=self.filter_subjects if len(self.filter_subjects) > 1 else None,
             filter_subject=self.filter_subjects[0] if len(self.filter_subjects) == 1 else None,
         )
-        await self.bus.js.add_consumer(self.stream, config)
+        info = await self.bus.js.add_consumer(self.stream, config)
+        await self._replay_unacked(info)
         psub = await self.bus.js.pull_subscribe_bind(durable=self.durable, stream=self.stream)
         self._psub = psub
         self._task = asyncio.create_task(self._run(psub), name=f"consumer-{self.durable}")
@@ -89,6 +104,30 @@ class Consumer(Generic[T]):
                 await self._psub.unsubscribe()
             self._psub = None
 
+    async def _replay_unacked(self, info: Any) -> None:
+        if not info.num_ack_pending:
+            return
+        first, last = info.ack_floor.stream_seq + 1, info.delivered.stream_seq
+        events: list[T] = []
+        for subject in self.filter_subjects:
+            async for msg in read_stream(self.bus.js, self.stream, subject, first_seq=first, last_seq=last):
+                try:
+                    events.append(self.decoder.decode(msg.data))
+                except DecodeError:
+                    continue  # dead-lettered when it is redelivered
+        if not events:
+            return
+        log.info("consumer.replay_unacked", durable=self.durable, messages=len(events))
+        try:
+            if self.batch_handler is not None:
+                await self.batch_handler(events)
+            else:
+                for event in events:
+                    await self.handler(event)
+        except Exception as exc:  # they are redelivered after the ack wait and handled then
+            log.warning("consumer.replay_failed", durable=self.durable, error=repr(exc))
+        self.replayed += len(events)
+
     async def _run(self, psub: Any) -> None:
         while not self._stopping.is_set():
             try:
@@ -101,18 +140,48 @@ class Consumer(Generic[T]):
                 log.warning("consumer.fetch_failed", durable=self.durable, error=repr(exc))
                 await asyncio.sleep(0.5)
                 continue
-            for msg in msgs:
-                await self._process(msg)
+            if self.batch_handler is not None and len(msgs) > 1:
+                await self._process_batch(msgs)
+            else:
+                for msg in msgs:
+                    await self._process(msg)
+
+    async def _process_batch(self, msgs: list[Msg]) -> None:
+        decoded: list[tuple[Msg, T]] = []
+        for msg in msgs:
+            try:
+                decoded.append((msg, self.decoder.decode(msg.data)))
+            except DecodeError as exc:
+                await self._reject(msg, exc)
+        if not decoded:
+            return
+        assert self.batch_handler is not None
+        try:
+            await self.batch_handler([event for _, event in decoded])
+        except Exception as exc:
+            log.warning("consumer.batch_failed", durable=self.durable, size=len(decoded), error=repr(exc))
+            for msg, event in decoded:
+                await self._handle(msg, event)
+            return
+        self.processed += len(decoded)
+        for msg, _ in decoded:
+            await _settle(msg.ack())
+
+    async def _reject(self, msg: Msg, exc: DecodeError) -> None:
+        self.rejected += 1
+        log.warning("consumer.rejected", durable=self.durable, subject=msg.subject, error=str(exc)[:200])
+        await self.bus.dead_letter(msg, f"undecodable: {exc}")
+        await _settle(msg.term())
 
     async def _process(self, msg: Msg) -> None:
         try:
             event = self.decoder.decode(msg.data)
         except DecodeError as exc:
-            self.rejected += 1
-            log.warning("consumer.rejected", durable=self.durable, subject=msg.subject, error=str(exc)[:200])
-            await self.bus.dead_letter(msg, f"undecodable: {exc}")
-            await _settle(msg.term())
+            await self._reject(msg, exc)
             return
+        await self._handle(msg, event)
+
+    async def _handle(self, msg: Msg, event: T) -> None:
         try:
             await self.handler(event)
         except Exception as exc:

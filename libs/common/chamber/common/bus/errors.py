@@ -11,3 +11,7 @@ class BusUnavailable(BusError):
 
 class PublishError(BusError):
     """JetStream did not acknowledge a publish; the message may not be stored."""
+
+
+class WrongLastSequence(PublishError):
+    """A compare-and-set publish was refused: the subject changed since the revision the writer had."""

@@ -1,34 +1,61 @@
--- Claim every GPU slot of one job attempt, or none (gang atomicity).
+-- Claim GPU slots for many job attempts in one round trip; each job gets all its slots or none (gang
+-- atomicity), in order, so a later job sees the claims of the earlier ones.
 -- KEYS: 1 owner hash (slot -> job/attempt), 2 claims hash (job -> attempt|slot,slot), 3 cordon hash
---       (slot -> reason), 4 version counter, 5 ready marker
--- ARGV: 1 job id, 2 attempt, 3.. slots
--- Returns {"OK", version} | {"ALREADY", version} | {"NOT_READY"} | {code, detail}
+--       (slot -> cordon), 4 version counter, 5 ready marker, 6 fence (the newest leader's token)
+-- ARGV: 1 fencing token, then per job: job id, attempt, n, n slots
+-- Returns {"NOT_READY"} | {"FENCED", fence} | {version, code1, detail1, code2, detail2, ...} with code
+-- OK | ALREADY | JOB_HOLDS_OTHER_CLAIM | UNSCHEDULABLE | TAKEN per job, in order.
 if redis.call('EXISTS', KEYS[5]) == 0 then
   return {'NOT_READY', ''}
 end
-local job = ARGV[1]
-local attempt = ARGV[2]
-local n = #ARGV - 2
-local slots = {}
-for i = 1, n do slots[i] = ARGV[i + 2] end
-local wanted = attempt .. '|' .. table.concat(slots, ',')
-local existing = redis.call('HGET', KEYS[2], job)
-if existing then
-  if existing == wanted then
-    return {'ALREADY', tostring(redis.call('GET', KEYS[4]) or '0')}
-  end
-  return {'JOB_HOLDS_OTHER_CLAIM', existing}
+local token = tonumber(ARGV[1])
+local fence = tonumber(redis.call('GET', KEYS[6]) or '0')
+if token < fence then
+  return {'FENCED', tostring(fence)}
 end
-for i = 1, n do
-  if redis.call('HEXISTS', KEYS[3], slots[i]) == 1 then
-    return {'UNSCHEDULABLE', slots[i]}
-  end
-  local owner = redis.call('HGET', KEYS[1], slots[i])
-  if owner then
-    return {'TAKEN', slots[i] .. ' by ' .. owner}
-  end
+if token > fence then
+  redis.call('SET', KEYS[6], ARGV[1])
 end
-local holder = job .. '/' .. attempt
-for i = 1, n do redis.call('HSET', KEYS[1], slots[i], holder) end
-redis.call('HSET', KEYS[2], job, wanted)
-return {'OK', tostring(redis.call('INCR', KEYS[4]))}
+local out = {''}
+local changed = false
+local i = 2
+while i <= #ARGV do
+  local job = ARGV[i]
+  local attempt = ARGV[i + 1]
+  local n = tonumber(ARGV[i + 2])
+  local slots = {}
+  for k = 1, n do slots[k] = ARGV[i + 2 + k] end
+  i = i + 3 + n
+  local wanted = attempt .. '|' .. table.concat(slots, ',')
+  local code, detail = 'OK', ''
+  local existing = redis.call('HGET', KEYS[2], job)
+  if existing then
+    if existing == wanted then code = 'ALREADY' else code, detail = 'JOB_HOLDS_OTHER_CLAIM', existing end
+  else
+    for k = 1, n do
+      if redis.call('HEXISTS', KEYS[3], slots[k]) == 1 then
+        code, detail = 'UNSCHEDULABLE', slots[k]
+        break
+      end
+      local owner = redis.call('HGET', KEYS[1], slots[k])
+      if owner then
+        code, detail = 'TAKEN', slots[k] .. ' by ' .. owner
+        break
+      end
+    end
+    if code == 'OK' then
+      local holder = job .. '/' .. attempt
+      for k = 1, n do redis.call('HSET', KEYS[1], slots[k], holder) end
+      redis.call('HSET', KEYS[2], job, wanted)
+      changed = true
+    end
+  end
+  out[#out + 1] = code
+  out[#out + 1] = detail
+end
+if changed then
+  out[1] = tostring(redis.call('INCR', KEYS[4]))
+else
+  out[1] = tostring(redis.call('GET', KEYS[4]) or '0')
+end
+return out

@@ -20,3 +20,7 @@ class LedgerConflict(LedgerError):
         super().__init__(f"{code}: {detail}")
         self.code = code
         self.detail = detail
+
+
+class LedgerFenced(LedgerError):
+    """A newer scheduler leader holds the fence: this one lost its lease and must not change the ledger."""

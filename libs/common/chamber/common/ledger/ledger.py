@@ -3,25 +3,36 @@
 Layout (all keys share the namespace's hash tag, e.g. `{chamber}:ledger:owner`):
 - `owner`  hash slot -> "job/attempt": who holds each GPU slot (`node/index`)
 - `claims` hash job -> "attempt|slot,slot,...": each job's one live claim
-- `cordon` hash slot -> reason: slots that must not be claimed (health quarantine, operator cordon)
+- `cordon` hash slot -> a `Cordon` (JSON: severity, reason): slots that must not be claimed
 - `version` counter bumped by every change
 - `ready` marker: present once the ledger was built. Redis may lose everything on restart; a claim against a
   ledger without the marker is refused (`LedgerNotReady`) until the owner rebuilds it from the durable log,
   so an empty ledger can never be mistaken for a free fleet.
+- `fence` the fencing token of the newest scheduler leader that wrote: claims, releases and rebuilds carry the
+  writer's token and are refused (`LedgerFenced`) when a newer leader's token is there, so a scheduler that was
+  paused past its lease cannot claim after another took over.
 
-Claims and releases are Lua scripts (atomic, all or nothing, idempotent per job and attempt). redis-py's
-`Script` re-loads a script when Redis answers NOSCRIPT (after a restart or SCRIPT FLUSH).
+Claims, releases and rebuilds are Lua scripts (atomic; all or nothing per job; idempotent per job and attempt),
+and take many jobs per round trip. redis-py's `Script` re-loads a script when Redis answers NOSCRIPT (after a
+restart or SCRIPT FLUSH).
 """
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from importlib.resources import files
 from typing import Any
 
+import msgspec
 import redis.asyncio as aioredis
 import redis.exceptions
 
-from chamber.common.ledger.errors import LedgerConflict, LedgerNotReady, LedgerUnavailable
+from chamber.common.contracts import Cordon
+from chamber.common.ledger.errors import LedgerConflict, LedgerFenced, LedgerNotReady, LedgerUnavailable
+from chamber.common.log import get_logger
+
+log = get_logger(__name__)
+
+_cordon_decoder = msgspec.json.Decoder(Cordon)
 
 
 def _script(name: str) -> str:
@@ -36,14 +47,30 @@ class Claim:
 
 
 @dataclass(frozen=True, slots=True)
+class ClaimResult:
+    claim: Claim
+    code: str
+    """OK, ALREADY (this very claim was made before), TAKEN, UNSCHEDULABLE or JOB_HOLDS_OTHER_CLAIM."""
+    detail: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.code in ("OK", "ALREADY")
+
+
+@dataclass(frozen=True, slots=True)
 class LedgerSnapshot:
     ready: bool
     version: int
     owners: dict[str, str]
     """slot -> "job/attempt"."""
-    cordoned: dict[str, str]
-    """slot -> reason."""
+    cordons: dict[str, Cordon]
     claims: dict[str, Claim]
+
+    @property
+    def cordoned(self) -> dict[str, str]:
+        """slot -> the cordon in words (`fatal: ...`, `degraded: ...`)."""
+        return {slot: c.describe() for slot, c in self.cordons.items()}
 
 
 class Ledger:
@@ -55,8 +82,12 @@ class Ledger:
         self.k_cordon = f"{base}:cordon"
         self.k_version = f"{base}:version"
         self.k_ready = f"{base}:ready"
+        self.k_fence = f"{base}:fence"
+        self.token = 0
+        """This writer's fencing token (a scheduler leader sets its lease's); 0 when nobody leads (tools, tests)."""
         self._claim = client.register_script(_script("claim.lua"))
         self._release = client.register_script(_script("release.lua"))
+        self._rebuild = client.register_script(_script("rebuild.lua"))
 
     @classmethod
     def from_url(cls, url: str, prefix: str) -> "Ledger":
@@ -66,31 +97,51 @@ class Ledger:
     async def close(self) -> None:
         await self.redis.aclose()
 
+    async def claim_many(self, claims: Sequence[Claim]) -> list[ClaimResult]:
+        """Claim each job's slots or none of them, in order, in one round trip. Replaying a claim is a no-op."""
+        return (await self._claim_many(claims))[1]
+
+    async def _claim_many(self, claims: Sequence[Claim]) -> tuple[int, list[ClaimResult]]:
+        if not claims:
+            return 0, []
+        args: list[str] = [str(self.token)]
+        for c in claims:
+            if not c.slots:
+                raise ValueError(f"a claim needs at least one slot ({c.job_id})")
+            args += [c.job_id, str(c.attempt), str(len(c.slots)), *c.slots]
+        keys = [self.k_owner, self.k_claims, self.k_cordon, self.k_version, self.k_ready, self.k_fence]
+        result = await self._run(self._claim, keys, args)
+        self._check(result)
+        results = [ClaimResult(c, str(result[1 + 2 * i]), str(result[2 + 2 * i])) for i, c in enumerate(claims)]
+        return int(result[0]), results
+
     async def claim(self, job_id: str, attempt: int, slots: Iterable[str]) -> int:
         """Claim all `slots` for (job, attempt) or none. Returns the ledger version. Replaying a claim is a no-op."""
-        slot_list = list(slots)
-        if not slot_list:
-            raise ValueError("a claim needs at least one slot")
-        result = await self._run(
-            self._claim,
-            [self.k_owner, self.k_claims, self.k_cordon, self.k_version, self.k_ready],
-            [job_id, str(attempt), *slot_list],
-        )
-        code, detail = str(result[0]), str(result[1])
-        if code in ("OK", "ALREADY"):
-            return int(detail)
-        if code == "NOT_READY":
-            raise LedgerNotReady("ledger is empty and must be rebuilt")
-        raise LedgerConflict(code, detail)
+        version, (result,) = await self._claim_many([Claim(job_id, attempt, tuple(slots))])
+        if not result.ok:
+            raise LedgerConflict(result.code, result.detail)
+        return version
+
+    async def release_many(self, attempts: Sequence[tuple[str, int]]) -> list[bool]:
+        """Release the claims of (job, attempt) pairs; False for those not held (already released or never)."""
+        if not attempts:
+            return []
+        args = [str(self.token)]
+        for job_id, attempt in attempts:
+            args += [job_id, str(attempt)]
+        result = await self._run(self._release, [self.k_owner, self.k_claims, self.k_version, self.k_fence], args)
+        self._check(result)
+        return [str(code) == "OK" for code in result[1:]]
 
     async def release(self, job_id: str, attempt: int) -> bool:
         """Release the claim of (job, attempt); False when it was not held (already released or never claimed)."""
-        result = await self._run(self._release, [self.k_owner, self.k_claims, self.k_version], [job_id, str(attempt)])
-        return str(result[0]) == "OK"
+        (released,) = await self.release_many([(job_id, attempt)])
+        return released
 
-    async def cordon(self, slots: Iterable[str], reason: str) -> None:
+    async def cordon(self, slots: Iterable[str], cordon: Cordon) -> None:
         """Mark slots unschedulable. Jobs already on them keep their claim until the scheduler moves them."""
-        mapping: dict[Any, Any] = dict.fromkeys(slots, reason)
+        value = msgspec.json.encode(cordon).decode()
+        mapping: dict[Any, Any] = dict.fromkeys(slots, value)
         if not mapping:
             return
         try:
@@ -113,6 +164,14 @@ class Ledger:
         except redis.exceptions.ConnectionError as exc:
             raise LedgerUnavailable(str(exc)) from exc
 
+    async def cordons(self) -> dict[str, Cordon]:
+        """Every cordon (one round trip; what the scheduler re-reads when health announces a verdict)."""
+        try:
+            raw: dict[str, str] = await self.redis.hgetall(self.k_cordon)  # type: ignore[assignment]
+        except redis.exceptions.ConnectionError as exc:
+            raise LedgerUnavailable(str(exc)) from exc
+        return _decode_cordons(raw)
+
     async def is_ready(self) -> bool:
         try:
             return bool(await self.redis.exists(self.k_ready))
@@ -124,26 +183,15 @@ class Ledger:
 
         Cordons are kept: they belong to the health service, which re-asserts them from its own log.
         """
-        owner: dict[Any, Any] = {}
-        claim_map: dict[Any, Any] = {}
+        args = [str(self.token)]
         for c in claims:
-            claim_map[c.job_id] = f"{c.attempt}|{','.join(c.slots)}"
-            for slot in c.slots:
-                if slot in owner:
-                    raise LedgerConflict("TAKEN", f"{slot} claimed by {owner[slot]} and {c.job_id}/{c.attempt}")
-                owner[slot] = f"{c.job_id}/{c.attempt}"
-        try:
-            async with self.redis.pipeline(transaction=True) as pipe:
-                pipe.delete(self.k_owner, self.k_claims)
-                if owner:
-                    pipe.hset(self.k_owner, mapping=owner)
-                    pipe.hset(self.k_claims, mapping=claim_map)
-                pipe.set(self.k_ready, "1")
-                pipe.incr(self.k_version)
-                result = await pipe.execute()
-        except redis.exceptions.ConnectionError as exc:
-            raise LedgerUnavailable(str(exc)) from exc
-        return int(result[-1])
+            args += [c.job_id, str(c.attempt), ",".join(c.slots)]
+        keys = [self.k_owner, self.k_claims, self.k_version, self.k_ready, self.k_fence]
+        result = await self._run(self._rebuild, keys, args)
+        self._check(result)
+        if str(result[0]) == "TAKEN":
+            raise LedgerConflict("TAKEN", str(result[1]))
+        return int(result[1])
 
     async def snapshot(self) -> LedgerSnapshot:
         try:
@@ -160,7 +208,14 @@ class Ledger:
         for job, value in raw_claims.items():
             attempt, _, slots = value.partition("|")
             claims[job] = Claim(job, int(attempt), tuple(slots.split(",")))
-        return LedgerSnapshot(bool(ready), int(version or 0), owners, cordoned, claims)
+        return LedgerSnapshot(bool(ready), int(version or 0), owners, _decode_cordons(cordoned), claims)
+
+    def _check(self, result: list[Any]) -> None:
+        code = str(result[0])
+        if code == "NOT_READY":
+            raise LedgerNotReady("ledger is empty and must be rebuilt")
+        if code == "FENCED":
+            raise LedgerFenced(f"a newer leader (token {result[1]}) holds the ledger; this writer has {self.token}")
 
     async def _run(self, script: Any, keys: list[str], args: list[str]) -> list[Any]:
         try:
@@ -168,3 +223,15 @@ class Ledger:
         except redis.exceptions.ConnectionError as exc:
             raise LedgerUnavailable(str(exc)) from exc
         return result
+
+
+def _decode_cordons(raw: dict[str, str]) -> dict[str, Cordon]:
+    out: dict[str, Cordon] = {}
+    for slot, value in raw.items():
+        try:
+            out[slot] = _cordon_decoder.decode(value)
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            # Written by something else (an old version, a hand edit): still unschedulable, drained with grace.
+            log.warning("ledger.undecodable_cordon", slot=slot, value=value[:200])
+            out[slot] = Cordon(severity="degraded", reason=value)
+    return out
