@@ -145,9 +145,8 @@ async def _at_least(counter: object, n: int) -> bool:
 
 async def _print_states(settings: Settings, names: Names) -> None:
     from chamber.common.jobstore import JobStore
-    from chamber.common.subjects import JOBS_BUCKET
 
     bus = await Bus.connect(settings.nats_url, names, "test")
-    records = await JobStore(await bus.key_value(JOBS_BUCKET)).load_all()
+    records = await (await JobStore.open(bus)).load_all()
     print("KV states:", Counter((r.state, r.placement is not None, r.reason) for r, _ in records.values()))
     await bus.close()

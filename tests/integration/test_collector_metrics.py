@@ -13,7 +13,7 @@ from chamber.common.bus import Bus
 from chamber.common.jobstore import JobStore
 from chamber.common.runtime import make_context
 from chamber.common.settings import Settings
-from chamber.common.subjects import JOBS_BUCKET, Names
+from chamber.common.subjects import Names
 from chamber.gateway.api import create_app
 from chamber.gateway.state import GatewayState
 from chamber.scheduler import service as scheduler
@@ -33,7 +33,7 @@ async def test_fleet_metrics_history_and_prometheus(client: AsyncTestClient[Any]
     bus = await Bus.connect(settings.nats_url, Names(settings.namespace), "collector")
     await bus.ensure_streams()
     ledger = ctx.ledger()
-    aggregator = Aggregator(ctx, bus, ledger, JobStore(await bus.key_value(JOBS_BUCKET)))
+    aggregator = Aggregator(ctx, bus, ledger, await JobStore.open(bus))
     await aggregator.start()
     sim = Collector(ctx, bus, ledger, simulated_source(ctx))
     try:

@@ -15,7 +15,7 @@ from chamber.common.contracts import (
 from chamber.common.jobstore import JobStore
 from chamber.common.ledger import Ledger
 from chamber.common.settings import Settings
-from chamber.common.subjects import DEADLETTER, JOBS_BUCKET, QUOTA, Names
+from chamber.common.subjects import DEADLETTER, QUOTA, Names
 from chamber.health import service as health
 from chamber.quota import service as quota
 from chamber.scheduler import service as scheduler
@@ -43,7 +43,7 @@ async def test_services_survive_garbage(settings: Settings, cleanup: None) -> No
     bus = await Bus.connect(settings.nats_url, names, "test")
     await bus.ensure_streams()
     ledger = Ledger.from_url(settings.redis_url, names.redis_prefix())
-    store = JobStore(await bus.key_value(JOBS_BUCKET))
+    store = await JobStore.open(bus)
     subjects = [
         names.job_submit("bad"),
         names.job_lifecycle("bad"),

@@ -4,14 +4,13 @@ import pytest
 
 from chamber.common.bus import Bus
 from chamber.common.jobstore import JobStore, StaleWrite
-from chamber.common.subjects import JOBS_BUCKET
 from tests.support.builders import make_job
 
 pytestmark = pytest.mark.integration
 
 
 async def test_load_all_sees_every_record_at_its_latest_revision(bus: Bus) -> None:
-    store = JobStore(await bus.key_value(JOBS_BUCKET))
+    store = await JobStore.open(bus)
     revisions = {}
     for i in range(300):
         record = make_job(f"j{i}").build()

@@ -7,7 +7,6 @@ from chamber.common.bus import Bus
 from chamber.common.contracts import GpuSample, JobRecord, JobSpec, JobSubmitted, NodeTelemetry
 from chamber.common.jobstore import JobStore
 from chamber.common.settings import Settings
-from chamber.common.subjects import JOBS_BUCKET
 from chamber.health import service as health
 from chamber.scheduler import service as scheduler
 from tests.support.services import eventually, running
@@ -25,7 +24,7 @@ async def record(store: JobStore, job_id: str) -> JobRecord | None:
 
 
 async def test_training_preempts_research_which_resumes_and_finishes(settings: Settings, bus: Bus) -> None:
-    store = JobStore(await bus.key_value(JOBS_BUCKET))
+    store = await JobStore.open(bus)
     async with running(settings, ("collector", collector.main), ("scheduler", scheduler.main)):
         research = JobSpec(
             name="sweep", team="lab", gpus_per_replica=8, replicas=4, priority="research", duration_s=4.0,
@@ -54,7 +53,7 @@ async def test_training_preempts_research_which_resumes_and_finishes(settings: S
 
 
 async def test_a_gpu_fault_interrupts_its_job_which_resumes_elsewhere(settings: Settings, bus: Bus) -> None:
-    store = JobStore(await bus.key_value(JOBS_BUCKET))
+    store = await JobStore.open(bus)
     async with running(settings, ("collector", collector.main), ("scheduler", scheduler.main), ("health", health.main)):
         spec = JobSpec(name="pretrain", team="core", gpus_per_replica=8, priority="train", duration_s=60.0)
         await submit(bus, "pretrain", spec, 1.0)

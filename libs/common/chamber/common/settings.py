@@ -3,7 +3,7 @@
 import os
 import re
 from collections.abc import Mapping
-from typing import Annotated
+from typing import Annotated, Literal
 
 import msgspec
 
@@ -28,6 +28,14 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     telemetry_interval_s: Annotated[float, msgspec.Meta(gt=0)] = 5.0
     inventory_interval_s: Annotated[float, msgspec.Meta(gt=0)] = 30.0
     schedule_interval_s: Annotated[float, msgspec.Meta(gt=0)] = 1.0
+    """The scheduler's safety-net cycle: events are decided at once; a full cycle also runs at least this often."""
+    executor: Literal["simulated", "process", "kubernetes"] = "simulated"
+    """How placed jobs run: `simulated` (the demo fleet), `process` (node agents start real processes),
+    `kubernetes` (suspended Jobs, bound by Chamber)."""
+    leader_lease_s: Annotated[float, msgspec.Meta(ge=1, le=120)] = 5.0
+    """The scheduler leader's lease: a standby takes over at most this long after the leader dies."""
+    launch_timeout_s: Annotated[float, msgspec.Meta(gt=0)] = 300.0
+    """A placed job that has not started within this long is requeued (its GPUs released)."""
     log_level: str = "INFO"
     log_format: str = "console"
     otel_exporter: str = ""

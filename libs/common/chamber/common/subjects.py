@@ -62,13 +62,20 @@ STREAMS: tuple[StreamSpec, ...] = (
 SUBJECTS: tuple[SubjectSpec, ...] = (
     SubjectSpec("jobs.submit.<job>", "JOBS", "JobSubmitted", "gateway", "scheduler"),
     SubjectSpec("jobs.cancel.<job>", "JOBS", "JobCancelRequested", "gateway", "scheduler"),
-    SubjectSpec("jobs.lifecycle.<job>", "JOBS", "JobStarted, JobFinished, JobStopped", "executor", "scheduler"),
+    SubjectSpec(
+        "jobs.lifecycle.<job>",
+        "JOBS",
+        "JobStarted, JobFinished, JobStopped, JobLaunchFailed",
+        "executor (scheduler: launch deadline)",
+        "scheduler",
+    ),
     SubjectSpec("decisions.placed.<job>", "DECISIONS", "JobPlaced", "scheduler", "(audit, dashboard)"),
     SubjectSpec("decisions.state.<job>", "DECISIONS", "JobStateChanged", "scheduler", "quota"),
     SubjectSpec("inventory.<node>", "INVENTORY", "NodeInventory", "collector", "scheduler, gateway"),
     SubjectSpec("telemetry.<node>", "TELEMETRY", "NodeTelemetry, GpuXidEvent", "collector", "health, collector"),
     SubjectSpec("metrics.fleet", "METRICS", "FleetSnapshot", "collector", "gateway"),
     SubjectSpec("metrics.rollup.<1m-1h-1d>", "METRICS", "RollupPoint", "collector", "gateway"),
+    SubjectSpec("metrics.scheduler", "METRICS", "SchedulerStats", "scheduler (leader)", "gateway, benchmarks"),
     SubjectSpec(
         "health.verdicts.<node>.<gpu-or-node>",
         "HEALTH",
@@ -86,6 +93,8 @@ SUBJECTS: tuple[SubjectSpec, ...] = (
 
 JOBS_BUCKET = "jobs"
 """JetStream KV bucket (`<namespace>_jobs`) holding the current JobRecord of every job, written by the scheduler."""
+LEASES_BUCKET = "leases"
+"""JetStream KV bucket (`<namespace>_leases`, entries expire): one key per elected role, e.g. `scheduler`."""
 QUOTA_BUCKET = "quota"
 """JetStream KV bucket (`<namespace>_quota`): key `config` holds the QuotaConfig (teams, pools, budgets)."""
 
@@ -133,6 +142,9 @@ class Names:
 
     def health_command(self, node: str) -> str:
         return f"{self.ns}.health.commands.{node}"
+
+    def scheduler_stats(self) -> str:
+        return f"{self.ns}.metrics.scheduler"
 
     def quota_state(self) -> str:
         return f"{self.ns}.quota.state"

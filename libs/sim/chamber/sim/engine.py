@@ -21,12 +21,28 @@ from typing import IO, Any
 
 import msgspec
 
-from chamber.common.contracts import GpuRef, OrgConfig, PoolConfig, QuotaConfig, TeamConfig, TeamQuota
+from chamber.common.contracts import (
+    TERMINAL_STATES,
+    Cordon,
+    GpuRef,
+    JobEvent,
+    JobFinished,
+    JobRecord,
+    JobSpec,
+    JobStarted,
+    JobStopped,
+    JobSubmitted,
+    OrgConfig,
+    PoolConfig,
+    QuotaConfig,
+    TeamConfig,
+    TeamQuota,
+)
 from chamber.common.priorities import DEFAULT_CLASSES
 from chamber.common.quota import QuotaBook, fair_shares, standings
-from chamber.scheduler.core.cycle import SchedulerConfig, SchedulingState
-from chamber.scheduler.core.decisions import Decision, Place, Preempt
-from chamber.scheduler.core.model import PendingJob, Shape
+from chamber.scheduler.core.controller import Controller
+from chamber.scheduler.core.decisions import Decision, Place, Preempt, Wait
+from chamber.scheduler.core.state import SchedulerConfig
 from chamber.sim.faults import Fault, llama3_faults
 from chamber.sim.scenario import Scenario, TraceJob
 
@@ -45,14 +61,10 @@ FINISH, STOP, FAULT, REPAIR, FAIL, ARRIVE, CYCLE = range(7)
 @dataclass
 class SimJob:
     trace: TraceJob
-    pending: PendingJob
-    remaining_s: float
-    attempt: int = 0
-    started_at: float | None = None
+    spec: JobSpec
     first_start: float | None = None
     finished_at: float | None = None
     gpus: tuple[GpuRef, ...] = ()
-    stop_reason: str = ""
     preemptions: int = 0
     interruptions: int = 0
     lost_s: float = 0.0
@@ -71,6 +83,10 @@ class Stats:
 
 
 class Simulation:
+    """Drives the scheduler's `Controller` (the same object the scheduler service drives) on a virtual clock, and
+    plays the executor: a placed job starts at once, finishes when its true duration has run, and stops after
+    its grace when preempted. The job records it accounts from are the state machine's, as in the service."""
+
     def __init__(self, scenario: Scenario, jobs: list[TraceJob], policy: str, events: IO[bytes] | None = None,
                  progress: Callable[[float], None] | None = None) -> None:  # fmt: skip
         if policy not in POLICIES:
@@ -79,7 +95,8 @@ class Simulation:
         self.policy = policy
         self.out = events
         self.progress = progress
-        self.state = SchedulingState(POLICIES[policy])
+        self.control = Controller(POLICIES[policy])
+        self.state = self.control.state
         self.gpn = scenario.fleet.pools[0].gpus_per_node
         self.slots: list[str] = []
         self.pool_of_node: dict[str, str] = {}
@@ -96,12 +113,11 @@ class Simulation:
                 self.slots += [f"{name}/{g}" for g in range(pool.gpus_per_node)]
                 i += 1
         self.book = self._quota(scenario, policy)
-        self.state.quota = self.book
-        self.state.usage = type(self.state.usage)(self.book)
+        self.state.set_quota(self.book)
         self.jobs: dict[str, SimJob] = {}
         d = scenario.workload.defaults
         for tj in jobs:
-            self.jobs[tj.id] = SimJob(tj, self._pending(tj, d.max_runtime_factor, d), tj.duration_s)
+            self.jobs[tj.id] = SimJob(tj, self._spec(tj, d.max_runtime_factor, d))
         self.heap: list[tuple[float, int, int, Any]] = []
         self._seq = 0
         self.now = 0.0
@@ -111,8 +127,8 @@ class Simulation:
         self.broken: dict[str, float] = {}
         """slot -> until when a faulty GPU stays in service undetected (health off, or a silent fault)."""
         self.rng = random.Random(scenario.faults.seed)
-        self._cycle_pending = False
-        self._last_cycle = -math.inf
+        self._cycle_at: float | None = None
+        self.done = 0
 
     # ---- setup ----------------------------------------------------------------------------------------------
 
@@ -130,18 +146,17 @@ class Simulation:
         capacity = {p.name: p.nodes * p.gpus_per_node for p in scenario.fleet.pools}
         return QuotaBook(QuotaConfig(pools=pools, orgs=[OrgConfig(name="sim")], teams=teams), capacity)
 
-    def _pending(self, tj: TraceJob, factor: float | None, d: Any) -> PendingJob:
+    def _spec(self, tj: TraceJob, factor: float | None, d: Any) -> JobSpec:
         if tj.gpus > self.gpn:
             replicas = math.ceil(tj.gpus / self.gpn)
             per = math.ceil(tj.gpus / replicas)
         else:
             replicas, per = 1, tj.gpus
-        pc = DEFAULT_CLASSES[tj.priority]
-        return PendingJob(
-            id=tj.id, team=tj.team, priority=pc.value, shape=Shape(per, replicas), submitted_at=tj.submit_s,
-            preemptions=0, attempt=0, est_runtime_s=None if factor is None else tj.duration_s * factor,
-            preemptible=tj.preemptible, checkpoint_interval_s=d.checkpoint_interval_s,
-            checkpoint_grace_s=d.checkpoint_grace_s,
+        return JobSpec(
+            name=tj.id, team=tj.team, gpus_per_replica=per, replicas=replicas, priority=tj.priority,
+            duration_s=tj.duration_s, max_runtime_s=None if factor is None else tj.duration_s * factor,
+            checkpoint_interval_s=d.checkpoint_interval_s, checkpoint_grace_s=d.checkpoint_grace_s,
+            preemptible=tj.preemptible if tj.preemptible != DEFAULT_CLASSES[tj.priority].preemptible else None,
         )  # fmt: skip
 
     def _push(self, at: float, kind: int, payload: Any) -> None:
@@ -166,8 +181,7 @@ class Simulation:
                 self._push(fault.at, FAULT, fault)
         next_sample = 0.0
         next_standing = 0.0
-        done = 0
-        while self.heap and done < len(self.jobs):
+        while self.heap and self.done < len(self.jobs):
             at, kind, _, payload = heapq.heappop(self.heap)
             if at > horizon:
                 break
@@ -181,20 +195,18 @@ class Simulation:
             if kind == ARRIVE:
                 job = self.jobs[payload]
                 self._log({"event": "submitted", "job": job.trace.id, "team": job.trace.team, "gpus": job.trace.gpus})
-                self._apply(self.state.submit(job.pending, at))
-                self._want_cycle()
-            elif kind == FINISH:
-                done += self._finish(*payload)
-            elif kind in (STOP, FAIL):
-                self._stop(*payload)
+                self._event(JobSubmitted(job_id=payload, spec=job.spec, submitted_at=at))
+            elif kind in (FINISH, STOP, FAIL):
+                self._event(payload)
             elif kind == FAULT:
                 self._fault(payload)
             elif kind == REPAIR:
                 self._repair(payload)
             elif kind == CYCLE:
-                self._cycle_pending = False
-                self._last_cycle = at
-                self._apply(self.state.cycle(at))
+                self._cycle_at = None
+                self.state.invalidate()
+            if not self.heap or self.heap[0][0] > at:
+                self._decide(periodic=kind == CYCLE)  # this instant is complete: decide, as the service does
         self._advance(self.now)
         return time.perf_counter() - started
 
@@ -203,112 +215,117 @@ class Simulation:
             self.progress(at - self.now)
         self.now = max(self.now, at)
 
-    def _want_cycle(self) -> None:
-        if not self._cycle_pending:
-            self._cycle_pending = True
-            self._push(max(self.now, self._last_cycle + self.scenario.cycle_interval_s), CYCLE, None)
+    def _decide(self, periodic: bool) -> None:
+        decisions = self.control.decide(self.now)
+        self._apply(decisions)
+        acted = any(not isinstance(d, Wait) for d in decisions)
+        waiting = len(self.state.queue) or self.state.nominated
+        if waiting and self._cycle_at is None and (acted or not periodic):
+            # The safety-net cycle, as the service runs it: time alone changes what is possible (minimum runtimes
+            # pass, estimates run out). Once one found nothing to do, the next event brings the next one.
+            self._cycle_at = self.now + self.scenario.cycle_interval_s
+            self._push(self._cycle_at, CYCLE, None)
 
     def _apply(self, decisions: list[Decision]) -> None:
         for d in decisions:
+            change = self.control.commit(d, self.now)
             if isinstance(d, Place):
                 job = self.jobs[d.job_id]
-                job.attempt, job.gpus, job.started_at = d.attempt, d.gpus, self.now
+                job.gpus = d.gpus
                 if job.first_start is None:
                     job.first_start = self.now
                 self._log({"event": "started", "job": d.job_id, "placement": [[g.node, g.index] for g in d.gpus]})
-                self._push(self.now + job.remaining_s, FINISH, (d.job_id, d.attempt))
+                self._event(JobStarted(job_id=d.job_id, attempt=d.attempt, started_at=self.now))
+                record = self.control.records[d.job_id]
+                remaining = max(0.0, job.trace.duration_s - record.run_s)
+                end = self.now + remaining
+                finish = JobFinished(job_id=d.job_id, attempt=d.attempt, finished_at=end, started_at=self.now)
+                self._push(end, FINISH, finish)
                 bad = [self.broken[g.slot] for g in d.gpus if g.slot in self.broken]
                 if bad:  # an undetected faulty GPU fails the job soon after it starts
-                    self._push(self.now + self.rng.uniform(60, 900), FAIL, (d.job_id, d.attempt, "faulty GPU", True))
-            elif isinstance(d, Preempt):
-                job = self.jobs[d.job_id]
-                kind = "interrupted" if d.interrupt else "preempted"
-                self._push(self.now + d.grace_s, STOP, (d.job_id, d.attempt, d.reason, d.interrupt or False))
-                job.stop_reason = kind
+                    at = self.now + self.rng.uniform(60, 900)
+                    self._push(at, FAIL, JobStopped(
+                        job_id=d.job_id, attempt=d.attempt, stopped_at=at, reason="faulty GPU", graceful=False,
+                        started_at=self.now, interrupted=True))  # fmt: skip
+            elif isinstance(d, Preempt) and change is not None:
+                at = self.now + d.grace_s
+                stop = JobStopped(
+                    job_id=d.job_id, attempt=d.attempt, stopped_at=at, reason=d.reason, graceful=d.grace_s > 0
+                )
+                self._push(at, STOP, stop)
 
-    def _running(self, job_id: str, attempt: int) -> SimJob | None:
-        job = self.jobs[job_id]
-        run = self.state.running.get(job_id)
-        if run is None or job.attempt != attempt or job.started_at is None:
-            return None
-        return job
-
-    def _finish(self, job_id: str, attempt: int) -> int:
-        job = self._running(job_id, attempt)
-        if job is None:
-            return 0
-        self._account(job, job.remaining_s, 0.0)
-        job.finished_at = self.now
-        job.remaining_s = 0.0
-        self.state.release(job_id)
-        self._log({"event": "finished", "job": job_id})
-        self._want_cycle()
-        return 1
-
-    def _stop(self, job_id: str, attempt: int, reason: str, fault: bool) -> None:
-        job = self._running(job_id, attempt)
-        if job is None:
+    def _event(self, event: JobEvent) -> None:
+        """An event through the controller, as the service's consumer hands it over; the log and the accounting
+        follow the record's change."""
+        before = self.control.records.get(event.job_id)
+        transition = self.control.apply(event, self.now)
+        if transition is None:
             return
-        assert job.started_at is not None
-        ran = min(self.now - job.started_at, job.remaining_s)
-        interval = job.pending.checkpoint_interval_s
-        graceful = not fault and job.pending.checkpoint_grace_s > 0
-        saved = ran if graceful and not interval else (ran - ran % interval if interval else 0.0)
-        self._account(job, saved, ran - saved, fault=fault)
-        job.remaining_s -= saved
-        self.state.release(job_id)
-        if fault:
+        record = transition.record
+        if before is None or transition.release_attempt is None:
+            return
+        self._account(self.jobs[record.id], before, record)
+
+    def _account(self, job: SimJob, before: JobRecord, after: JobRecord) -> None:
+        gpus = len(job.gpus)
+        useful = after.run_s - before.run_s
+        lost = after.lost_s - before.lost_s
+        self.stats.busy_gpu_s += gpus * (useful + lost)
+        self.stats.lost_gpu_s += gpus * lost
+        job.lost_s += lost
+        if after.state in TERMINAL_STATES:
+            job.finished_at = self.now
+            self.done += 1
+            self._log({"event": "finished", "job": job.trace.id})
+        elif after.interruptions > before.interruptions:
             job.interruptions += 1
             self.stats.interruptions += 1
-            self._log({"event": "interrupted", "job": job_id, "reason": reason})
+            self.stats.lost_fault_gpu_s += gpus * lost
+            self._log({"event": "interrupted", "job": job.trace.id, "reason": after.stop_reason})
         else:
             job.preemptions += 1
             self.stats.preemptions += 1
-            self._log({"event": "preempted", "job": job_id})
-        job.pending = job.pending.requeued(attempt, saved)
-        job.started_at = None
-        self.state.requeue(job.pending)
-        self._want_cycle()
-
-    def _account(self, job: SimJob, useful_s: float, lost_s: float, fault: bool = False) -> None:
-        gpus = len(job.gpus)
-        self.stats.busy_gpu_s += gpus * (useful_s + lost_s)
-        self.stats.lost_gpu_s += gpus * lost_s
-        if fault:
-            self.stats.lost_fault_gpu_s += gpus * lost_s
-        job.lost_s += lost_s
+            self._log({"event": "preempted", "job": job.trace.id})
 
     # ---- faults ---------------------------------------------------------------------------------------------
 
     def _fault(self, fault: Fault) -> None:
+        """A fault as health would see it: detected ones cordon the GPU (or node), and the scheduler interrupts
+        whatever runs there; undetected ones (health off, silent corruption) kill the jobs and stay in service."""
         self.stats.faults += 1
         slot = self.slots[fault.gpu_number]
         node = slot.rsplit("/", 1)[0]
         cause = fault.cause
-        victims = [r.id for r in self.state.running.values() if any(g.node == node for g in r.gpus)]
-        if cause.scope == "gpu":
-            victims = [r.id for r in self.state.running.values() if any(g.slot == slot for g in r.gpus)]
+        on_node = [r.id for r in self.state.running.values() if any(g.node == node for g in r.gpus)]
         if cause.scope == "job":
-            for job_id in victims[:1]:
-                self._stop(job_id, self.jobs[job_id].attempt, cause.name, True)
+            for job_id in on_node[:1]:
+                self._kill(job_id, cause.name)
             return
         slots = [slot] if cause.scope == "gpu" else [s for s in self.slots if s.startswith(f"{node}/")]
-        detected = self.scenario.faults.health and not cause.silent
-        for job_id in victims:
-            self._stop(job_id, self.jobs[job_id].attempt, cause.name, True)
-        if detected:
+        if self.scenario.faults.health and not cause.silent:
             for s in slots:
                 if s not in self.down:
                     self.down[s] = self.now
-                    self.state.cordon(s, f"fatal: {cause.name}")
+                    self.state.cordon(s, Cordon(severity="fatal", reason=cause.name))
                     n, _, g = s.rpartition("/")
                     self._log({"event": "gpu_down", "node": n, "gpu": int(g)})
             self._push(self.now + cause.repair_s, REPAIR, slots)
-        else:
-            until = self.now + max(cause.repair_s, self.scenario.faults.manual_repair_s)
-            for s in slots:
-                self.broken[s] = until
-            self._push(until, REPAIR, slots)
+            return
+        hit = set(slots)
+        for job_id in on_node:
+            if any(g.slot in hit for g in self.state.running[job_id].gpus):
+                self._kill(job_id, cause.name)
+        until = self.now + max(cause.repair_s, self.scenario.faults.manual_repair_s)
+        for s in slots:
+            self.broken[s] = until
+        self._push(until, REPAIR, slots)
+
+    def _kill(self, job_id: str, cause: str) -> None:
+        record = self.control.records[job_id]
+        self._event(JobStopped(
+            job_id=job_id, attempt=record.attempt, stopped_at=self.now, reason=cause, graceful=False,
+            started_at=record.started_at, interrupted=True,
+        ))  # fmt: skip
 
     def _repair(self, slots: list[str]) -> None:
         for s in slots:
@@ -319,7 +336,6 @@ class Simulation:
                 self.state.uncordon(s)
                 n, _, g = s.rpartition("/")
                 self._log({"event": "gpu_up", "node": n, "gpu": int(g)})
-        self._want_cycle()
 
     # ---- fair share and sampling ----------------------------------------------------------------------------
 
@@ -331,6 +347,7 @@ class Simulation:
             demand[key] = demand.get(key, 0) + job.shape.gpus
         shares = fair_shares(self.book, demand)
         self.state.standing = standings(shares, dict(self.state.usage.items()))
+        self.state.invalidate()
 
     def _sample(self, at: float) -> None:
         busy = sum(len(r.gpus) for r in self.state.running.values())

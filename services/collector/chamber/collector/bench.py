@@ -25,7 +25,6 @@ from chamber.common.contracts import GpuSample, NodeTelemetry
 from chamber.common.jobstore import JobStore
 from chamber.common.runtime import make_context
 from chamber.common.settings import Settings
-from chamber.common.subjects import JOBS_BUCKET
 
 GPUS_PER_NODE = 8
 
@@ -66,7 +65,7 @@ async def _throughput(settings: Settings, gpus: int, rounds: int) -> dict[str, f
     ctx = make_context(settings, "bench")
     bus = await Bus.connect(settings.nats_url, ctx.names, "bench")
     await bus.ensure_streams()
-    agg = Aggregator(ctx, bus, ctx.ledger(), JobStore(await bus.key_value(JOBS_BUCKET)))
+    agg = Aggregator(ctx, bus, ctx.ledger(), await JobStore.open(bus))
     await agg.start(serve_metrics=False)
     nodes = gpus // GPUS_PER_NODE
     expected = nodes * rounds * GPUS_PER_NODE
@@ -97,7 +96,7 @@ async def _lag(settings: Settings, gpus: int, seconds: float) -> dict[str, float
     ctx = make_context(settings, "bench")
     bus = await Bus.connect(settings.nats_url, ctx.names, "bench")
     await bus.ensure_streams()
-    agg = Aggregator(ctx, bus, ctx.ledger(), JobStore(await bus.key_value(JOBS_BUCKET)))
+    agg = Aggregator(ctx, bus, ctx.ledger(), await JobStore.open(bus))
     await agg.start(serve_metrics=False)
     stop = asyncio.Event()
     runner = asyncio.create_task(agg.run(stop))

@@ -23,7 +23,6 @@ from chamber.common.jobstore import JobStore
 from chamber.common.ledger import Ledger, LedgerUnavailable
 from chamber.common.log import get_logger
 from chamber.common.runtime import Context, wait_event
-from chamber.common.subjects import JOBS_BUCKET
 
 log = get_logger(__name__)
 
@@ -141,7 +140,7 @@ async def main(ctx: Context, stop: asyncio.Event) -> None:
     tasks = []
     try:
         if role in ("all", "aggregator"):
-            aggregator = Aggregator(ctx, bus, ledger, JobStore(await bus.key_value(JOBS_BUCKET)))
+            aggregator = Aggregator(ctx, bus, ledger, await JobStore.open(bus))
             await aggregator.start()
             tasks.append(asyncio.create_task(aggregator.run(stop)))
         if role in ("all", "sim"):

@@ -19,7 +19,7 @@ from chamber.common.jobstore import JobStore
 from chamber.common.ledger import Ledger
 from chamber.common.quotastore import QuotaStore
 from chamber.common.runtime import Context
-from chamber.common.subjects import HEALTH, JOBS, JOBS_BUCKET, METRICS, QUOTA_BUCKET
+from chamber.common.subjects import HEALTH, JOBS, METRICS, QUOTA_BUCKET
 from chamber.gateway.core.views import JobView, job_view, submitted_view
 
 _submitted = Decoder(JobSubmitted)
@@ -87,7 +87,7 @@ class GatewayState:
     async def start(self) -> None:
         self._bus = await self.ctx.bus()
         self._ledger = self.ctx.ledger()
-        self.store = JobStore(await self.bus.key_value(JOBS_BUCKET))
+        self.store = await JobStore.open(self.bus)
         self._stop_follow = await self.store.follow(self._on_record)
         await self.bus.watch_latest(self.bus.names.subject("inventory.>"), Decoder(NodeInventory), self._on_inventory)
         await self.bus.watch_latest(self.bus.names.quota_state(), Decoder(QuotaState), self._on_quota)

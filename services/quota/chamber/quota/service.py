@@ -17,7 +17,7 @@ from chamber.common.log import get_logger
 from chamber.common.quota import ConfigError, QuotaBook, validate
 from chamber.common.quotastore import QuotaStore, load_yaml
 from chamber.common.runtime import Context, wait_event
-from chamber.common.subjects import DECISIONS, JOBS_BUCKET, QUOTA_BUCKET
+from chamber.common.subjects import DECISIONS, QUOTA_BUCKET
 from chamber.quota.core.report import compute, org_totals
 
 log = get_logger(__name__)
@@ -108,7 +108,7 @@ async def main(ctx: Context, stop: asyncio.Event) -> None:
     quota = Quota(
         ctx,
         bus,
-        JobStore(await bus.key_value(JOBS_BUCKET)),
+        await JobStore.open(bus),
         QuotaStore(await bus.key_value(QUOTA_BUCKET)),
     )
     try:

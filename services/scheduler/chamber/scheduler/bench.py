@@ -17,11 +17,11 @@ import time
 from dataclasses import dataclass, field
 
 from chamber.common.priorities import DEFAULT_CLASSES
-from chamber.scheduler.core.cycle import SchedulingState
 from chamber.scheduler.core.decisions import Decision, Place, Preempt, Wait
 from chamber.scheduler.core.model import PendingJob, Shape
 from chamber.scheduler.core.placement import find_placement
 from chamber.scheduler.core.preemption import plan_preemption
+from chamber.scheduler.core.state import SchedulingState
 
 SIZES = [(1, 1), (2, 1), (4, 1), (8, 1), (8, 2), (8, 4)]
 SIZE_WEIGHTS = [30, 20, 15, 20, 10, 5]

@@ -1,128 +1,261 @@
-"""The scheduler shell: load state, decide with the pure core, apply through the ledger (guarded), publish.
+"""The scheduler shell: one long-lived decision state, moved by events, applied in batches, fenced.
 
-Crash safety, step by step (docs/architecture.md has the full argument):
-- an event is acked only after its effect is in the ledger and the jobs KV, so a crash redelivers it, and the
-  state machine ignores what was already applied;
-- a placement is claimed in the ledger before the record says so; a claim without a record (crash in between)
-  is released at start-up;
-- the ledger is rebuilt from the records whenever it is found empty (Redis restarted or flushed).
+- **One state.** The `Controller` (job records + scheduling state) is loaded once at start-up and then moved
+  by events: a submission is queued, a finish frees GPUs, a stop requeues. It is rebuilt only after the ledger
+  was lost or found out of step with it.
+- **Event-driven.** Each batch of job events the consumer fetches is applied and decided at once: an arrival
+  is placed when it arrives, a freed GPU is reused at once. A full cycle runs when something invalidated the last
+  one, and at least every `schedule_interval_s` as a safety net (minimum runtimes pass, estimates run out).
+- **Batched, pipelined apply.** All placements of a pass are claimed in one Lua call (each job all or nothing),
+  records are written and decisions published with async publishes and one wait for all acks, and the executor
+  is called after the lock is released.
+- **Fenced.** Only the holder of the scheduler lease acts; a second process waits as standby. The lease's
+  fencing token travels with every ledger write, so a leader paused past its lease cannot claim.
+
+Crash safety (docs/architecture.md has the full argument): an event is acked only after its effect is in the KV
+and the ledger; a placement is claimed before the record says so; claims no record explains are released at
+start-up; the ledger is rebuilt from the records whenever it is found empty.
 """
 
 import asyncio
-from collections.abc import Callable
+import resource
+import statistics
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
-from chamber.common.bus import Bus
-from chamber.common.codec import Decoder
+from chamber.common.bus import Bus, BusError
+from chamber.common.codec import Decoder, encode
 from chamber.common.contracts import (
     TERMINAL_STATES,
+    Cordon,
     JobEvent,
+    JobLaunchFailed,
     JobPlaced,
     JobRecord,
     JobState,
     JobStateChanged,
     Node,
     NodeInventory,
-    Placement,
     QuotaConfig,
     QuotaState,
+    SchedulerStats,
 )
-from chamber.common.jobstore import JobStore
-from chamber.common.ledger import Claim, Ledger, LedgerConflict, LedgerNotReady
+from chamber.common.jobstore import JobStore, StaleWrite, Write
+from chamber.common.lease import Lease, LeaseLost, identity
+from chamber.common.ledger import Claim, Ledger, LedgerFenced, LedgerNotReady
 from chamber.common.log import get_logger
 from chamber.common.quota import QuotaBook
 from chamber.common.quotastore import QuotaStore
 from chamber.common.runtime import Context, wait_event
-from chamber.common.subjects import JOBS, JOBS_BUCKET, QUOTA_BUCKET
-from chamber.scheduler.core.cycle import SchedulerConfig, SchedulingState
-from chamber.scheduler.core.decisions import Decision, Nominate, Preempt, Wait
-from chamber.scheduler.core.lifecycle import apply_event, holds_gpus, nominate, note, place, stop_requested
-from chamber.scheduler.executor import Executor, SimulatedExecutor
+from chamber.common.subjects import INVENTORY, JOBS, QUOTA, QUOTA_BUCKET
+from chamber.scheduler.core.controller import Change, Controller
+from chamber.scheduler.core.decisions import Place, Preempt
+from chamber.scheduler.core.lifecycle import holds_gpus
+from chamber.scheduler.executor import Executor, make_executor
 
 log = get_logger(__name__)
+
+CHECK_LEDGER_S = 10.0
+"""How often the leader compares the ledger's owners with its own state (a safety net; they agree by design)."""
+STATS_S = 1.0
+
+
+@dataclass
+class _Pending:
+    """What a pass must still do after its records are written: ledger releases, then executor calls."""
+
+    writes: dict[str, Change] = field(default_factory=dict)
+    created: set[str] = field(default_factory=set)
+    releases: list[tuple[str, int]] = field(default_factory=list)
+    placed: list[Place] = field(default_factory=list)
+    launches: list[JobRecord] = field(default_factory=list)
+    stops: list[tuple[JobRecord, str, float]] = field(default_factory=list)
+
+    def write(self, change: Change) -> None:
+        first = self.writes.get(change.record.id)
+        previous = first.previous if first is not None else change.previous
+        publish = change.publish or (first is not None and first.publish)
+        self.writes[change.record.id] = Change(change.record, previous, publish)
 
 
 class Scheduler:
     def __init__(
-        self, ctx: Context, bus: Bus, ledger: Ledger, store: JobStore, executor: Executor, *, quota_store: QuotaStore
+        self,
+        ctx: Context,
+        bus: Bus,
+        ledger: Ledger,
+        store: JobStore,
+        executor: Executor,
+        *,
+        quota_store: QuotaStore,
+        holder: str = "",
     ) -> None:
         self.ctx = ctx
         self.bus = bus
         self.ledger = ledger
         self.store = store
         self.executor = executor
-        self.names = bus.names
-        self.records: dict[str, JobRecord] = {}
-        self.active: dict[str, JobRecord] = {}
-        """The records that are not terminal: what a scheduling cycle looks at."""
-        self.revisions: dict[str, int] = {}
-        self.nodes: dict[str, Node] = {}
-        self.quota: QuotaState | None = None
         self.quota_store = quota_store
+        self.holder = holder
+        self.names = bus.names
+        self.control = Controller()
+        self.revisions: dict[str, int] = {}
+        """KV revision of every active record."""
+        self.nodes: dict[str, Node] = {}
         self.quota_config = QuotaConfig()
-        self._stop_quota: Callable[[], Any] | None = None
-        self.config = SchedulerConfig()
+        self.quota_state: QuotaState | None = None
+        self.starting: dict[str, tuple[int, float]] = {}
+        """Placed jobs not yet started: job -> (attempt, placed at), for the launch deadline."""
         self._lock = asyncio.Lock()
         self._wake = asyncio.Event()
+        self._cordons_dirty = False
+        self._quota_dirty = False
+        self._last_cycle = 0.0
+        self._last_check = 0.0
+        self._executing: set[asyncio.Task[None]] = set()
+        self._stop_quota: Callable[[], Awaitable[None]] | None = None
+        self._decide_ms: list[float] = []
+        self._apply_ms: list[float] = []
+        self._placed = 0
+        self._reload_needed = False
+
+    # ---- start-up ----------------------------------------------------------------------------------------------
 
     async def start(self) -> None:
-        for record, revision in (await self.store.load_all()).values():
-            self._remember(record, revision)
+        started = time.perf_counter()
+        records = await self._read_records()
+        for inv in await self.bus.read_latest(INVENTORY, self.names.subject("inventory.>"), Decoder(NodeInventory)):
+            self.nodes[inv.node.name] = inv.node
+        self.quota_config, _ = await self.quota_store.get()
+        latest = await self.bus.read_latest(QUOTA, self.names.quota_state(), Decoder(QuotaState))
+        self.quota_state = latest[-1] if latest else None
+        async with self._lock:
+            await self._load(records)
+            await self._reconcile_ledger()
+        await self.executor.resync([r for r in self.control.records.values() if holds_gpus(r)])
+        for record in self.control.records.values():
+            if holds_gpus(record) and record.state != JobState.RUNNING:
+                self.starting[record.id] = (record.attempt, self.ctx.clock.now())
         await self.bus.watch_latest(self.names.subject("inventory.>"), Decoder(NodeInventory), self._on_inventory)
         await self.bus.watch_latest(self.names.quota_state(), Decoder(QuotaState), self._on_quota)
         self._stop_quota = await self.quota_store.follow(self._on_quota_config)
-        async with self._lock:
-            await self._reconcile_ledger()
-        await self.executor.resync([r for r in self.records.values() if holds_gpus(r)])
+        await self.bus.nc.subscribe(self.names.subject("health.verdicts.>"), cb=self._on_verdict)
         consumer = self.bus.consumer(
             stream=JOBS,
             durable="scheduler",
             filter_subjects=[self.names.subject("jobs.>")],
             decoder=Decoder(JobEvent),
             handler=self.on_event,
+            batch_handler=self.on_events,
+            batch=256,
         )
         await consumer.start()
-        log.info("scheduler.started", jobs=len(self.records), active=sum(holds_gpus(r) for r in self.records.values()))
+        log.info(
+            "scheduler.started", holder=self.holder, token=self.ledger.token, active=len(self.control.records),
+            nodes=len(self.nodes), took_ms=round((time.perf_counter() - started) * 1000, 1),
+        )  # fmt: skip
 
-    async def run(self, stop: asyncio.Event) -> None:
-        while not stop.is_set():
-            await wait_event(self._wake, self.ctx.settings.schedule_interval_s)
-            self._wake.clear()
-            if stop.is_set():
-                break
-            try:
-                await self.cycle()
-            except Exception:
-                log.exception("scheduler.cycle_failed")
-                await asyncio.sleep(0.5)
+    async def _read_records(self) -> list[JobRecord]:
+        """Every record from the store; the revisions of the active ones are kept for compare-and-set writes."""
+        stored = await self.store.load_all()
+        self.revisions = {job_id: rev for job_id, (r, rev) in stored.items() if r.state not in TERMINAL_STATES}
+        return [record for record, _ in stored.values()]
 
-    # ---- events -------------------------------------------------------------------------------------------
+    async def _reload(self) -> None:
+        """Start over from the store (after a write whose outcome is unknown left memory and the KV apart)."""
+        log.warning("scheduler.reload")
+        self._reload_needed = False
+        await self._load(await self._read_records())
+        await self._reconcile_ledger()
 
-    async def on_event(self, event: Any) -> None:
-        async with self._lock:
-            now = self.ctx.clock.now()
-            record = self.records.get(event.job_id)
-            transition = apply_event(record, event, now)
-            if transition is None:
-                return
-            if transition.release_attempt is not None:
-                await self.ledger.release(event.job_id, transition.release_attempt)
-            await self._save(transition.record, transition.previous)
-            if transition.stop_attempt is not None:
-                await self.executor.stop(transition.record, "cancelled")
+    async def _load(self, records: Sequence[JobRecord]) -> None:
+        """Build the decision state from scratch from the records, the inventory, the ledger and the quota."""
+        snap = await self.ledger.snapshot()
+        if not snap.ready:
+            await self._rebuild_ledger(records)
+            snap = await self.ledger.snapshot()
+        book, standing, blocks = self._quota_inputs()
+        self.control.load(
+            self.nodes.values(), records, snap.owners, snap.cordons, quota=book, standing=standing,
+            budget_blocks=blocks,
+        )  # fmt: skip
         self._wake.set()
 
+    # ---- inputs --------------------------------------------------------------------------------------------------
+
+    async def on_event(self, event: Any) -> None:
+        await self.on_events([event])
+
+    async def on_events(self, events: list[Any]) -> None:
+        """A batch of job events: through the state machine, persisted, then decided on at once. Raises (so the
+        events are redelivered) when a record could not be written; memory is brought back to the store first."""
+        async with self._lock:
+            if self._reload_needed:
+                await self._reload()
+            now = self.ctx.clock.now()
+            todo = _Pending()
+            for event in events:
+                self._apply_event(event, now, todo)
+            conflicts = await self._persist(todo)
+            await self._release([(job, attempt) for job, attempt in todo.releases if job not in conflicts])
+            await self._decide(now, todo)
+        self._execute(todo)
+        if conflicts:
+            raise StaleWrite(f"job records changed by another writer: {', '.join(sorted(conflicts)[:5])}")
+
+    def _apply_event(self, event: JobEvent, now: float, todo: _Pending) -> None:
+        transition = self.control.apply(event, now)
+        if transition is None:
+            return
+        record = transition.record
+        if transition.previous is None:
+            todo.created.add(record.id)
+        todo.write(Change(record, transition.previous))
+        if transition.release_attempt is not None:
+            todo.releases.append((record.id, transition.release_attempt))
+            self.starting.pop(record.id, None)
+        if transition.stop_attempt is not None:
+            todo.stops.append((record, "cancelled", 0.0))
+        if record.state == JobState.RUNNING:
+            self.starting.pop(record.id, None)
+
     def _on_inventory(self, inv: NodeInventory) -> None:
-        if self.nodes.get(inv.node.name) != inv.node:
-            self.nodes[inv.node.name] = inv.node
-            self._wake.set()
+        known = self.nodes.get(inv.node.name)
+        if known == inv.node:
+            return
+        self.nodes[inv.node.name] = inv.node
+        if known is None and inv.node.name not in self.control.state.index.nodes:
+            node, held = inv.node, self.control.state.held_slots()
+            indices = [g.index for g in node.gpus]
+            self.control.state.index.add_node(
+                node.name, pool=node.pool, model=node.gpus[0].model if node.gpus else "", rack=node.topology.rack,
+                zone=node.topology.zone, capacity=len(indices),
+                free=[i for i in indices if f"{node.name}/{i}" not in held],
+            )  # fmt: skip
+            self._quota_dirty = True
+        else:
+            self._check_now()  # a node changed shape: rebuild the state from a fresh snapshot
+        self._wake.set()
 
     def _on_quota(self, state: QuotaState) -> None:
-        self.quota = state
+        self.quota_state = state
+        self._quota_dirty = True
+        self._wake.set()
 
     def _on_quota_config(self, config: QuotaConfig) -> None:
         self.quota_config = config
+        self._quota_dirty = True
         self._wake.set()
+
+    async def _on_verdict(self, msg: Any) -> None:
+        """Health decided something: re-read the cordons now rather than at the next cycle."""
+        self._cordons_dirty = True
+        self._wake.set()
+
+    def _check_now(self) -> None:
+        self._last_check = 0.0
 
     def _quota_inputs(self) -> tuple[QuotaBook | None, dict[str, float], dict[str, str]]:
         """The quota book (configuration + capacity from the inventory), standings and budget blocks."""
@@ -134,8 +267,8 @@ class Scheduler:
         book = QuotaBook(self.quota_config, capacity)
         standing: dict[str, float] = {}
         blocks: dict[str, str] = {}
-        if self.quota is not None:
-            for team, usage in self.quota.teams.items():
+        if self.quota_state is not None:
+            for team, usage in self.quota_state.teams.items():
                 standing[team] = usage.standing
                 if usage.budget_state == "blocked-all":
                     blocks[team] = "block-all"
@@ -143,132 +276,340 @@ class Scheduler:
                     blocks[team] = "block-preemptible"
         return book, standing, blocks
 
-    # ---- the scheduling cycle -----------------------------------------------------------------------------
+    # ---- the loop: safety-net cycles and everything that is not a job event --------------------------------
 
-    async def cycle(self) -> None:
-        async with self._lock:
-            snap = await self.ledger.snapshot()
-            if not snap.ready:
-                await self._rebuild_ledger()
-                snap = await self.ledger.snapshot()
-            book, standing, blocks = self._quota_inputs()
-            state = SchedulingState.from_snapshot(
-                self.nodes.values(), snap.owners, snap.cordoned, self.active.values(), standing=standing, quota=book,
-                budget_blocks=blocks, config=self.config,
-            )  # fmt: skip
-            now = self.ctx.clock.now()
-            for decision in state.cycle(now):
-                if not await self._apply(decision, now):
-                    self._wake.set()  # the world moved under this cycle: decide again from a fresh snapshot
-                    return
+    async def run(self, stop: asyncio.Event, lost: asyncio.Event | None = None) -> None:
+        interval = self.ctx.settings.schedule_interval_s
+        next_stats = 0.0
+        lost = lost or asyncio.Event()
+        while not stop.is_set() and not lost.is_set():
+            await wait_event(self._wake, min(interval, STATS_S))
+            self._wake.clear()
+            if stop.is_set() or lost.is_set():
+                break
+            todo = _Pending()
+            try:
+                async with self._lock:
+                    if self._reload_needed:
+                        await self._reload()
+                    now = self.ctx.clock.now()
+                    if self._cordons_dirty:
+                        self._cordons_dirty = False
+                        self._sync_cordons(await self.ledger.cordons())
+                    if self._quota_dirty:
+                        self._quota_dirty = False
+                        self.control.state.set_quota(*self._quota_inputs())
+                    if now - self._last_check >= CHECK_LEDGER_S:
+                        self._last_check = now
+                        await self._check_ledger()
+                    full = now - self._last_cycle >= interval
+                    await self._decide(now, todo, full=full)
+                    await self._launch_deadlines(now)
+            except (LedgerFenced, LeaseLost):
+                raise
+            except Exception:
+                log.exception("scheduler.pass_failed")
+                await asyncio.sleep(0.5)
+                continue
+            self._execute(todo)
+            if time.monotonic() >= next_stats:
+                next_stats = time.monotonic() + STATS_S
+                await self._publish_stats()
 
-    async def _apply(self, decision: Decision, now: float) -> bool:
-        """Apply one decision; False when the ledger refused it (stale snapshot) and the cycle must stop."""
-        record = self.records[decision.job_id]
-        if isinstance(decision, Wait):
-            if record.reason != decision.reason:
-                await self._save(note(record, now, decision.reason), record.state, publish=False)
-            return True
-        if isinstance(decision, Nominate):
-            await self._save(nominate(record, now, list(decision.gpus), decision.reason), record.state)
-            return True
-        if isinstance(decision, Preempt):
-            if record.attempt != decision.attempt or not holds_gpus(record) or record.stopping:
-                return True
-            stopping = stop_requested(record, now, decision.reason, decision.interrupt)
-            await self._save(stopping, record.state)
-            await self.executor.stop(stopping, decision.reason, decision.grace_s)
-            return True
+    def _sync_cordons(self, cordons: dict[str, Cordon]) -> None:
+        state = self.control.state
+        for slot in [s for s in state.cordoned if s not in cordons]:
+            state.uncordon(slot)
+        for slot, cordon in cordons.items():
+            state.cordon(slot, cordon)
+
+    # ---- deciding and applying -------------------------------------------------------------------------------
+
+    async def _decide(self, now: float, todo: _Pending, *, full: bool = False) -> None:
+        """One decision pass, applied: claims, records, publishes (the executor is called by the caller)."""
+        if full:
+            self.control.state.invalidate()
+        cycle = self.control.state.ctx is None
+        t0 = time.perf_counter()
+        decisions = self.control.decide(now)
+        t1 = time.perf_counter()
+        if cycle:
+            self._last_cycle = now
+        if not decisions:
+            return
+        self._decide_ms.append((t1 - t0) * 1000)
+        refused = await self._claim([d for d in decisions if isinstance(d, Place)])
+        for decision in decisions:
+            if isinstance(decision, Place) and decision.job_id in refused:
+                continue
+            change = self.control.commit(decision, now)
+            if change is None:
+                continue
+            todo.write(change)
+            if isinstance(decision, Place):
+                todo.placed.append(decision)
+                todo.launches.append(change.record)
+                self.starting[decision.job_id] = (decision.attempt, now)
+            elif isinstance(decision, Preempt):
+                todo.stops.append((change.record, decision.reason, decision.grace_s))
+        conflicts = await self._persist(todo)
+        self._apply_ms.append((time.perf_counter() - t1) * 1000)
+        if conflicts:
+            self._check_now()
+        if refused:
+            self._wake.set()  # the fleet moved under this pass: decide again with what we learned
+
+    async def _claim(self, places: list[Place]) -> set[str]:
+        """Claim every placement in one round trip; returns the jobs whose claim was refused (already undone)."""
+        if not places:
+            return set()
+        claims = [Claim(p.job_id, p.attempt, tuple(g.slot for g in p.gpus)) for p in places]
         try:
-            await self.ledger.claim(decision.job_id, decision.attempt, [g.slot for g in decision.gpus])
-        except LedgerConflict as exc:
-            log.warning("scheduler.claim_refused", job_id=decision.job_id, error=str(exc))
-            return False
+            results = await self.ledger.claim_many(claims)
         except LedgerNotReady:
             log.warning("scheduler.ledger_lost")
-            return False
-        placed = place(record, Placement(decision.attempt, list(decision.gpus), decision.reason), now)
-        await self._save(placed, record.state)
-        await self.bus.publish(
-            self.names.decision_placed(placed.id),
-            JobPlaced(
-                job_id=placed.id, attempt=decision.attempt, gpus=list(decision.gpus), reason=decision.reason,
-                decided_at=now,
-            ),
-            msg_id=f"{placed.id}:{decision.attempt}:placed",
-        )  # fmt: skip
-        await self.executor.launch(placed)
-        return True
+            await self._rebuild_ledger(list(self.control.records.values()))
+            results = await self.ledger.claim_many(claims)
+        refused: set[str] = set()
+        for place, result in zip(places, results, strict=True):
+            if result.ok:
+                continue
+            log.warning("scheduler.claim_refused", job_id=place.job_id, code=result.code, detail=result.detail)
+            refused.add(place.job_id)
+            self.control.refuse(place)
+            if result.code == "UNSCHEDULABLE":
+                self._cordons_dirty = True
+            else:
+                self._check_now()  # the ledger and our state disagree: compare them at the next pass
+        self._placed += len(places) - len(refused)
+        return refused
 
-    # ---- persistence and ledger recovery ------------------------------------------------------------------
+    async def _persist(self, todo: _Pending) -> set[str]:
+        """Write the records of a pass (one wait for all acks), then publish what changed. Returns the jobs whose
+        write was refused as stale (memory now holds the stored record; their events must be applied again)."""
+        if not todo.writes:
+            return set()
+        changes = list(todo.writes.values())
+        todo.writes = {}
+        writes = [Write(c.record, 0 if c.record.id in todo.created else self.revisions[c.record.id]) for c in changes]
+        results = await self.store.write_many(writes)
+        stale: list[JobRecord] = []
+        failed: BusError | None = None
+        published: list[Change] = []
+        for change, result in zip(changes, results, strict=True):
+            record = change.record
+            if isinstance(result, StaleWrite):
+                stale.append(record)
+            elif isinstance(result, BusError):
+                failed = result
+            else:
+                todo.created.discard(record.id)
+                if record.state in TERMINAL_STATES:
+                    self.revisions.pop(record.id, None)
+                else:
+                    self.revisions[record.id] = result
+                if change.publish:
+                    published.append(change)
+        if failed is not None:
+            self._reload_needed = True  # memory moved on, the store did not: start over from the store
+            raise failed
+        await self._publish(published, todo.placed)
+        todo.placed = []
+        return await self._refresh(stale, todo) if stale else set()
 
-    async def _save(self, record: JobRecord, previous: JobState | None, *, publish: bool = True) -> None:
-        if previous is None and record.id not in self.revisions:
-            revision = await self.store.create(record)
-            if revision is None:  # created before a crash: take what is stored
-                stored = await self.store.get(record.id)
+    async def _refresh(self, stale: list[JobRecord], todo: _Pending) -> set[str]:
+        """Writes refused as stale: a submission that was a duplicate of a stored job (take the stored record),
+        or a record that another writer changed (take the stored one; the events that caused ours are applied
+        again to it when they are redelivered)."""
+        conflicts: set[str] = set()
+        for record in stale:
+            stored = await self.store.get(record.id)
+            if record.id in todo.created:
+                todo.created.discard(record.id)
                 if stored is None:
-                    raise RuntimeError(f"job {record.id} exists and does not")
-                record, revision = stored
-        else:
-            revision = await self.store.update(record, self.revisions[record.id])
-        self._remember(record, revision)
-        if publish:
-            await self.bus.publish(
-                self.names.decision_state(record.id),
-                JobStateChanged(record=record, previous=str(previous or ""), at=record.updated_at),
-                msg_id=f"{record.id}:v{record.version}",
-            )
+                    self.control.forget(record.id)
+                    continue
+                self.control.adopt(stored[0])
+                if stored[0].id in self.control.records:
+                    self.revisions[record.id] = stored[1]
+                continue
+            conflicts.add(record.id)
+            log.error("scheduler.stale_write", job_id=record.id)
+            if stored is None:
+                self.control.forget(record.id)
+                self.revisions.pop(record.id, None)
+            else:
+                self.control.replace(stored[0])
+                self.revisions[record.id] = stored[1]
+        return conflicts
 
-    def _remember(self, record: JobRecord, revision: int) -> None:
-        self.records[record.id] = record
-        self.revisions[record.id] = revision
-        if record.state in TERMINAL_STATES:
-            self.active.pop(record.id, None)
-        else:
-            self.active[record.id] = record
+    async def _publish(self, changes: list[Change], placed: list[Place]) -> None:
+        items: list[tuple[str, bytes, dict[str, str] | None]] = []
+        now = self.ctx.clock.now()
+        for p in placed:
+            event = JobPlaced(job_id=p.job_id, attempt=p.attempt, gpus=list(p.gpus), reason=p.reason, decided_at=now)
+            items.append(
+                (self.names.decision_placed(p.job_id), encode(event), _msg_id(f"{p.job_id}:{p.attempt}:placed"))
+            )
+        for c in changes:
+            r = c.record
+            event_state = JobStateChanged(record=r, previous=str(c.previous or ""), at=r.updated_at)
+            items.append((self.names.decision_state(r.id), encode(event_state), _msg_id(f"{r.id}:v{r.version}")))
+        for attempt in range(3):  # message ids make a repeat harmless; a change nobody hears of is not
+            results = await self.bus.publish_many(items)
+            errors = [r for r in results if isinstance(r, BusError)]
+            if not errors:
+                return
+            items = [item for item, r in zip(items, results, strict=True) if isinstance(r, BusError)]
+            log.warning("scheduler.publish_retry", failed=len(items), error=str(errors[0]), attempt=attempt + 1)
+            await asyncio.sleep(0.2 * 2**attempt)
+        raise errors[0]
+
+    async def _release(self, releases: list[tuple[str, int]]) -> None:
+        if releases:
+            await self.ledger.release_many(releases)
+
+    def _execute(self, todo: _Pending) -> None:
+        """Launches and stops, outside the lock and without holding up the next batch."""
+        if not todo.launches and not todo.stops:
+            return
+        calls = [self.executor.launch(r) for r in todo.launches]
+        calls += [self.executor.stop(r, reason, grace) for r, reason, grace in todo.stops]
+        task = asyncio.create_task(self._gather(calls))
+        self._executing.add(task)
+        task.add_done_callback(self._executing.discard)
+
+    async def _gather(self, calls: Sequence[Awaitable[None]]) -> None:
+        for result in await asyncio.gather(*calls, return_exceptions=True):
+            if isinstance(result, Exception):
+                log.error("scheduler.executor_failed", error=repr(result))
+
+    async def _launch_deadlines(self, now: float) -> None:
+        """A placed job that did not start in time gives its GPUs back and waits again (through the bus, so the
+        state machine applies it like any executor report)."""
+        timeout = self.ctx.settings.launch_timeout_s
+        late = [(job, attempt) for job, (attempt, at) in self.starting.items() if now - at > timeout]
+        for job_id, attempt in late:
+            del self.starting[job_id]
+            event = JobLaunchFailed(
+                job_id=job_id, attempt=attempt, failed_at=now, reason=f"did not start within {timeout:g} s"
+            )
+            await self.bus.publish(self.names.job_lifecycle(job_id), event, msg_id=f"{job_id}:{attempt}:launch-late")
+
+    # ---- the ledger ------------------------------------------------------------------------------------------
 
     async def _reconcile_ledger(self) -> None:
         """Make the ledger agree with the records after a restart: drop orphan claims, restore missing ones."""
         snap = await self.ledger.snapshot()
-        if not snap.ready:
-            await self._rebuild_ledger()
-            return
-        for job_id, claim in snap.claims.items():
-            record = self.records.get(job_id)
-            if record is None or not holds_gpus(record) or record.attempt != claim.attempt:
-                log.info("scheduler.release_orphan_claim", job_id=job_id, attempt=claim.attempt)
-                await self.ledger.release(job_id, claim.attempt)
-        for record in list(self.records.values()):
-            if holds_gpus(record) and record.id not in snap.claims and record.placement is not None:
-                try:
-                    await self.ledger.claim(record.id, record.attempt, [g.slot for g in record.placement.gpus])
-                except LedgerConflict as exc:
-                    log.error("scheduler.restore_claim_refused", job_id=record.id, error=str(exc))
+        records = self.control.records
+        orphans = [
+            (job_id, claim.attempt)
+            for job_id, claim in snap.claims.items()
+            if job_id not in records or not holds_gpus(records[job_id]) or records[job_id].attempt != claim.attempt
+        ]
+        if orphans:
+            log.info("scheduler.release_orphan_claims", claims=len(orphans))
+            await self.ledger.release_many(orphans)
+        missing = [
+            Claim(r.id, r.attempt, tuple(g.slot for g in r.placement.gpus))
+            for r in records.values()
+            if holds_gpus(r) and r.id not in snap.claims and r.placement is not None
+        ]
+        for result in await self.ledger.claim_many(missing):
+            if not result.ok:
+                log.error("scheduler.restore_claim_refused", job_id=result.claim.job_id, code=result.code)
 
-    async def _rebuild_ledger(self) -> None:
+    async def _rebuild_ledger(self, records: Sequence[JobRecord]) -> None:
         claims = [
             Claim(r.id, r.attempt, tuple(g.slot for g in r.placement.gpus))
-            for r in self.records.values()
+            for r in records
             if holds_gpus(r) and r.placement is not None
         ]
         version = await self.ledger.rebuild(claims)
         log.warning("scheduler.ledger_rebuilt", claims=len(claims), version=version)
 
+    async def _check_ledger(self) -> None:
+        """The safety net: if the ledger's owners differ from what the state holds, rebuild the state from it."""
+        snap = await self.ledger.snapshot()
+        if not snap.ready:
+            await self._load(list(self.control.records.values()))
+            return
+        mine = set(self.control.state.holder.items())
+        theirs = {(slot, owner.rsplit("/", 1)[0]) for slot, owner in snap.owners.items()}
+        if mine != theirs:
+            diff = sorted(mine ^ theirs)
+            log.warning("scheduler.ledger_out_of_step", differences=len(diff), first=diff[:5])
+            await self._reconcile_ledger()
+            await self._load(list(self.control.records.values()))
+        self._sync_cordons(snap.cordons)
+
+    # ---- reporting -------------------------------------------------------------------------------------------
+
+    async def _publish_stats(self) -> None:
+        decide, apply_ = self._decide_ms, self._apply_ms
+        self._decide_ms, self._apply_ms = [], []
+        state = self.control.state
+        stats = SchedulerStats(
+            at=self.ctx.clock.now(), holder=self.holder, token=self.ledger.token, decisions=len(decide),
+            decide_p50_ms=round(statistics.median(decide), 3) if decide else 0.0,
+            decide_p99_ms=round(_p99(decide), 3), apply_p99_ms=round(_p99(apply_), 3), placed=self._placed,
+            waiting=len(state.queue) + len(state.nominated), running=len(state.running),
+            rss_mb=round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        )  # fmt: skip
+        try:
+            await self.bus.publish_nowait(self.names.scheduler_stats(), stats)
+        except BusError as exc:
+            log.warning("scheduler.stats_failed", error=str(exc))
+
+    async def close(self) -> None:
+        if self._executing:
+            await asyncio.gather(*self._executing, return_exceptions=True)
+        if self._stop_quota is not None:
+            await self._stop_quota()
+
+
+def _p99(values: list[float]) -> float:
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
+
+
+def _msg_id(value: str) -> dict[str, str]:
+    return {"Nats-Msg-Id": value}
+
 
 async def main(ctx: Context, stop: asyncio.Event) -> None:
     bus = await ctx.bus()
     ledger = ctx.ledger()
-    store = JobStore(await bus.key_value(JOBS_BUCKET))
-    executor = SimulatedExecutor(bus, ctx.clock)
-    quota_store = QuotaStore(await bus.key_value(QUOTA_BUCKET))
-    scheduler = Scheduler(ctx, bus, ledger, store, executor, quota_store=quota_store)
+    holder = identity("scheduler")
+    lease = await Lease.open(bus, "scheduler", holder, ctx.settings.leader_lease_s)
+    executor: Executor | None = None
+    scheduler: Scheduler | None = None
+    keeper: asyncio.Task[None] | None = None
+    lost = asyncio.Event()
     try:
+        if not await lease.acquire(stop):
+            return
+        ledger.token = lease.token
+        keeper = asyncio.create_task(lease.keep(lost), name="scheduler-lease")
+        executor = make_executor(ctx, bus)
+        store = await JobStore.open(bus)
+        quota_store = QuotaStore(await bus.key_value(QUOTA_BUCKET))
+        scheduler = Scheduler(ctx, bus, ledger, store, executor, quota_store=quota_store, holder=holder)
         await scheduler.start()
-        await scheduler.run(stop)
+        await scheduler.run(stop, lost)
+        if lost.is_set():
+            raise LeaseLost("the scheduler lease was lost: another scheduler leads now")
+    except LedgerFenced as exc:
+        raise LeaseLost(str(exc)) from exc
     finally:
-        await executor.close()
-        if scheduler._stop_quota is not None:
-            await scheduler._stop_quota()
+        if keeper is not None:
+            keeper.cancel()
+        if scheduler is not None:
+            await scheduler.close()
+        if executor is not None:
+            await executor.close()
+        await lease.release()
         await bus.close()
         await ledger.close()

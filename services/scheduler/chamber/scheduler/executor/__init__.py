@@ -1,6 +1,24 @@
-"""The executor seam: how placed jobs are actually run. Simulated now; Kubernetes (suspended Jobs) next."""
+"""The executor seam: how placed jobs are actually run, chosen by `CHAMBER_EXECUTOR`.
 
+`simulated` pretends (the demo fleet); `process` has node agents start real processes; `kubernetes` unsuspends
+Jobs and binds their pods to the nodes the ledger reserved. Every executor reports back only through the bus.
+"""
+
+from chamber.common.bus import Bus
+from chamber.common.runtime import Context
 from chamber.scheduler.executor.base import Executor
 from chamber.scheduler.executor.simulated import SimulatedExecutor
 
-__all__ = ["Executor", "SimulatedExecutor"]
+
+class ExecutorUnavailable(RuntimeError):
+    """The configured executor cannot run here (not built yet, or its runtime is missing)."""
+
+
+def make_executor(ctx: Context, bus: Bus) -> Executor:
+    kind = ctx.settings.executor
+    if kind == "simulated":
+        return SimulatedExecutor(bus, ctx.clock)
+    raise ExecutorUnavailable(f"CHAMBER_EXECUTOR={kind} is not available in this build; use `simulated`")
+
+
+__all__ = ["Executor", "ExecutorUnavailable", "SimulatedExecutor", "make_executor"]

@@ -21,9 +21,10 @@ class SimulatedExecutor:
         self.clock = clock
         self._timers: dict[tuple[str, int], asyncio.Task[None]] = {}
         self._stopping: dict[tuple[str, int], asyncio.Task[None]] = {}
+        self._started: dict[tuple[str, int], float] = {}
 
     async def launch(self, record: JobRecord) -> None:
-        started_at = self.clock.now()
+        started_at = self._started.setdefault((record.id, record.attempt), self.clock.now())
         await self.bus.publish(
             self.bus.names.job_lifecycle(record.id),
             JobStarted(job_id=record.id, attempt=record.attempt, started_at=started_at),
@@ -50,9 +51,11 @@ class SimulatedExecutor:
         timer = self._timers.pop((record.id, record.attempt), None)
         if timer is not None:
             timer.cancel()
+        self._started.pop((record.id, record.attempt), None)
         event = JobStopped(
-            job_id=record.id, attempt=record.attempt, stopped_at=self.clock.now(), reason=reason, graceful=graceful
-        )
+            job_id=record.id, attempt=record.attempt, stopped_at=self.clock.now(), reason=reason, graceful=graceful,
+            started_at=self._started.get((record.id, record.attempt), record.started_at),
+        )  # fmt: skip
         await self._report(record, event, "stopped")
 
     async def _report(self, record: JobRecord, event: JobStarted | JobFinished | JobStopped, what: str) -> None:
@@ -91,6 +94,7 @@ class SimulatedExecutor:
 
     def _arm(self, record: JobRecord, started_at: float) -> None:
         key = (record.id, record.attempt)
+        self._started.setdefault(key, started_at)
         if key in self._timers or record.spec.duration_s is None:
             return
         remaining = max(0.0, record.spec.duration_s - record.run_s)
@@ -99,6 +103,10 @@ class SimulatedExecutor:
 
     async def _finish_at(self, record: JobRecord, finish_at: float) -> None:
         await asyncio.sleep(max(0.0, finish_at - self.clock.now()))
-        event = JobFinished(job_id=record.id, attempt=record.attempt, finished_at=finish_at)
+        key = (record.id, record.attempt)
+        event = JobFinished(
+            job_id=record.id, attempt=record.attempt, finished_at=finish_at, started_at=self._started.get(key)
+        )
         await self._report(record, event, "finished")
-        self._timers.pop((record.id, record.attempt), None)
+        self._timers.pop(key, None)
+        self._started.pop(key, None)
