@@ -56,9 +56,10 @@ def _emit(result: object, one_line: bool) -> int:
 def _bench_scheduler(args: argparse.Namespace) -> int:
     from chamber.scheduler.bench import BenchConfig, run
 
+    teams = args.teams if args.teams is not None else (1000 if args.quota else 20)
     cfg = BenchConfig(
-        nodes=args.nodes, gpus_per_node=args.gpus_per_node, pending=args.pending, teams=args.teams, seed=args.seed,
-        cycles=args.cycles,
+        nodes=args.nodes, gpus_per_node=args.gpus_per_node, pending=args.pending, teams=teams, seed=args.seed,
+        cycles=args.cycles, quota=args.quota, preemptible_backlog=args.preemptible_backlog, topology=args.topology,
     )  # fmt: skip
     result = run(cfg)
     return _emit(result, args.json)
@@ -140,7 +141,10 @@ def build_parser() -> argparse.ArgumentParser:
     sched.add_argument("--nodes", type=int, default=1280)
     sched.add_argument("--gpus-per-node", type=int, default=8)
     sched.add_argument("--pending", type=int, default=100_000)
-    sched.add_argument("--teams", type=int, default=20)
+    sched.add_argument("--teams", type=int, default=None, help="default 20, or 1000 with --quota")
+    sched.add_argument("--quota", action="store_true", help="team quotas in cohorts: borrowing and reclaim")
+    sched.add_argument("--preemptible-backlog", action="store_true", help="most placements need a preemption")
+    sched.add_argument("--topology", action="store_true", help="gangs that want one rack or one node")
     sched.add_argument("--cycles", type=int, default=200)
     sched.add_argument("--seed", type=int, default=1)
     sched.add_argument("--json", action="store_true", help="one line of JSON")

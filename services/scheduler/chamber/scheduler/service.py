@@ -26,10 +26,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from chamber.common.bus import Bus, BusError, Consumer
-from chamber.common.codec import Decoder, encode
+from chamber.common.codec import DecodeError, Decoder, encode
 from chamber.common.contracts import (
     TERMINAL_STATES,
     Cordon,
+    Decision,
     JobEvent,
     JobLaunchFailed,
     JobPlaced,
@@ -49,14 +50,18 @@ from chamber.common.log import get_logger
 from chamber.common.quota import QuotaBook
 from chamber.common.quotastore import QuotaStore
 from chamber.common.runtime import Context, wait_event
-from chamber.common.subjects import INVENTORY, JOBS, QUOTA, QUOTA_BUCKET
+from chamber.common.subjects import DECISIONS, INVENTORY, JOBS, QUOTA, QUOTA_BUCKET
 from chamber.scheduler.core.controller import Change, Controller
 from chamber.scheduler.core.decisions import Place, Preempt
 from chamber.scheduler.core.lifecycle import holds_gpus
 from chamber.scheduler.executor import Executor, make_executor
 
 log = get_logger(__name__)
+_decisions = Decoder(Decision)
 
+REPUBLISH_SLACK_S = 5.0
+"""At start, records changed up to this long before the last published decision are published again (clocks of
+two scheduler hosts may disagree a little)."""
 CHECK_LEDGER_S = 10.0
 """How often the leader compares the ledger's owners with its own state (a safety net; they agree by design)."""
 STATS_S = 1.0
@@ -130,6 +135,7 @@ class Scheduler:
     async def start(self) -> None:
         started = time.perf_counter()
         records = await self._read_records()
+        await self._republish_unannounced(records)
         for inv in await self.bus.read_latest(INVENTORY, self.names.subject("inventory.>"), Decoder(NodeInventory)):
             self.nodes[inv.node.name] = inv.node
         self.quota_config, _ = await self.quota_store.get()
@@ -160,6 +166,33 @@ class Scheduler:
             "scheduler.started", holder=self.holder, token=self.ledger.token, active=len(self.control.records),
             nodes=len(self.nodes), took_ms=round((time.perf_counter() - started) * 1000, 1),
         )  # fmt: skip
+
+    async def _republish_unannounced(self, records: Sequence[JobRecord]) -> None:
+        """A leader that died between writing records and publishing their changes left changes nobody heard of:
+        publish again every record changed since the last decision on the bus (message ids drop the ones that
+        were published after all; consumers keep the highest version of a record)."""
+        last = await self.bus.last_message_of(DECISIONS)
+        if last is None:
+            since = 0.0
+        else:
+            try:
+                decision = _decisions.decode(last)
+            except DecodeError:
+                since = 0.0
+            else:
+                since = (
+                    decision.at if isinstance(decision, JobStateChanged) else decision.decided_at
+                ) - REPUBLISH_SLACK_S
+        todo = _Pending()
+        for record in records:
+            if record.updated_at >= since:
+                todo.published.append(Change(record, None))
+                if holds_gpus(record) and record.placement is not None:
+                    p = record.placement
+                    todo.placed.append(Place(record.id, p.attempt, tuple(p.gpus), p.reason))
+        if todo.published:
+            log.info("scheduler.republish", records=len(todo.published), since=since)
+            await self._publish(todo)
 
     async def _read_records(self) -> list[JobRecord]:
         """Every record from the store; the revisions of the active ones are kept for compare-and-set writes."""

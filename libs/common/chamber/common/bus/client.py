@@ -254,6 +254,19 @@ class Bus:
             return None
         return raw.data
 
+    async def last_message_of(self, stream: StreamSpec) -> bytes | None:
+        """The data of the last message stored in `stream` (any subject), or None when it is empty."""
+        name = self.names.stream(stream)
+        try:
+            info = await self.js.stream_info(name)
+            if info.state.messages == 0 or not info.state.last_seq:
+                return None
+            return (await self.js.get_msg(name, seq=info.state.last_seq)).data
+        except nats.js.errors.NotFoundError:
+            return None
+        except nats.errors.Error as exc:
+            raise BusError(f"cannot read the last message of {name}: {exc}") from exc
+
     async def close(self) -> None:
         """Stop consumers (in-flight handlers finish and ack), then drain the connection."""
         for consumer in self._consumers:

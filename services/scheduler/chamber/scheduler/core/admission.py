@@ -8,10 +8,14 @@ non-preemptible job within the team's nominal never waits behind the team's borr
 """
 
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from chamber.common.quota import admit, may_reclaim
 from chamber.scheduler.core.model import PendingJob, Shape
 from chamber.scheduler.core.state import SchedulingState
+
+if TYPE_CHECKING:
+    from chamber.scheduler.core.cycle import CycleContext
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +44,8 @@ class Admissions:
     """Why nowhere, when `options` is empty."""
     displace: list[tuple[Option, QuotaNeed]]
     """Pools where the job fits the team's nominal if the team's own lower-priority work makes room."""
+    pools: list[str]
+    """The pools the job may use at all (its own, or every pool of its GPU model)."""
 
 
 def budget_refusal(state: SchedulingState, job: PendingJob) -> str:
@@ -49,47 +55,70 @@ def budget_refusal(state: SchedulingState, job: PendingJob) -> str:
     return ""
 
 
-def admissions(state: SchedulingState, job: PendingJob) -> Admissions:
+def admissions(state: SchedulingState, job: PendingJob, ctx: "CycleContext | None" = None) -> Admissions:
     if not state.quota_on:
-        return Admissions([Option(job.shape, False, False)], "", [])
+        return Admissions([Option(job.shape, False, False)], "", [], [])
     book = state.quota
     assert book is not None
-    pools = [job.shape.pool] if job.shape.pool else state.index.pools(job.shape.gpu_model)
+    if ctx is not None:
+        pools = ctx.pools_of(state, job.shape)
+    else:
+        pools = [job.shape.pool] if job.shape.pool else state.index.pools(job.shape.gpu_model)
     options: list[Option] = []
     displace: list[tuple[Option, QuotaNeed]] = []
     refusals: list[str] = []
     gpus = job.shape.gpus
     for pool in pools:
         adm = admit(book, state.usage, job.team, pool, gpus, preemptible=job.preemptible)
-        pinned = replace(job.shape, pool=pool)
+        pinned = ctx.pinned(job.shape, pool) if ctx is not None else replace(job.shape, pool=pool)
         if adm.ok:
             options.append(Option(pinned, adm.borrowing, may_reclaim(book, state.usage, job.team, pool, gpus)))
             continue
-        need = _displacement(state, job, pool)
-        if need is None:
-            refusals.append(adm.reason)
-        elif need == 0:
+        need = displacement(state, job.team, pool, gpus=gpus, priority=job.priority, preemptible=job.preemptible)
+        if need == 0:
             options.append(Option(pinned, False, False))
-        else:
+            continue
+        if need is not None:
             displace.append((Option(pinned, False, False), QuotaNeed(job.team, pool, need)))
-            refusals.append(adm.reason)
+        refusals.append(_why(state, job, pool))
     options.sort(key=lambda o: o.borrowing)
-    return Admissions(options, "; ".join(refusals[:2]), displace)
+    return Admissions(options, "; ".join(refusals[:2]), displace, pools)
 
 
-def _displacement(state: SchedulingState, job: PendingJob, pool: str) -> int | None:
-    """How many GPUs of the team's own lower-priority, preemptible work must stop for the job to be admitted in
-    `pool`: 0 when that work can simply be counted as borrowing instead (the cohort lends enough), None when even
-    displacing all of it would not admit the job."""
+def _why(state: SchedulingState, job: PendingJob, pool: str) -> str:
+    """Why the team's quota does not admit the job in `pool`, in words that stay the same while nothing about it
+    changes (the numbers change every cycle; a reason is stored only when its words change)."""
     book = state.quota
     assert book is not None
     q = book.quota(job.team, pool)
-    used = state.usage.get((job.team, pool))
-    over = used + job.shape.gpus - q.nominal
-    lower = state.preemptible_below(job.team, pool, job.priority)
-    if over <= 0 or lower <= 0 or (not job.preemptible and over > lower):
+    if state.usage.get((job.team, pool)) + job.shape.gpus <= q.nominal:
+        return f"team {job.team} may not borrow more in {pool}"
+    if not job.preemptible:
+        return f"team {job.team} is at its nominal quota in {pool} (only preemptible jobs borrow)"
+    if (
+        q.borrowing_limit is not None
+        and state.usage.get((job.team, pool)) + job.shape.gpus > q.nominal + q.borrowing_limit
+    ):
+        return f"team {job.team} is at its borrowing limit in {pool}"
+    return f"team {job.team}'s cohort has no idle GPUs to lend in {pool}"
+
+
+def displacement(
+    state: SchedulingState, team: str, pool: str, *, gpus: int, priority: int, preemptible: bool
+) -> int | None:
+    """How many GPUs of the team's own lower-priority, preemptible work must stop for a job of `gpus` at
+    `priority` to be admitted in `pool`: 0 when that work can simply be counted as borrowing instead (the cohort
+    lends enough), None when even displacing all of it would not admit the job. Harder for more GPUs and for
+    lower priority, so a check with the smallest and highest-priority of several jobs bounds them all."""
+    book = state.quota
+    assert book is not None
+    q = book.quota(team, pool)
+    used = state.usage.get((team, pool))
+    over = used + gpus - q.nominal
+    lower = state.preemptible_below(team, pool, priority)
+    if over <= 0 or lower <= 0 or (not preemptible and over > lower):
         return None
     limit = q.borrowing_limit if q.borrowing_limit is not None else over
-    legal = min(limit, max(0, used - q.nominal) + state.usage.borrowable(job.team, pool))
+    legal = min(limit, max(0, used - q.nominal) + state.usage.borrowable(team, pool))
     need = max(0, over - legal)
     return need if need <= lower else None

@@ -21,14 +21,21 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
 
 from chamber.common.contracts import GpuRef
-from chamber.scheduler.core.admission import Option, QuotaNeed, admissions, budget_refusal
+from chamber.common.quota import admit, may_reclaim
+from chamber.scheduler.core.admission import Option, QuotaNeed, admissions, budget_refusal, displacement
 from chamber.scheduler.core.backfill import Reservation, reserve
 from chamber.scheduler.core.decisions import Decision, Nominate, Preempt, Wait
 from chamber.scheduler.core.fleet import FleetIndex
 from chamber.scheduler.core.model import PendingJob, RunningJob, Shape
 from chamber.scheduler.core.placement import find_placement
-from chamber.scheduler.core.preemption import can_be_reclaimed, can_be_victim, plan_preemption, victim_cost
-from chamber.scheduler.core.queue import order_key
+from chamber.scheduler.core.preemption import (
+    VictimCost,
+    can_be_reclaimed,
+    can_be_victim,
+    plan_preemption,
+    victim_cost,
+)
+from chamber.scheduler.core.queue import ParkGroup, SubQueue, order_key
 from chamber.scheduler.core.reasons import Reason, WaitKind, placed_on
 from chamber.scheduler.core.state import SchedulingState
 
@@ -48,9 +55,29 @@ class CycleContext:
     reclaimable: bool = False
     """Some running job is on borrowed capacity: a team within its quota may reclaim it whatever the priorities."""
     backfill_tested: int = 0
+    refused: dict[tuple[str, str | None, str | None, bool, int], tuple[int, Reason]] = field(default_factory=dict)
+    """(team, pool, model, preemptible, priority) -> the fewest GPUs its quota refused this cycle, and why: a
+    larger job of the same kind is refused too (usage only grows within a cycle), without asking again."""
     cost_at: float = 0.0
-    _victims: list[tuple[tuple[bool, int, float, int, str], RunningJob]] | None = None
+    _victims: list[tuple[VictimCost, RunningJob]] | None = None
     _stopping: dict[tuple[str, str], int] | None = None
+    _pools: dict[tuple[str | None, str | None], list[str]] = field(default_factory=dict)
+    _pinned: dict[tuple[Shape, str], Shape] = field(default_factory=dict)
+
+    def pools_of(self, state: SchedulingState, shape: Shape) -> list[str]:
+        """The pools a shape may use (its own, or every pool of its GPU model); cached for the cycle."""
+        key = (shape.pool, shape.gpu_model)
+        pools = self._pools.get(key)
+        if pools is None:
+            pools = self._pools[key] = [shape.pool] if shape.pool else state.index.pools(shape.gpu_model)
+        return pools
+
+    def pinned(self, shape: Shape, pool: str) -> Shape:
+        """`shape` pinned to `pool` (one object per pair and cycle: these are compared and hashed a lot)."""
+        found = self._pinned.get((shape, pool))
+        if found is None:
+            found = self._pinned[(shape, pool)] = shape if shape.pool == pool else replace(shape, pool=pool)
+        return found
 
     def victims(self, state: SchedulingState) -> Iterator[RunningJob]:
         """Preemptible running jobs in victim-cost order, sorted once per context (costs fixed at `cost_at`)."""
@@ -143,16 +170,31 @@ class _Cycle:
         ctx.reclaimable = state.quota_on and any(r.borrowed and not r.stopping for r in state.running.values())
         cap = self.config.standing_cap
         queue = state.queue
-        heads = []
-        for key in queue.subqueue_keys():
-            head = queue.head(key)
+        standing = state.standing
+        if not state.quota_on:
+            queue.wake_all()
+        heads: list[tuple[tuple[int, int, float, float, str], int, SubQueue | ParkGroup]] = []
+        for n, sq in enumerate(queue.subqueues()):
+            head = queue.head_of(sq)
             if head is not None:
-                heads.append((order_key(head, state.standing, cap), key))
+                heads.append((order_key(head, standing, cap), n, sq))
+        n = len(heads)
+        for group, parking in queue.parked.items():  # looked at in their turn, and woken only if admitted then
+            n += 1
+            heads.append((parking.order, n, group))
         heapq.heapify(heads)
         tests = 0
         while heads and tests < self.config.max_tests_per_cycle:
-            _, key = heapq.heappop(heads)
-            job = queue.head(key)
+            _, n, item = heapq.heappop(heads)
+            if not isinstance(item, SubQueue):
+                for woken in self._wake(item):
+                    head = queue.head_of(woken)
+                    if head is not None:
+                        n += 1
+                        heapq.heappush(heads, (order_key(head, standing, cap), n + len(heads), woken))
+                continue
+            sq = item
+            job = queue.head_of(sq)
             if job is None:
                 continue
             tests += 1
@@ -167,14 +209,36 @@ class _Cycle:
                 if self.config.strict_fifo_per_team:
                     ctx.blocked_teams.add(job.team)
                     continue
-                tests += self._backfill_behind(key, decisions)
+                tests += self._backfill_behind(sq.key, decisions)
                 continue
-            nxt = queue.head(key)
+            nxt = queue.head_of(sq)
             if nxt is not None:
-                heapq.heappush(heads, (order_key(nxt, state.standing, cap), key))
+                heapq.heappush(heads, (order_key(nxt, standing, cap), n, sq))
         return decisions
 
-    # ---- shortcuts that keep a cycle O(sub-queues) -----------------------------------------------------------
+    # ---- shortcuts that keep a cycle O(sub-queues that can move) ---------------------------------------------
+
+    def _wake(self, group: ParkGroup) -> list[SubQueue]:
+        """A parked group's turn: wake the sub-queues whose heads its team's quota admits now (directly or by
+        displacing the team's own lower-priority work); the largest admitted request is found by bisection with
+        the admission check itself, which only gets harder with more GPUs."""
+        parking = self.state.queue.parked[group]
+        if not self._admitted(group, parking.min_gpus):
+            return []
+        low, high = parking.min_gpus, parking.subqueues[-1][0]
+        while low < high:
+            mid = (low + high + 1) // 2
+            low, high = (mid, high) if self._admitted(group, mid) else (low, mid - 1)
+        return self.state.queue.wake(group, low)
+
+    def _admitted(self, group: ParkGroup, gpus: int) -> bool:
+        team, pool, preemptible, priority = group
+        state = self.state
+        book = state.quota
+        assert book is not None
+        return admit(book, state.usage, team, pool, gpus, preemptible=preemptible).ok or (
+            displacement(state, team, pool, gpus=gpus, priority=priority, preemptible=preemptible) is not None
+        )
 
     def _exhausted(self, job: PendingJob) -> bool:
         """Nothing free, nothing reserved, nobody this job (or anyone after it) may preempt: stop looking."""
@@ -190,17 +254,34 @@ class _Cycle:
     def _hopeless(self, job: PendingJob) -> bool:
         """Already known this cycle: its shape does not fit, it may not preempt, and nothing is left to try."""
         ctx, shape = self.ctx, job.shape
-        if self.state.quota_on or shape not in ctx.blocked or ctx.reservation is None:
+        if ctx.reservation is None:
+            return False  # it might be the head to reserve for
+        if job.est_runtime_s is not None and ctx.reservation.start is not None and ctx.reserved_free:
+            return False  # it might backfill
+        if not self.state.quota_on:
+            if shape not in ctx.blocked:
+                return False
+            return not (
+                ctx.lowest_victim is not None
+                and job.priority > ctx.lowest_victim
+                and job.priority > ctx.preempt_failed.get((shape, ""), NO_PRIORITY)
+            )
+        return all(self._hopeless_in(job, pool) for pool in ctx.pools_of(self.state, shape))
+
+    def _hopeless_in(self, job: PendingJob, pool: str) -> bool:
+        """Under quotas: its shape in `pool` does not fit, and it may neither preempt its team's lower-priority
+        work there nor reclaim (or it already failed to this cycle)."""
+        state, ctx = self.state, self.ctx
+        pinned = ctx.pinned(job.shape, pool)
+        if pinned not in ctx.blocked:
             return False
-        may_preempt = (
-            ctx.lowest_victim is not None
-            and job.priority > ctx.lowest_victim
-            and job.priority > ctx.preempt_failed.get((shape, ""), NO_PRIORITY)
-        )
-        if may_preempt:
+        if job.priority <= ctx.preempt_failed.get((pinned, job.team), NO_PRIORITY):
+            return True
+        if state.preemptible_below(job.team, pool, job.priority) > 0:
             return False
-        short = job.est_runtime_s is not None and ctx.reservation.start is not None and ctx.reserved_free
-        return not short
+        book = state.quota
+        assert book is not None
+        return not (ctx.reclaimable and may_reclaim(book, state.usage, job.team, pool, job.shape.gpus))
 
     # ---- one job -------------------------------------------------------------------------------------------
 
@@ -215,7 +296,13 @@ class _Cycle:
         if refusal:
             decisions.append(Wait(job.id, Reason(WaitKind.BUDGET, f"waiting: {refusal}")))
             return "blocked"
-        adm = admissions(state, job)
+        kind = (job.team, job.shape.pool, job.shape.gpu_model, job.preemptible, job.priority)
+        known = ctx.refused.get(kind)
+        if known is not None and job.shape.gpus >= known[0]:
+            self._park(job)
+            decisions.append(Wait(job.id, known[1]))
+            return "blocked"
+        adm = admissions(state, job, ctx)
         for option in adm.options:
             if option.shape in ctx.blocked:
                 continue
@@ -235,7 +322,11 @@ class _Cycle:
                 if self._try_preemption(job, decisions, option, need):
                     return "nominated"
         if not adm.options:
-            decisions.append(Wait(job.id, Reason(WaitKind.QUOTA, f"waiting: {adm.refusal}")))
+            why = Reason(WaitKind.QUOTA, f"waiting: {adm.refusal}")
+            if not adm.displace:
+                ctx.refused[kind] = (job.shape.gpus, why)
+                self._park(job)
+            decisions.append(Wait(job.id, why))
             return "blocked"
         if ctx.reservation is None and self.config.reservations:
             pinned = replace(job, shape=adm.options[0].shape)
@@ -248,6 +339,14 @@ class _Cycle:
                 return "blocked"
         decisions.append(Wait(job.id, self._capacity_reason(job)))
         return "blocked"
+
+    def _park(self, job: PendingJob) -> None:
+        """Its team's quota refuses it in the one pool it may use: set its sub-queue aside until that changes."""
+        state = self.state
+        pools = self.ctx.pools_of(state, job.shape)
+        if len(pools) == 1:
+            order = order_key(job, state.standing, self.config.standing_cap)
+            state.queue.park(job, (job.team, pools[0], job.preemptible, job.priority), order)
 
     def _unschedulable(self, job: PendingJob) -> str:
         """What the fleet lacks for this job whatever happens to other jobs; empty when it could run someday."""

@@ -67,6 +67,15 @@ class RunningJob:
     stopping: bool = False
     attempt: int = 0
     pool: str = ""
+    spread: tuple[tuple[str, int], ...] = ()
+    """(node, GPUs held there) for every node it holds GPUs on: what stopping it frees, where."""
+
+    def __post_init__(self) -> None:
+        if not self.spread:
+            counts: dict[str, int] = {}
+            for ref in self.gpus:
+                counts[ref.node] = counts.get(ref.node, 0) + 1
+            self.spread = tuple(counts.items())
 
     def work_lost_if_stopped(self, now: float) -> float:
         ran = max(0.0, now - self.started_at)

@@ -40,8 +40,15 @@ def can_be_reclaimed(victim: RunningJob, now: float) -> bool:
     return victim.preemptible and not victim.stopping and now - victim.started_at >= victim.min_runtime_s
 
 
-def victim_cost(victim: RunningJob, now: float) -> tuple[bool, int, float, int, str]:
-    return (not victim.borrowed, victim.priority, victim.work_lost_if_stopped(now), len(victim.gpus), victim.id)
+VictimCost = tuple[bool, int, float, int, str, str]
+
+
+def victim_cost(victim: RunningJob, now: float) -> VictimCost:
+    """Cheapest first: borrowed capacity, lowest priority, least work lost, fewest GPUs; then, among victims that
+    cost the same, by node, so equally cheap victims on one node come together and free whole nodes (with
+    thousands of identical one-GPU victims, ordering them by id alone scatters a gang's victims over the fleet)."""
+    gpus = victim.gpus
+    return (not victim.borrowed, victim.priority, victim.work_lost_if_stopped(now), len(gpus), gpus[0].node, victim.id)
 
 
 def plan_preemption(
@@ -73,23 +80,31 @@ def plan_preemption(
     for name, n in per_node(job.nominated, eligible).items():
         avail[name] = avail.get(name, 0) + n
     orders = [candidates]
+    only = None if everywhere else eligible
     if budgets:
         # With per-team caps, the cheapest-first greedy can spend a team's budget on victims scattered over many
         # nodes and then have to skip the one whose node would free the gang. Try a node-by-node order too.
         listed = list(candidates)
-        orders = [listed, _node_order(listed, avail, eligible)]
+        orders = [listed, _node_order(listed, avail, only)]
     for order in orders:
-        plan = _search(index, job, order, dict(avail), eligible=eligible, budgets=budgets, quota_need=quota_need)
+        plan = _search(index, job, order, dict(avail), only=only, budgets=budgets, quota_need=quota_need)
         if plan is not None:
             return plan
     return None
 
 
-def _node_order(candidates: list[RunningJob], avail: Mapping[str, int], eligible: Set[str]) -> list[RunningJob]:
+def _freed(victim: RunningJob, only: Set[str] | None) -> tuple[tuple[str, int], ...]:
+    """Where stopping `victim` frees GPUs (only on `only`'s nodes, when given)."""
+    if only is None:
+        return victim.spread
+    return tuple((name, n) for name, n in victim.spread if name in only)
+
+
+def _node_order(candidates: list[RunningJob], avail: Mapping[str, int], only: Set[str] | None) -> list[RunningJob]:
     """Victims grouped by node, the nodes that would be freest first (cheapest victims first within a node)."""
     room: dict[str, int] = dict(avail)
     for v in candidates:
-        for name, n in per_node(v.gpus, eligible).items():
+        for name, n in _freed(v, only):
             room[name] = room.get(name, 0) + n
     return sorted(candidates, key=lambda v: (-max(room.get(g.node, 0) for g in v.gpus), v.gpus[0].node))
 
@@ -100,7 +115,7 @@ def _search(
     candidates: Iterable[RunningJob],
     avail: dict[str, int],
     *,
-    eligible: Set[str],
+    only: Set[str] | None,
     budgets: Mapping[str, int] | None,
     quota_need: tuple[str, str, int] | None,
 ) -> PreemptionPlan | None:
@@ -118,7 +133,7 @@ def _search(
             if spent.get(victim.team, 0) + len(victim.gpus) > budgets[victim.team]:
                 continue
             spent[victim.team] = spent.get(victim.team, 0) + len(victim.gpus)
-        for name, n in per_node(victim.gpus, eligible).items():
+        for name, n in _freed(victim, only):
             counter.add(name, n)
         chosen.append(victim)
         freed_quota += quota_of(victim)
@@ -130,15 +145,15 @@ def _search(
     # one from the list: with hundreds of cheap, tied victims that was quadratic.
     dropped: set[str] = set()
     for victim in reversed(chosen[:-1]):
-        freed = per_node(victim.gpus, eligible)
-        for name, n in freed.items():
+        freed = _freed(victim, only)
+        for name, n in freed:
             counter.remove(name, n)
         share = quota_of(victim)
         if freed_quota - share >= need and counter.fits():
             dropped.add(victim.id)
             freed_quota -= share
         else:
-            for name, n in freed.items():
+            for name, n in freed:
                 counter.add(name, n)
     kept = [v for v in chosen if v.id not in dropped]
     trial = WhatIf(index, job.nominated)

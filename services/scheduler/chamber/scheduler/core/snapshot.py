@@ -39,6 +39,7 @@ def build_state(
             pool = pool_of.get(record.placement.gpus[0].node, "")
             run = running_from(record, classes, pool=pool)
             state.running[record.id] = run
+            state.by_team.setdefault((run.team, run.pool), {})[run.id] = run
             state.count_preemptible(run, +1)
             for ref in run.gpus:
                 state.holder[ref.slot] = record.id

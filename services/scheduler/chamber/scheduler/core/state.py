@@ -61,6 +61,8 @@ class SchedulingState:
         """(team, pool) -> GPUs held, for quota admission."""
         self.budget_blocks: dict[str, str] = {}
         """team -> budget mode in force ("block-preemptible" or "block-all")."""
+        self.by_team: dict[tuple[str, str], dict[str, RunningJob]] = {}
+        """(team, pool) -> its running jobs there."""
         self.preemptible_usage: dict[tuple[str, str], dict[int, int]] = {}
         """(team, pool) -> priority -> GPUs held by preemptible jobs: what a team's higher-priority job may displace."""
         self.ctx: CycleContext | None = None
@@ -113,6 +115,7 @@ class SchedulingState:
         job = self.running.pop(job_id, None)
         if job is None:
             return None
+        self.by_team.get((job.team, job.pool), {}).pop(job_id, None)
         if self.quota_on:
             self.usage.add(job.team, job.pool, -len(job.gpus))
         self.count_preemptible(job, -1)
@@ -129,6 +132,7 @@ class SchedulingState:
     def add_running(self, job: RunningJob) -> None:
         """A job that already holds its GPUs (loaded at start-up, or re-read from the store)."""
         self.running[job.id] = job
+        self.by_team.setdefault((job.team, job.pool), {})[job.id] = job
         self.count_preemptible(job, +1)
         if self.quota_on:
             self.usage.add(job.team, job.pool, len(job.gpus))
@@ -205,19 +209,23 @@ class SchedulingState:
             pool = self.pool_of(nominee.nominated[0].node)
             usage[(nominee.team, pool)] = usage.get((nominee.team, pool), 0) + len(nominee.nominated)
         self.usage = QuotaUsage(book or QuotaBook(QuotaConfig()), usage)
+        self.queue.wake_all()
         self.mark_borrowed()
         self.invalidate()
 
-    def mark_borrowed(self) -> None:
+    def mark_borrowed(self, team: str | None = None, pool: str | None = None) -> None:
         """Which running jobs are on borrowed capacity, from scratch (at start-up and when quotas change; a
-        placement marks its own job as it is made)."""
+        placement marks its own job as it is made, and re-marks its team's jobs in the pool when it was admitted
+        by counting the team's lower-priority work as borrowing)."""
+        if team is not None and pool is not None:
+            jobs = list(self.by_team.get((team, pool), {}).values())
+        else:
+            jobs = list(self.running.values())
         borrowed: set[str] = set()
         if self.quota is not None and self.quota.enabled:
-            borrowed = borrowed_jobs(
-                self.quota,
-                ((j.id, j.team, j.pool, len(j.gpus), j.priority, j.started_at) for j in self.running.values()),
-            )
-        for job in self.running.values():
+            borrowed = borrowed_jobs(self.quota, ((j.id, j.team, j.pool, len(j.gpus), j.priority, j.started_at)
+                                                  for j in jobs))  # fmt: skip
+        for job in jobs:
             job.borrowed = job.id in borrowed
 
     def invalidate(self) -> None:
@@ -247,12 +255,13 @@ class SchedulingState:
         self.queue.remove(job.id)
         pool = self.pool_of(gpus[0].node)
         run = self.running[job.id] = job.start(gpus, now, pool=pool, borrowed=borrowing)
+        self.by_team.setdefault((job.team, pool), {})[job.id] = run
         self.count_preemptible(run, +1)
         if self.quota_on:
             beyond = self.usage.get((job.team, pool)) + len(gpus) > self.quota_nominal(job.team, pool)
             self.usage.add(job.team, pool, len(gpus))
             if beyond and not borrowing:
-                self.mark_borrowed()  # admitted by counting the team's lower-priority work as borrowing
+                self.mark_borrowed(job.team, pool)  # admitted by counting the team's lower work as borrowing
         return Place(job.id, job.attempt + 1, gpus, reason)
 
     def count_preemptible(self, job: RunningJob, sign: int) -> None:
