@@ -499,6 +499,9 @@ def _int(value: object) -> int | None:
 
 
 async def _respond(msg: Any, reply: msgspec.Struct) -> None:
-    if msg.reply:
-        with contextlib.suppress(Exception):
-            await msg.respond(encode(reply))
+    if not msg.reply:
+        return
+    try:
+        await msg.respond(encode(reply))
+    except Exception as exc:  # the requester is gone or the connection broke: it will ask again
+        log.warning("agent.reply_failed", subject=msg.subject, error=repr(exc))
