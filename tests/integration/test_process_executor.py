@@ -5,6 +5,7 @@ import json
 import os
 import time
 from collections.abc import AsyncIterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -107,7 +108,7 @@ async def test_exit_codes_map_to_succeeded_and_failed(bus: Bus, system: None, tm
                                       command=gang))  # fmt: skip
     await submit(bus, "nosuch", JobSpec(name="nosuch", team="ml", gpus_per_replica=1, command=["/no/such/program"]))
     for job in ("ok", "bad", "half", "nosuch"):
-        await eventually(lambda j=job: in_state(store, j, "succeeded", "failed"), within=30, what=f"{job} ended")
+        await eventually(partial(in_state, store, job, "succeeded", "failed"), within=30, what=f"{job} ended")
     finished = {}
     for job in ("ok", "bad", "half"):
         finished[job] = next(e for e in await job_events(bus, job) if isinstance(e, JobFinished))
