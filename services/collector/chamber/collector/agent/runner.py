@@ -59,9 +59,9 @@ from chamber.common.workload import RESERVED_ENV, RESERVED_PREFIXES
 log = get_logger(__name__)
 
 GC_EVERY_S = 3600.0
-FENCE_AFTER = 0.6
+FENCE_AFTER = 0.5
 FENCE_GRACE = 0.2
-"""Shares of the agent timeout: a cut-off replica gets SIGTERM at 0.6 and SIGKILL at 0.8 of it, so it is gone
+"""Shares of the agent timeout: a cut-off replica gets SIGTERM at 0.5 and SIGKILL at 0.7 of it, so it is gone
 before the executor counts it lost (at 1.0) and its GPUs are given to another job."""
 
 
