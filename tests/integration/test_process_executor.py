@@ -259,7 +259,7 @@ async def test_rogue_processes_on_a_gpu_are_counted_by_the_node_agent(
 ) -> None:
     """A process on a GPU that no job placed on it owns, next to one that a replica of a job does."""
     from chamber.collector.agent.host import runner_config
-    from chamber.collector.agent.runner import NodeRunner
+    from chamber.collector.agent.server import AgentServer
     from chamber.collector.nvml import NvmlReader, NvmlSource
     from chamber.common.clock import SystemClock
     from chamber.common.contracts import LaunchReplicas, Pool, ReplicaAssignment, StopReplicas, TopologyLabels
@@ -269,12 +269,13 @@ async def test_rogue_processes_on_a_gpu_are_counted_by_the_node_agent(
     reader = NvmlReader(fake)
     source = NvmlSource(reader, "gpu-1", Pool(name="p", gpu_model="H100"), TopologyLabels(), 1.0)
     ctx = make_context(process_settings(settings, tmp_path / "agent"), "collector")
-    runner = NodeRunner(bus, SystemClock(), runner_config(ctx, source.node, "127.0.0.1"))
-    source.owner = runner.owner
+    server = AgentServer(bus, SystemClock(), runner_config(ctx, source.node, "127.0.0.1"))
+    runner = server.runner
+    source.owner = server.owner
     out = tmp_path / "out"
     out.mkdir()
     with no_leftovers(tmp_path / "agent"):
-        await runner.start()
+        await server.start()
         try:
             launch = LaunchReplicas(job_id="j", attempt=1, replicas=1, command=command("checkpointing", out),
                                     assignments=[ReplicaAssignment(replica=0, gpus=[1])])  # fmt: skip
@@ -298,5 +299,5 @@ async def test_rogue_processes_on_a_gpu_are_counted_by_the_node_agent(
             runner.stop(StopReplicas(job_id="j", attempt=1, replicas=[0]))
             await eventually(lambda: not replica.live, what="stopped")
         finally:
-            await runner.close()
+            await server.close()
             reader.close()

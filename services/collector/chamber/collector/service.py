@@ -17,7 +17,7 @@ import socket
 from typing import Any
 
 from chamber.collector.agent.host import start_runners
-from chamber.collector.agent.runner import NodeRunner
+from chamber.collector.agent.server import AgentServer
 from chamber.collector.aggregator import Aggregator
 from chamber.collector.core.simfleet import FleetShape, SimulatedFleet
 from chamber.collector.core.source import TelemetrySource
@@ -139,7 +139,7 @@ async def _agent(ctx: Context, bus: Bus, ledger: Ledger, stop: asyncio.Event) ->
         reader.close()
 
 
-async def _runners(ctx: Context, bus: Bus, nodes: list[Node], *, local: bool) -> list[NodeRunner]:
+async def _runners(ctx: Context, bus: Bus, nodes: list[Node], *, local: bool) -> list[AgentServer]:
     """Job runners for these nodes when jobs run as processes (`CHAMBER_EXECUTOR=process`); none otherwise."""
     if ctx.settings.executor != "process":
         return []
@@ -154,7 +154,7 @@ async def main(ctx: Context, stop: asyncio.Event) -> None:
     ledger = ctx.ledger()
     aggregator = None
     tasks = []
-    runners: list[NodeRunner] = []
+    runners: list[AgentServer] = []
     try:
         if role in ("all", "aggregator", "local"):
             aggregator = Aggregator(ctx, bus, ledger, await JobStore.open(bus))

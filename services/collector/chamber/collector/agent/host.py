@@ -5,7 +5,8 @@ import os
 import socket
 from pathlib import Path
 
-from chamber.collector.agent.runner import NodeRunner, RunnerConfig
+from chamber.collector.agent.runner import RunnerConfig
+from chamber.collector.agent.server import AgentServer
 from chamber.common.bus import Bus
 from chamber.common.contracts import Node
 from chamber.common.runtime import Context
@@ -33,10 +34,10 @@ def runner_config(ctx: Context, node: Node, address: str) -> RunnerConfig:
     )  # fmt: skip
 
 
-async def start_runners(ctx: Context, bus: Bus, nodes: list[Node], *, local: bool) -> list[NodeRunner]:
+async def start_runners(ctx: Context, bus: Bus, nodes: list[Node], *, local: bool) -> list[AgentServer]:
     """Runners for `nodes`; `local`: simulated nodes on this machine (reached at 127.0.0.1)."""
     address = "127.0.0.1" if local else (ctx.settings.agent_address or socket.gethostname())
-    runners = [NodeRunner(bus, ctx.clock, runner_config(ctx, node, address)) for node in nodes]
+    runners = [AgentServer(bus, ctx.clock, runner_config(ctx, node, address)) for node in nodes]
     for runner in runners:
         await runner.start()
     return runners
