@@ -1,6 +1,7 @@
 """Real job processes under the scheduler: the process executor, node agents on the simulated fleet's GPUs (each
 simulated node served by a local agent), real NATS and Redis. What each replica saw is printed as JSON (-s)."""
 
+import asyncio
 import json
 import os
 import time
@@ -301,3 +302,24 @@ async def test_rogue_processes_on_a_gpu_are_counted_by_the_node_agent(
         finally:
             await server.close()
             reader.close()
+
+
+async def test_a_replica_the_scheduler_does_not_know_is_stopped(bus: Bus, system: None, tmp_path: Path) -> None:
+    """No process keeps GPUs that the ledger does not give it: a replica nobody placed (a leftover, a launch
+    that arrived after its job moved on) is listed in its agent's heartbeat, and the executor stops it."""
+    from chamber.common.codec import encode
+    from chamber.common.contracts import AgentReply, LaunchReplicas, ReplicaAssignment
+
+    out = tmp_path / "out"
+    out.mkdir()
+    ghost = LaunchReplicas(job_id="ghost", attempt=1, replicas=1, assignments=[ReplicaAssignment(replica=0, gpus=[2])],
+                           command=command("checkpointing", out))  # fmt: skip
+    await asyncio.sleep(1.0)  # the executor has started (the scheduler resynced)
+    reply = await bus.nc.request(bus.names.agent_request("node-0001", "launch"), encode(ghost), timeout=5)
+    assert Decoder(AgentReply).decode(reply.data).ok
+    await eventually((out / "child.pid").exists, what="the ghost runs")
+    child = int((out / "child.pid").read_text())
+    await eventually(lambda: not alive(child, ""), within=5, what="the executor had it stopped")
+    (exited,) = [r for r in await replica_reports(bus, "ghost") if isinstance(r, ReplicaExited)]
+    assert exited.stop_requested
+    assert exited.signal == 9, "at once, without a grace"

@@ -115,7 +115,7 @@ class ProcessExecutor:
                 grace = max(0.0, record.updated_at + record.spec.checkpoint_grace_s - now)
                 self._act(gang, gang.stop(record.stop_reason, grace if record.stop_kind == "preempt" else 0.0))
             elif record.state != JobState.RUNNING:
-                self._spawn(self._launch(record, gang))
+                self._spawn(self.launch(record))
 
     async def close(self) -> None:
         for sub in self._subs:
@@ -269,7 +269,12 @@ class ProcessExecutor:
     def _spawn(self, coro: Any) -> None:
         task = asyncio.create_task(coro)
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("process_executor.task_failed", error=repr(task.exception()))
 
     # ---- what comes in ----------------------------------------------------------------------------------------------
 
@@ -351,6 +356,7 @@ class ProcessExecutor:
             if not self.bus.nc.is_connected:
                 self.since = now
                 continue
+            self._unknown = {k: at for k, at in self._unknown.items() if now - at < UNKNOWN_RESEND_S}
             for gang in list(self.gangs.values()):
                 for node in sorted(gang.live_nodes()):
                     if now - max(self.seen.get(node, self.since), self.since) > self.timeout_s:
