@@ -59,14 +59,29 @@ SAMPLE_FIELDS = (
 
 
 def workload() -> tuple[str, list[str]]:
-    """The small CUDA job: PyTorch if importable here, else nvidia-smi, else (no GPU stack) the environment."""
-    if importlib.util.find_spec("torch") is not None:
-        return "pytorch", [sys.executable, "-c", TORCH_WORKLOAD]
+    """The small CUDA job: PyTorch if this Python or the `python3` on PATH has it, else nvidia-smi, else (no GPU
+    stack at all) the environment only."""
+    python = _python_with_torch()
+    if python is not None:
+        return f"pytorch ({python})", [python, "-c", TORCH_WORKLOAD]
     smi = shutil.which("nvidia-smi")
     if smi is not None:
         script = 'echo "CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES"; exec "$0" -L'
         return "nvidia-smi", ["/bin/sh", "-c", script, smi]
     return "environment only (no PyTorch, no nvidia-smi)", [sys.executable, "-c", ENV_WORKLOAD]
+
+
+def _python_with_torch() -> str | None:
+    if importlib.util.find_spec("torch") is not None:
+        return sys.executable
+    other = shutil.which("python3")
+    if other is None or Path(other).resolve() == Path(sys.executable).resolve():
+        return None
+    try:
+        found = subprocess.run([other, "-c", "import torch"], capture_output=True, timeout=120, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return other if found.returncode == 0 else None
 
 
 def read_nvml(module: str) -> dict[str, Any]:
