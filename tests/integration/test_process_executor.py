@@ -4,6 +4,7 @@ simulated node served by a local agent), real NATS and Redis. What each replica 
 import asyncio
 import json
 import os
+import sys
 import time
 from collections.abc import AsyncIterator
 from functools import partial
@@ -17,7 +18,7 @@ from litestar.testing import AsyncTestClient
 
 from chamber.cli.infra import free_port
 from chamber.collector import service as collector
-from chamber.collector.agent.replicas import alive
+from chamber.collector.agent.replicas import ReplicaStore, alive
 from chamber.common.bus import Bus
 from chamber.common.codec import Decoder
 from chamber.common.contracts import (
@@ -310,16 +311,20 @@ async def test_a_replica_the_scheduler_does_not_know_is_stopped(bus: Bus, system
     from chamber.common.codec import encode
     from chamber.common.contracts import AgentReply, LaunchReplicas, ReplicaAssignment
 
-    out = tmp_path / "out"
-    out.mkdir()
     ghost = LaunchReplicas(job_id="ghost", attempt=1, replicas=1, assignments=[ReplicaAssignment(replica=0, gpus=[2])],
-                           command=command("checkpointing", out))  # fmt: skip
+                           command=[sys.executable, "-c", "import time; time.sleep(600)"])  # fmt: skip
     await asyncio.sleep(1.0)  # the executor has started (the scheduler resynced)
     reply = await bus.nc.request(bus.names.agent_request("node-0001", "launch"), encode(ghost), timeout=5)
     assert Decoder(AgentReply).decode(reply.data).ok
-    await eventually((out / "child.pid").exists, what="the ghost runs")
-    child = int((out / "child.pid").read_text())
-    await eventually(lambda: not alive(child, ""), within=5, what="the executor had it stopped")
-    (exited,) = [r for r in await replica_reports(bus, "ghost") if isinstance(r, ReplicaExited)]
+
+    async def ended() -> list[Any]:
+        return [r for r in await replica_reports(bus, "ghost") if isinstance(r, ReplicaExited)]
+
+    await eventually(ended, within=10, what="the executor had it stopped")
+    (exited,) = await ended()
     assert exited.stop_requested
     assert exited.signal == 9, "at once, without a grace"
+    ((_, state),) = [
+        found for root in (tmp_path / "agent").glob("*/agent/*") for found in ReplicaStore(root).load_all()
+    ]  # fmt: skip
+    assert not alive(state.shim_pid, ""), "its process group is gone"
