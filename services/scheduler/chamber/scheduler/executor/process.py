@@ -73,6 +73,7 @@ class ProcessExecutor:
         self._subs: list[Any] = []
         self._tasks: set[asyncio.Task[Any]] = set()
         self._unknown: dict[tuple[str, str, int, int], float] = {}
+        self._publishing: dict[str, asyncio.Future[None]] = {}
         self._watchdog: asyncio.Task[None] | None = None
 
     # ---- the seam -----------------------------------------------------------------------------------------------
@@ -84,7 +85,7 @@ class ProcessExecutor:
             event = JobLaunchFailed(
                 job_id=record.id, attempt=record.attempt, failed_at=self.clock.now(), reason=problem
             )
-            await self._publish(Publish(event, "launch-failed"))
+            await self._publish_now(Publish(event, "launch-failed"))
             return
         gang = self._track(record)
         if gang is None or gang.done or gang.requested is not None:
@@ -235,7 +236,10 @@ class ProcessExecutor:
             if isinstance(action, Publish):
                 if action.final and self.gangs.get(gang.job_id) is gang:
                     del self.gangs[gang.job_id]
-                self._spawn(self._publish(action))
+                previous = self._publishing.get(gang.job_id)
+                done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+                self._publishing[gang.job_id] = done
+                self._spawn(self._publish(action, previous, done))
             else:
                 self._spawn(self._stop_on(gang, action))
 
@@ -254,7 +258,19 @@ class ProcessExecutor:
                 log.error("process_executor.stop_refused", node=stop.node, job_id=gang.job_id, error=reply.error)
             await asyncio.sleep(1.0)  # the watchdog ends it when the agent is judged lost
 
-    async def _publish(self, action: Publish) -> None:
+    async def _publish(self, action: Publish, after: asyncio.Future[None] | None, done: asyncio.Future[None]) -> None:
+        """Publish a job event after the previous one of the same job (a start is stored before its end)."""
+        job_id = action.event.job_id
+        try:
+            if after is not None:
+                await asyncio.shield(after)
+            await self._publish_now(action)
+        finally:
+            done.set_result(None)
+            if self._publishing.get(job_id) is done:
+                del self._publishing[job_id]
+
+    async def _publish_now(self, action: Publish) -> None:
         event = action.event
         msg_id = f"{event.job_id}:{event.attempt}:{action.what}"
         while True:
