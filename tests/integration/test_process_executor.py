@@ -328,3 +328,24 @@ async def test_a_replica_the_scheduler_does_not_know_is_stopped(bus: Bus, system
         found for root in (tmp_path / "agent").glob("*/agent/*") for found in ReplicaStore(root).load_all()
     ]  # fmt: skip
     assert not alive(state.shim_pid, ""), "its process group is gone"
+
+
+async def test_a_node_without_an_agent_fails_the_launch_with_the_reason(
+    settings: Settings, bus: Bus, tmp_path: Path
+) -> None:
+    from chamber.common.contracts import GpuDevice, Node, Pool
+
+    proc = process_settings(settings, tmp_path / "agent", agent_timeout_s=1.0)
+    store = await JobStore.open(bus)
+    node = Node(name="no-agent", pool="lonely", gpus=[GpuDevice(index=0, uuid="GPU-x", model="H100")])
+    inventory = NodeInventory(node=node, pool=Pool(name="lonely", gpu_model="H100"), observed_at=time.time())
+    await bus.publish(bus.names.inventory("no-agent"), inventory)
+    with no_leftovers(tmp_path / "agent"):
+        async with running(proc, ("collector", collector.main), ("scheduler", scheduler.main)):
+            await submit(bus, "orphan", JobSpec(name="orphan", team="ml", gpus_per_replica=1, pool="lonely",
+                                                command=["true"]))  # fmt: skip
+            await eventually(lambda: in_state(store, "orphan", "failed"), within=30, what="the launch failed")
+            failed = await record(store, "orphan")
+            assert failed is not None
+            assert failed.reason == "launch failed 3 times: no node agent answers on no-agent"
+            assert failed.interruptions == 0, "judged by its launch, not as a lost agent"

@@ -74,6 +74,7 @@ class ProcessExecutor:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._unknown: dict[tuple[str, str, int, int], float] = {}
         self._publishing: dict[str, asyncio.Future[None]] = {}
+        self._launching: set[tuple[str, str]] = set()
         self._watchdog: asyncio.Task[None] | None = None
 
     # ---- the seam -----------------------------------------------------------------------------------------------
@@ -189,7 +190,7 @@ class ProcessExecutor:
                 master_addr=addr, master_port=port,
             )  # fmt: skip
 
-        first = await self._request(gang, order[0], "launch", request(order[0], "", 0))
+        first = await self._ask_launch(gang, order[0], request(order[0], "", 0))
         if not self._launched(gang, order[0], first):
             return
         assert first is not None
@@ -198,7 +199,16 @@ class ProcessExecutor:
         )
 
     async def _launch_on(self, gang: Gang, node: str, req: LaunchReplicas) -> None:
-        self._launched(gang, node, await self._request(gang, node, "launch", req))
+        self._launched(gang, node, await self._ask_launch(gang, node, req))
+
+    async def _ask_launch(self, gang: Gang, node: str, req: LaunchReplicas) -> AgentReply | None:
+        """A launch request; while it waits for an answer, the launch (not the watchdog) judges that node."""
+        key = (gang.job_id, node)
+        self._launching.add(key)
+        try:
+            return await self._request(gang, node, "launch", req)
+        finally:
+            self._launching.discard(key)
 
     def _launched(self, gang: Gang, node: str, reply: AgentReply | None) -> bool:
         if reply is not None and reply.ok:
@@ -375,6 +385,8 @@ class ProcessExecutor:
             self._unknown = {k: at for k, at in self._unknown.items() if now - at < UNKNOWN_RESEND_S}
             for gang in list(self.gangs.values()):
                 for node in sorted(gang.live_nodes()):
+                    if (gang.job_id, node) in self._launching:
+                        continue  # an agent that never answers the launch fails the launch instead
                     if now - max(self.seen.get(node, self.since), self.since) > self.timeout_s:
                         log.warning("process_executor.agent_lost", node=node, job_id=gang.job_id)
                         self._act(gang, gang.node_lost(node, now))
