@@ -1,7 +1,12 @@
 """A fake of pynvml's module surface for the node agent's tests: same function names, same error classes.
 
 Each device is a dict of readings; a reading that is missing makes the call raise NVMLError NOT_SUPPORTED, as
-the real library does on GPUs without the capability.
+the real library does on GPUs without the capability. A device with `mig` is a GPU in MIG mode whose instances
+(dicts with `name`, `gi`, `mem` ...) are listed under it; one with `gpm` offers GPM metrics (percent values by
+metric id), computed between two samples of the same device as NVML does.
+
+`TWO_H100` is a ready node (`CHAMBER_NVML_MODULE=tests.support.fakenvml:TWO_H100`) for dry runs of the agent and
+of `deploy/device-check.sh` on a machine without GPUs.
 """
 
 import queue
@@ -47,6 +52,37 @@ class _Event:
     device: Any
     eventData: int
     eventType: int
+    gpuInstanceId: int = 0xFFFFFFFF
+
+
+@dataclass
+class _GpmSupport:
+    isSupportedDevice: int
+
+
+@dataclass
+class _GpmSample:
+    device: Any = None
+    taken_at: float = 0.0
+    freed: bool = False
+
+
+@dataclass
+class _GpmMetric:
+    metricId: int = 0
+    nvmlReturn: int = 0
+    value: float = 0.0
+
+
+class _GpmMetricsGet:
+    """Shaped like pynvml's c_nvmlGpmMetricsGet_t."""
+
+    def __init__(self) -> None:
+        self.version = 0
+        self.numMetrics = 0
+        self.sample1: Any = None
+        self.sample2: Any = None
+        self.metrics = [_GpmMetric() for _ in range(pynvml.NVML_GPM_METRIC_MAX)]
 
 
 H100 = {
@@ -65,15 +101,38 @@ H100 = {
     "pcie_replay": 4,
     "procs": [(4242, 50 * 1024**3)],
     "recovery_action": 0,
+    "mig_mode": 0,
+    "gpm": {
+        pynvml.NVML_GPM_METRIC_SM_UTIL: 62.0,
+        pynvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL: 35.5,
+        pynvml.NVML_GPM_METRIC_DRAM_BW_UTIL: 71.25,
+    },
 }
 
-V100_NO_REMAP_NO_NVLINK = {k: v for k, v in H100.items() if k not in ("remap", "nvlink")} | {"name": "Tesla V100"}
+V100_NO_REMAP_NO_NVLINK = {k: v for k, v in H100.items() if k not in ("remap", "nvlink", "gpm", "mig_mode")} | {
+    "name": "Tesla V100"
+}
 
 MIG_INSTANCE = {"name": "NVIDIA H100 MIG 1g.10gb", "mem": (10 * 1024**3, 1 * 1024**3), "util": None}
+
+H100_IDLE = H100 | {"power_mw": 60_000, "procs": []}
+"""Busy counters but at idle power (under 10% of 700 W): its usage is 0."""
+
+H100_MIG = H100 | {
+    "mig_mode": 1,
+    "procs": [],
+    "mig": [
+        {"name": "NVIDIA H100 80GB HBM3 MIG 3g.40gb", "gi": 1, "mem": (40 * 1024**3, 2 * 1024**3), "procs": [],
+         "gpm": {pynvml.NVML_GPM_METRIC_SM_UTIL: 40.0}},
+        {"name": "NVIDIA H100 80GB HBM3 MIG 1g.10gb", "gi": 9, "mem": (10 * 1024**3, 0), "procs": []},
+    ],
+}  # fmt: skip
 
 
 class FakeNvml:
     NVMLError = pynvml.NVMLError
+
+    c_nvmlGpmMetricsGet_t = _GpmMetricsGet
 
     def __init__(self, devices: list[dict[str, Any]]) -> None:
         for name in dir(pynvml):
@@ -81,11 +140,18 @@ class FakeNvml:
                 setattr(self, name, getattr(pynvml, name))
         self.devices = devices
         self.handles = [object() for _ in devices]
+        self.mig_handles = [[object() for _ in d.get("mig", [])] for d in devices]
+        self._by_handle: dict[int, tuple[dict[str, Any], str, Any]] = {}
+        for i, (h, d) in enumerate(zip(self.handles, devices, strict=True)):
+            self._by_handle[id(h)] = (d, f"GPU-fake-{i}", None)
+            for k, (mh, md) in enumerate(zip(self.mig_handles[i], d.get("mig", []), strict=True)):
+                self._by_handle[id(mh)] = (md, f"MIG-fake-{i}-{k}", h)
         self.events: queue.Queue[_Event] = queue.Queue()
         self.initialized = False
+        self.gpm_samples: list[_GpmSample] = []
 
     def _dev(self, h: Any) -> dict[str, Any]:
-        return self.devices[self.handles.index(h)]
+        return self._by_handle[id(h)][0]
 
     def _get(self, h: Any, key: str) -> Any:
         value = self._dev(h).get(key)
@@ -99,6 +165,9 @@ class FakeNvml:
     def nvmlShutdown(self) -> None:
         self.initialized = False
 
+    def nvmlSystemGetDriverVersion(self) -> str:
+        return "560.35.03 (fake)"
+
     def nvmlDeviceGetCount(self) -> int:
         return len(self.devices)
 
@@ -106,7 +175,7 @@ class FakeNvml:
         return self.handles[i]
 
     def nvmlDeviceGetUUID(self, h: Any) -> str:
-        return f"GPU-fake-{self.handles.index(h)}"
+        return self._by_handle[id(h)][1]
 
     def nvmlDeviceGetName(self, h: Any) -> str:
         return str(self._get(h, "name"))
@@ -159,6 +228,61 @@ class FakeNvml:
     def nvmlDeviceGetComputeRunningProcesses(self, h: Any) -> list[_Proc]:
         return [_Proc(pid, mem) for pid, mem in self._get(h, "procs")]
 
+    def nvmlDeviceGetMigMode(self, h: Any) -> list[int]:
+        mode = int(self._get(h, "mig_mode"))
+        return [mode, mode]
+
+    def nvmlDeviceGetMaxMigDeviceCount(self, h: Any) -> int:
+        self._get(h, "mig_mode")
+        return 7
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, h: Any, index: int) -> Any:
+        instances = self.mig_handles[self.handles.index(h)]
+        if index >= len(instances):
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
+        return instances[index]
+
+    def nvmlDeviceGetGpuInstanceId(self, h: Any) -> int:
+        return int(self._get(h, "gi"))
+
+    def nvmlGpmQueryDeviceSupport(self, h: Any) -> _GpmSupport:
+        return _GpmSupport(int("gpm" in self._dev(h)))
+
+    def nvmlGpmSampleAlloc(self) -> _GpmSample:
+        sample = _GpmSample()
+        self.gpm_samples.append(sample)
+        return sample
+
+    def nvmlGpmSampleFree(self, sample: _GpmSample) -> None:
+        sample.freed = True
+
+    def nvmlGpmSampleGet(self, h: Any, sample: _GpmSample) -> _GpmSample:
+        self._get(h, "gpm")
+        sample.device, sample.taken_at = h, time.monotonic()
+        return sample
+
+    def nvmlGpmMigSampleGet(self, h: Any, gpu_instance: int, sample: _GpmSample) -> _GpmSample:
+        index = self.handles.index(h)
+        for mh, md in zip(self.mig_handles[index], self.devices[index].get("mig", []), strict=True):
+            if md["gi"] == gpu_instance:
+                self._get(mh, "gpm")
+                sample.device, sample.taken_at = mh, time.monotonic()
+                return sample
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
+
+    def nvmlGpmMetricsGet(self, request: _GpmMetricsGet) -> _GpmMetricsGet:
+        one, two = request.sample1, request.sample2
+        valid = request.version == pynvml.NVML_GPM_METRICS_GET_VERSION and one is not two
+        if not valid or one.freed or two.freed or one.device is not two.device or one.device is None:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        values = self._get(one.device, "gpm")
+        for metric in request.metrics[: request.numMetrics]:
+            if metric.metricId in values:
+                metric.nvmlReturn, metric.value = pynvml.NVML_SUCCESS, float(values[metric.metricId])
+            else:
+                metric.nvmlReturn, metric.value = pynvml.NVML_ERROR_NOT_SUPPORTED, 0.0
+        return request
+
     def nvmlDeviceGetFieldValues(self, h: Any, fields: list[int]) -> list[Any]:
         action = self._get(h, "recovery_action")
         return [_Field(pynvml.NVML_SUCCESS, _Value(action)) for _ in fields]
@@ -178,6 +302,10 @@ class FakeNvml:
     def nvmlEventSetFree(self, event_set: object) -> None:
         pass
 
-    def inject_xid(self, index: int, xid: int) -> float:
-        self.events.put(_Event(self.handles[index], xid, pynvml.nvmlEventTypeXidCriticalError))
+    def inject_xid(self, index: int, xid: int, gpu_instance: int = 0xFFFFFFFF) -> float:
+        self.events.put(_Event(self.handles[index], xid, pynvml.nvmlEventTypeXidCriticalError, gpu_instance))
         return time.monotonic()
+
+
+TWO_H100 = FakeNvml([H100 | {"procs": []}, H100 | {"procs": []}])
+"""A node of two H100s with nothing on them, as a module for `CHAMBER_NVML_MODULE`."""

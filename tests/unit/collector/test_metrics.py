@@ -95,3 +95,18 @@ def test_the_grafana_dashboard_only_uses_metrics_we_export() -> None:
     used = {m for p in dash["panels"] for t in p["targets"] for m in re.findall(r"\b(?:DCGM|chamber)_\w+", t["expr"])}
     assert used, "the dashboard queries something"
     assert used <= exported, used - exported
+
+
+def test_gpu_usage_and_unallocated_processes_are_exported_per_gpu() -> None:
+    from chamber.collector.prometheus import ChamberCollector
+
+    metrics = FleetMetrics()
+    rogue = GpuSample(index=0, uuid="GPU-a", usage=71.25, unallocated_processes=2)
+    unknown = GpuSample(index=1, uuid="GPU-b")
+    metrics.ingest(NodeTelemetry(node="n1", sampled_at=1.0, interval_s=1.0, gpus=[rogue, unknown]))
+    families = {f.name: f for f in ChamberCollector(metrics, lambda slot: "H100", lambda: None).collect()}
+    (sample,) = families["chamber_gpu_unallocated_processes"].samples
+    assert sample.value == 2.0
+    assert sample.labels["UUID"] == "GPU-a", "a GPU whose source cannot tell has no value (not 0)"
+    assert [s.value for s in families["chamber_gpu_usage"].samples] == [71.25]
+    assert activity(rogue) == pytest.approx(0.7125), "fleet activity follows the GPU's usage"

@@ -7,7 +7,7 @@ import pytest
 
 from chamber.collector.nvml import NvmlReader, NvmlSource, XidWatcher
 from chamber.common.contracts import Pool, TopologyLabels
-from tests.support.fakenvml import H100, MIG_INSTANCE, V100_NO_REMAP_NO_NVLINK, FakeNvml
+from tests.support.fakenvml import H100, H100_IDLE, H100_MIG, MIG_INSTANCE, V100_NO_REMAP_NO_NVLINK, FakeNvml
 
 
 def test_an_h100_is_read_completely_and_in_our_units() -> None:
@@ -68,3 +68,84 @@ async def test_xids_are_pushed_at_once() -> None:
     watcher.stop()
     assert seen[0][:2] == (1, 79)
     assert seen[0][2] - sent < 0.5
+
+
+def test_gpm_activity_is_read_between_two_snapshots_and_usage_is_the_busiest_unit() -> None:
+    fake = FakeNvml([H100])
+    reader = NvmlReader(fake)
+    s = reader.sample(0)
+    assert (s.sm_activity, s.tensor_activity, s.dram_activity) == (0.62, 0.355, 0.7125)
+    assert s.usage == 71.25, "100 x max(SM, tensor, DRAM): this GPU is bound by memory bandwidth"
+    reader.sample(0)
+    reader.close()
+    assert all(sample.freed for sample in fake.gpm_samples), "every GPM snapshot is freed"
+
+
+def test_a_gpu_at_idle_power_has_zero_usage_whatever_its_counters_say() -> None:
+    s = NvmlReader(FakeNvml([H100_IDLE])).sample(0)
+    assert s.sm_activity == 0.62
+    assert s.usage == 0.0
+
+
+def test_gpus_without_gpm_have_no_activity_fields() -> None:
+    s = NvmlReader(FakeNvml([V100_NO_REMAP_NO_NVLINK])).sample(0)
+    assert (s.sm_activity, s.tensor_activity, s.dram_activity, s.usage) == (None, None, None, None)
+    assert s.gpu_util == 87.0
+
+
+def test_mig_instances_are_listed_as_their_own_devices_with_their_profile() -> None:
+    reader = NvmlReader(FakeNvml([H100, H100_MIG]))
+    devices = reader.devices()
+    assert [(d.index, d.uuid, d.mig_profile, d.parent_uuid) for d in devices] == [
+        (0, "GPU-fake-0", "", ""),
+        (1, "MIG-fake-1-0", "3g.40gb", "GPU-fake-1"),
+        (2, "MIG-fake-1-1", "1g.10gb", "GPU-fake-1"),
+    ]
+    assert devices[1].memory_mb == 40 * 1024
+    big, small = reader.sample(1), reader.sample(2)
+    assert big.sm_activity == 0.4, "GPM of the instance, sampled through its parent and GPU-instance id"
+    assert big.usage == 40.0
+    assert small.sm_activity is None, "an instance without GPM counters has none, its sibling's are not borrowed"
+    assert big.ecc_sbe_volatile == 3, "health counters are the physical GPU's"
+    assert big.power_w == 512.0
+
+
+def test_an_xid_on_a_mig_gpu_concerns_the_instance_it_names_else_all_of_them() -> None:
+    reader = NvmlReader(FakeNvml([H100, H100_MIG]))
+    assert reader.xid_targets(1, 9) == [2]
+    assert reader.xid_targets(1, None) == [1, 2]
+    assert reader.xid_targets(0, None) == [0]
+
+
+def test_processes_that_no_job_on_the_gpu_owns_are_counted() -> None:
+    fake = FakeNvml([H100 | {"procs": [(100, 1024**3), (200, None)]}, H100 | {"procs": []}])
+    owners = {(100, 0): "j-train"}
+    source = NvmlSource(
+        NvmlReader(fake), "n", Pool(name="p", gpu_model="H100"), TopologyLabels(), interval_s=1.0,
+        owner=lambda pid, gpu: owners.get((pid, gpu), ""),
+    )  # fmt: skip
+    (batch,) = source.sample(1.0, {})
+    first, second = batch.gpus
+    assert first.processes is not None
+    assert [(p.pid, p.job_id) for p in first.processes] == [(100, "j-train"), (200, "")]
+    assert first.unallocated_processes == 1
+    assert second.unallocated_processes == 0
+    without_runner = NvmlSource(NvmlReader(fake), "n", Pool(name="p", gpu_model="H100"), TopologyLabels(), 1.0)
+    assert without_runner.sample(1.0, {})[0].gpus[0].unallocated_processes is None, "unknown, not zero"
+
+
+@pytest.mark.timeout(10)
+async def test_an_xid_on_a_mig_instance_is_pushed_for_that_instance() -> None:
+    fake = FakeNvml([H100, H100_MIG])
+    reader = NvmlReader(fake)
+    seen: list[tuple[int, int]] = []
+    watcher = XidWatcher(fake, reader.physical, lambda i, x: seen.append((i, x)), wait_ms=50,
+                         resolve=reader.xid_targets)  # fmt: skip
+    assert watcher.start(asyncio.get_running_loop())
+    fake.inject_xid(1, 48, gpu_instance=1)
+    for _ in range(100):
+        if seen:
+            break
+        await asyncio.sleep(0.01)
+    watcher.stop()
+    assert seen == [(1, 48)]

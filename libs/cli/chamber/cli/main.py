@@ -2,6 +2,7 @@
 
 import argparse
 import importlib
+import os
 import sys
 import time
 
@@ -26,6 +27,7 @@ def _service(args: argparse.Namespace) -> int:
 
 
 def _up(args: argparse.Namespace) -> int:
+    from chamber.cli.gpus import local_defaults
     from chamber.cli.infra import InfraError, resolve
     from chamber.cli.supervisor import supervise
 
@@ -41,7 +43,10 @@ def _up(args: argparse.Namespace) -> int:
         print(f"chamber: NATS {infra.nats_url} ({nats_from}), Redis {infra.redis_url} ({redis_from})")
         url = f"http://{settings.http_host}:{settings.http_port}"
         print(f"chamber: starting services; API will be at {url} (OpenAPI at {url}/openapi.json)", flush=True)
-        return supervise(infra, {}, url, started, out=lambda line: print(line, flush=True))
+        local = local_defaults(os.environ)
+        if local:
+            print("chamber: NVIDIA GPUs found: jobs run as processes on them (node agent, CHAMBER_EXECUTOR=process)")
+        return supervise(infra, local, url, started, out=lambda line: print(line, flush=True))
     finally:
         infra.stop()
 
@@ -120,6 +125,14 @@ def _simulate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _device_check(args: argparse.Namespace) -> int:
+    from chamber.cli.devicecheck import run
+
+    result = run(timeout_s=args.timeout)
+    _emit(result, args.json)
+    return 0 if result["ok"] else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="chamber", description="Chamber keeps GPU fleets busy.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -177,6 +190,10 @@ def build_parser() -> argparse.ArgumentParser:
     hb.add_argument("--faults", type=int, default=40)
     hb.add_argument("--json", action="store_true", help="one line of JSON")
     hb.set_defaults(func=_bench_health)
+    check = sub.add_parser("device-check", help="on a GPU machine: NVML, GPM samples and a real job, as JSON")
+    check.add_argument("--timeout", type=float, default=180.0, help="seconds for the whole check")
+    check.add_argument("--json", action="store_true", help="one line of JSON")
+    check.set_defaults(func=_device_check)
     return parser
 
 

@@ -59,6 +59,25 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     """YAML list of health rules added to (or, by name, replacing) the defaults (docs/health.md)."""
     quota_file: str = ""
     """YAML quota configuration that seeds the quota KV bucket when it is empty (docs/quota.md)."""
+    agent_state_dir: str = ""
+    """Where a node agent keeps each replica's state file and output (empty: `$XDG_STATE_HOME/chamber`, else
+    `~/.local/state/chamber`); per namespace and node below it."""
+    checkpoint_dir: str = ""
+    """Root of the per-job checkpoint directories (`CHAMBER_CHECKPOINT_DIR` = `<root>/<job>`, the same for every
+    attempt); a filesystem all nodes share for jobs that may resume on another node. Empty: under the state dir."""
+    agent_address: str = ""
+    """The address gang peers reach this node at (`MASTER_ADDR`); empty: the host name (127.0.0.1 for the
+    simulated fleet's local agents)."""
+    agent_heartbeat_s: Annotated[float, msgspec.Meta(gt=0)] = 2.0
+    agent_timeout_s: Annotated[float, msgspec.Meta(gt=0)] = 30.0
+    """An agent silent this long is lost: the executor ends its replicas (interrupted, requeued), and the agent's
+    replicas kill themselves if the agent has been gone that long (no GPU is used by work the ledger freed)."""
+    agent_log_max_bytes: Annotated[int, msgspec.Meta(ge=4096)] = 64 * 1024 * 1024
+    """Output kept per replica and attempt (the oldest quarter is dropped when full)."""
+    agent_retention_s: Annotated[float, msgspec.Meta(gt=0)] = 7 * 86400.0
+    """How long an ended replica's output and state are kept."""
+    nvml_module: str = ""
+    """A module with pynvml's functions to use instead of pynvml (tests and dry runs of the device check)."""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: object) -> "Settings":

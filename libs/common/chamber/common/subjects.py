@@ -28,6 +28,7 @@ class StreamSpec:
 class SubjectSpec:
     pattern: str
     stream: str
+    """The stream that stores it; empty for a core NATS request/reply subject (nothing stored)."""
     payload: str
     publishers: str
     consumers: str
@@ -54,9 +55,17 @@ CONTROL = StreamSpec("CONTROL", "control.>", False, "controls for the simulated 
 DEADLETTER = StreamSpec(
     "DEADLETTER", "deadletter.>", False, "messages a consumer could not decode", max_age_s=7 * DAY, max_bytes=64 * MIB
 )
+AGENTS = StreamSpec(
+    "AGENTS", "agents.>", False, "last status of each node agent (its heartbeat)", max_age_s=DAY,
+    max_msgs_per_subject=1,
+)  # fmt: skip
+REPLICAS = StreamSpec(
+    "REPLICAS", "replicas.>", False, "node agents' reports on job replicas: started, exited, could not start",
+    max_age_s=7 * DAY, max_bytes=256 * MIB,
+)  # fmt: skip
 
 STREAMS: tuple[StreamSpec, ...] = (
-    JOBS, DECISIONS, INVENTORY, TELEMETRY, HEALTH, QUOTA, METRICS, CONTROL, DEADLETTER,
+    JOBS, DECISIONS, INVENTORY, TELEMETRY, HEALTH, QUOTA, METRICS, CONTROL, DEADLETTER, AGENTS, REPLICAS,
 )  # fmt: skip
 
 SUBJECTS: tuple[SubjectSpec, ...] = (
@@ -89,6 +98,19 @@ SUBJECTS: tuple[SubjectSpec, ...] = (
     SubjectSpec(
         "deadletter.<service>", "DEADLETTER", "the raw message, headers say why", "every consumer", "operators"
     ),
+    SubjectSpec("agents.status.<node>", "AGENTS", "AgentStatus", "node agent", "scheduler (process executor)"),
+    SubjectSpec(
+        "replicas.<job>",
+        "REPLICAS",
+        "ReplicaStarted, ReplicaExited, ReplicaLaunchFailed",
+        "node agent",
+        "scheduler (process executor)",
+    ),
+    SubjectSpec(
+        "agent.<node>.launch", "", "LaunchReplicas -> AgentReply", "scheduler (process executor)", "node agent"
+    ),
+    SubjectSpec("agent.<node>.stop", "", "StopReplicas -> AgentReply", "scheduler (process executor)", "node agent"),
+    SubjectSpec("agent.<node>.logs", "", "LogsRequest -> LogsChunk", "gateway (GET /v1/jobs/{id}/logs)", "node agent"),
 )
 
 JOBS_BUCKET = "jobs"
@@ -152,6 +174,16 @@ class Names:
     def deadletter(self, service: str) -> str:
         return f"{self.ns}.deadletter.{service}"
 
+    def agent_status(self, node: str) -> str:
+        return f"{self.ns}.agents.status.{node}"
+
+    def replica_reports(self, job_id: str) -> str:
+        return f"{self.ns}.replicas.{job_id}"
+
+    def agent_request(self, node: str, op: str) -> str:
+        """A request to one node's agent: `launch`, `stop` or `logs` (core NATS request/reply, not stored)."""
+        return f"{self.ns}.agent.{node}.{op}"
+
     def redis_prefix(self) -> str:
         """Redis keys share one hash tag so a Redis Cluster keeps them in one slot (Lua needs that)."""
         return f"{{{self.ns}}}"
@@ -165,10 +197,12 @@ def render_markdown_table() -> str:
         "|---|---|---|---|---|---|",
     ]
     for sub in SUBJECTS:
-        st = streams[sub.stream]
+        if not sub.stream:
+            stream, retention = "(none)", "request/reply, not stored"
+        else:
+            stream, retention = f"`<NS>_{sub.stream}`", _retention(streams[sub.stream])
         lines.append(
-            f"| `<ns>.{sub.pattern}` | `<NS>_{st.key}` | {_retention(st)} | {sub.payload} "
-            f"| {sub.publishers} | {sub.consumers} |"
+            f"| `<ns>.{sub.pattern}` | {stream} | {retention} | {sub.payload} | {sub.publishers} | {sub.consumers} |"
         )
     return "\n".join(lines)
 

@@ -42,6 +42,9 @@ DCGM_FIELDS: list[tuple[str, str, Callable[[GpuSample], float | None]]] = [
     ("DCGM_FI_PROF_SM_ACTIVE", "Ratio of cycles an SM has at least one warp.", lambda s: s.sm_activity),
     ("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "Ratio of cycles the tensor pipe is active.", lambda s: s.tensor_activity),
     ("DCGM_FI_PROF_DRAM_ACTIVE", "Ratio of cycles the memory interface is active.", lambda s: s.dram_activity),
+    ("chamber_gpu_usage", "100 x max(SM, tensor, DRAM activity); 0 under 10% of the power limit.", lambda s: s.usage),
+    ("chamber_gpu_unallocated_processes", "Processes on the GPU that no job placed on it owns.",
+     lambda s: s.unallocated_processes),
 ]  # fmt: skip
 
 LABELS = ["gpu", "UUID", "device", "modelName", "Hostname"]

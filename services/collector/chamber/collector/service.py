@@ -1,9 +1,12 @@
 """The collector shell, in one of its roles (`CHAMBER_COLLECTOR_ROLE`):
 
 - `agent`: a node agent (a DaemonSet pod per GPU node): this node's GPUs through NVML, XIDs pushed at once;
+  with `CHAMBER_EXECUTOR=process` it also runs the jobs placed on the node (`chamber.collector.agent`);
+- `local`: `agent` and `aggregator` together (one GPU server: what `chamber up` runs where NVML finds GPUs);
 - `sim`: the simulated fleet, whose activity follows the jobs the ledger says hold each GPU;
 - `aggregator`: fleet metrics from everyone's telemetry, rollups, Prometheus `/metrics`;
-- `all` (default, what `chamber up` runs): `sim` and `aggregator` together.
+- `all` (default, what `chamber up` runs): `sim` and `aggregator` together; with `CHAMBER_EXECUTOR=process`,
+  each simulated node gets a local job runner, so jobs run as real processes on this machine.
 
 A source publishes each node's inventory at start and every `inventory_interval_s` (a heartbeat), and one
 telemetry batch per node every `telemetry_interval_s`.
@@ -13,12 +16,14 @@ import asyncio
 import socket
 from typing import Any
 
+from chamber.collector.agent.host import start_runners
+from chamber.collector.agent.server import AgentServer
 from chamber.collector.aggregator import Aggregator
 from chamber.collector.core.simfleet import FleetShape, PoolShape, SimulatedFleet
 from chamber.collector.core.source import TelemetrySource
 from chamber.common.bus import Bus, PublishError
 from chamber.common.codec import DecodeError, Decoder
-from chamber.common.contracts import FaultInjection, GpuXidEvent, Pool, TopologyLabels
+from chamber.common.contracts import FaultInjection, GpuXidEvent, Node, Pool, TopologyLabels
 from chamber.common.jobstore import JobStore
 from chamber.common.ledger import Ledger, LedgerUnavailable
 from chamber.common.log import get_logger
@@ -102,16 +107,18 @@ def simulated_source(ctx: Context) -> SimulatedFleet:
 
 
 async def _agent(ctx: Context, bus: Bus, ledger: Ledger, stop: asyncio.Event) -> None:
-    import pynvml
-
-    from chamber.collector.nvml import NvmlReader, NvmlSource, XidWatcher
+    from chamber.collector.nvml import NvmlReader, NvmlSource, XidWatcher, load_nvml
 
     s = ctx.settings
+    nvml = load_nvml(s.nvml_module)
     node = s.node_name or socket.gethostname()
-    reader = NvmlReader(pynvml)
-    pool = Pool(name=s.pool, gpu_model=reader.devices()[0].model if reader.handles else "",
-                cost_per_gpu_hour=s.pool_cost_per_gpu_hour)  # fmt: skip
+    reader = NvmlReader(nvml)
+    devices = reader.devices()
+    pool = Pool(name=s.pool, gpu_model=devices[0].model if devices else "", cost_per_gpu_hour=s.pool_cost_per_gpu_hour)
     source = NvmlSource(reader, node, pool, TopologyLabels(), s.telemetry_interval_s)
+    runners = await _runners(ctx, bus, [source.node], local=False)
+    if runners:
+        source.owner = runners[0].owner
     uuids = [g.uuid for g in source.node.gpus]
     pending: set[asyncio.Task[object]] = set()
 
@@ -122,36 +129,49 @@ async def _agent(ctx: Context, bus: Bus, ledger: Ledger, stop: asyncio.Event) ->
         pending.add(task)
         task.add_done_callback(pending.discard)
 
-    watcher = XidWatcher(pynvml, reader.handles, on_xid)
+    watcher = XidWatcher(nvml, reader.physical, on_xid, resolve=reader.xid_targets)
     watcher.start(asyncio.get_running_loop())
     try:
         await Collector(ctx, bus, ledger, source).run(stop)
     finally:
         watcher.stop()
+        for runner in runners:
+            await runner.close()
         reader.close()
+
+
+async def _runners(ctx: Context, bus: Bus, nodes: list[Node], *, local: bool) -> list[AgentServer]:
+    """Job runners for these nodes when jobs run as processes (`CHAMBER_EXECUTOR=process`); none otherwise."""
+    if ctx.settings.executor != "process":
+        return []
+    return await start_runners(ctx, bus, nodes, local=local)
 
 
 async def main(ctx: Context, stop: asyncio.Event) -> None:
     role = ctx.settings.collector_role
-    if role not in ("all", "agent", "sim", "aggregator"):
-        raise ValueError(f"CHAMBER_COLLECTOR_ROLE={role!r}: use all, agent, sim or aggregator")
+    if role not in ("all", "agent", "local", "sim", "aggregator"):
+        raise ValueError(f"CHAMBER_COLLECTOR_ROLE={role!r}: use all, agent, local, sim or aggregator")
     bus = await ctx.bus()
     ledger = ctx.ledger()
     aggregator = None
     tasks = []
+    runners: list[AgentServer] = []
     try:
-        if role in ("all", "aggregator"):
+        if role in ("all", "aggregator", "local"):
             aggregator = Aggregator(ctx, bus, ledger, await JobStore.open(bus))
             await aggregator.start()
             tasks.append(asyncio.create_task(aggregator.run(stop)))
         if role in ("all", "sim"):
             fleet = simulated_source(ctx)
             await follow_faults(ctx, bus, fleet)
+            runners = await _runners(ctx, bus, [inv.node for inv in fleet.inventory(ctx.clock.now())], local=True)
             tasks.append(asyncio.create_task(Collector(ctx, bus, ledger, fleet).run(stop)))
-        if role == "agent":
+        if role in ("agent", "local"):
             tasks.append(asyncio.create_task(_agent(ctx, bus, ledger, stop)))
         await asyncio.gather(*tasks)
     finally:
+        for runner in runners:
+            await runner.close()
         if aggregator is not None:
             await aggregator.close()
         await bus.close()

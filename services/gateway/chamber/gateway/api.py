@@ -16,9 +16,10 @@ from litestar.params import FromPath, JSONBody, QueryParameter
 from litestar.status_codes import HTTP_202_ACCEPTED, HTTP_409_CONFLICT, HTTP_503_SERVICE_UNAVAILABLE
 
 from chamber.common.contracts import TERMINAL_STATES, JobCancelRequested, JobSpec, JobState, JobSubmitted, Topology
-from chamber.common.contracts.jobs import JobName, TeamName
+from chamber.common.contracts.jobs import Argv, EnvVars, Image, JobName, TeamName, WorkingDir
 from chamber.common.metrics_names import METRICS
 from chamber.common.priorities import DEFAULT_CLASSES
+from chamber.common.workload import workload_problem
 from chamber.gateway.core.views import (
     FleetView,
     JobView,
@@ -29,6 +30,7 @@ from chamber.gateway.core.views import (
     submitted_view,
 )
 from chamber.gateway.health_api import ROUTES as HEALTH_ROUTES
+from chamber.gateway.logs_api import ROUTES as LOGS_ROUTES
 from chamber.gateway.quota_api import ROUTES as QUOTA_ROUTES
 from chamber.gateway.state import GatewayState
 
@@ -48,6 +50,10 @@ class SubmitJobRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
     topology: Topology | None = None
     checkpoint_interval_s: Annotated[float, msgspec.Meta(gt=0)] | None = None
     requeue: Literal["always", "never"] = "always"
+    command: Argv | None = None
+    env: EnvVars = msgspec.field(default_factory=dict)
+    working_dir: WorkingDir | None = None
+    image: Image | None = None
 
 
 def new_job_id(now: float) -> str:
@@ -69,7 +75,11 @@ def _validate(body: SubmitJobRequest, gw: GatewayState) -> JobSpec:
             f"gpus_per_replica={body.gpus_per_replica} exceeds the largest node ({largest} GPUs); "
             "split the job into more replicas"
         )
-    return msgspec.convert(msgspec.structs.asdict(body), JobSpec)
+    spec = msgspec.convert(msgspec.structs.asdict(body), JobSpec)
+    problem = workload_problem(spec, gw.ctx.settings.executor)
+    if problem is not None:
+        raise ValidationException(problem)
+    return spec
 
 
 @post("/v1/jobs", summary="Submit a job")
@@ -188,6 +198,7 @@ ROUTES = [
     submit_job, get_job, list_jobs, cancel_job, list_nodes, get_fleet, fleet_history, healthz, openapi_json,
     *QUOTA_ROUTES,
     *HEALTH_ROUTES,
+    *LOGS_ROUTES,
 ]  # fmt: skip
 
 

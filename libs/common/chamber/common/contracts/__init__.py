@@ -5,6 +5,20 @@ stream can hold a tagged union) and a schema version `v`. Evolution rule: a fiel
 have a default, so old messages still decode (tests/contracts/test_schema_evolution.py enforces it).
 """
 
+from chamber.common.contracts.agent import (
+    AgentReply,
+    AgentStatus,
+    LaunchReplicas,
+    LogsChunk,
+    LogsRequest,
+    ReplicaAssignment,
+    ReplicaExited,
+    ReplicaLaunchFailed,
+    ReplicaReport,
+    ReplicaStarted,
+    RunningReplica,
+    StopReplicas,
+)
 from chamber.common.contracts.base import SCHEMA_VERSION, Contract, Event
 from chamber.common.contracts.decisions import Decision, JobPlaced, JobStateChanged
 from chamber.common.contracts.health import GpuHealthVerdict, HealthCommand, HealthState
@@ -52,6 +66,8 @@ from chamber.common.contracts.telemetry import (
 __all__ = [
     "SCHEMA_VERSION",
     "TERMINAL_STATES",
+    "AgentReply",
+    "AgentStatus",
     "Contract",
     "Cordon",
     "Decision",
@@ -78,18 +94,28 @@ __all__ = [
     "JobStateChanged",
     "JobStopped",
     "JobSubmitted",
+    "LaunchReplicas",
+    "LogsChunk",
+    "LogsRequest",
     "Node",
     "NodeInventory",
     "NodeTelemetry",
     "Placement",
     "Pool",
     "Severity",
+    "StopReplicas",
     "BudgetSpec",
     "OrgConfig",
     "OrgUsage",
     "PoolConfig",
     "QuotaConfig",
     "QuotaState",
+    "ReplicaAssignment",
+    "ReplicaExited",
+    "ReplicaLaunchFailed",
+    "ReplicaReport",
+    "ReplicaStarted",
+    "RunningReplica",
     "RollupPoint",
     "SchedulerStats",
     "TeamConfig",

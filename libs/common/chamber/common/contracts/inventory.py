@@ -18,10 +18,17 @@ class TopologyLabels(Contract, frozen=True):
 
 
 class GpuDevice(Contract, frozen=True):
+    """A schedulable GPU: a whole GPU, or one MIG instance of a GPU in MIG mode (then listed instead of it)."""
+
     index: int
     uuid: str
+    """`GPU-...`, or `MIG-...` for a MIG instance (what `CUDA_VISIBLE_DEVICES` takes)."""
     model: str
     memory_mb: int = 0
+    mig_profile: str = ""
+    """The MIG instance's profile (`1g.10gb`, `3g.40gb` ...); empty for a whole GPU."""
+    parent_uuid: str = ""
+    """For a MIG instance: the UUID of the GPU it is carved from."""
 
 
 class Node(Contract, frozen=True):

@@ -37,6 +37,10 @@ class Topology(Contract, frozen=True):
 
 
 EnvName = Annotated[str, msgspec.Meta(min_length=1, max_length=256, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
+Argv = Annotated[list[Annotated[str, msgspec.Meta(max_length=65536)]], msgspec.Meta(min_length=1, max_length=4096)]
+EnvVars = Annotated[dict[EnvName, Annotated[str, msgspec.Meta(max_length=65536)]], msgspec.Meta(max_length=1024)]
+WorkingDir = Annotated[str, msgspec.Meta(min_length=1, max_length=4096)]
+Image = Annotated[str, msgspec.Meta(min_length=1, max_length=1024)]
 
 
 class WorkloadRef(Contract, frozen=True):
@@ -72,16 +76,11 @@ class JobSpec(Contract, frozen=True):
     """How often the job checkpoints; None: it checkpoints when told to stop, if given a grace period."""
     requeue: Literal["always", "never"] = "always"
     """After a preemption or interruption: back to the queue (resuming from its checkpoint) or fail."""
-    command: (
-        Annotated[list[Annotated[str, msgspec.Meta(max_length=65536)]], msgspec.Meta(min_length=1, max_length=4096)]
-        | None
-    ) = None
+    command: Argv | None = None
     """argv of each replica's process (process executor); None: nothing to run (simulated or Kubernetes)."""
-    env: Annotated[dict[EnvName, Annotated[str, msgspec.Meta(max_length=65536)]], msgspec.Meta(max_length=1024)] = (
-        msgspec.field(default_factory=dict)
-    )
-    working_dir: Annotated[str, msgspec.Meta(min_length=1, max_length=4096)] | None = None
-    image: Annotated[str, msgspec.Meta(min_length=1, max_length=1024)] | None = None
+    env: EnvVars = msgspec.field(default_factory=dict)
+    working_dir: WorkingDir | None = None
+    image: Image | None = None
     """A container image, for container runtimes (not used by the process executor yet)."""
     preemptible: bool | None = None
     """None: as its priority class says. True: this job may be preempted (and may borrow idle quota) even in a

@@ -14,6 +14,8 @@ from chamber.common.contracts.base import Contract, Event
 class GpuProcess(Contract, frozen=True):
     pid: int
     used_memory_mb: float | None = None
+    job_id: str = ""
+    """The job whose replica this process belongs to, as the node agent knows it; empty: none (or not known)."""
 
 
 class GpuSample(Contract, frozen=True):
@@ -31,8 +33,13 @@ class GpuSample(Contract, frozen=True):
     ecc_sbe_volatile: int | None = None
     xids: list[int] = msgspec.field(default_factory=list)
     sm_activity: float | None = None
+    """0-1: share of SMs busy over the sample interval (NVML GPM SM utilization; DCGM_FI_PROF_SM_ACTIVE)."""
     tensor_activity: float | None = None
+    """0-1: share of time the SMs ran any tensor operation (GPM; DCGM_FI_PROF_PIPE_TENSOR_ACTIVE)."""
     dram_activity: float | None = None
+    """0-1: DRAM bandwidth used over its maximum (GPM; DCGM_FI_PROF_DRAM_ACTIVE)."""
+    usage: float | None = None
+    """0-100: 100 x max(SM, tensor, DRAM activity); 0 under 10% of the power limit; None without GPM counters."""
     clock_event_reasons: int | None = None
     """NVML clocks-event (throttle) reason bitmask."""
     ecc_dbe_aggregate: int | None = None
@@ -51,6 +58,9 @@ class GpuSample(Contract, frozen=True):
     processes: list[GpuProcess] | None = None
     recovery_action: int | None = None
     """NVML's GPU recovery action (0 none, 1 GPU reset, 2 node reboot, 3 drain P2P, 4 drain and reset)."""
+    unallocated_processes: int | None = None
+    """Processes on this GPU that no job placed on it owns (rogue work the ledger does not know); None when the
+    source cannot tell (no process list, or no job runner on the node)."""
 
 
 class NodeTelemetry(Event, frozen=True):

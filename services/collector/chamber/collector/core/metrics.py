@@ -31,7 +31,9 @@ class PoolPrice:
 
 
 def activity(sample: GpuSample) -> float:
-    """0..1: how busy the GPU is (SM activity when offered, else utilization), 0 when it draws idle power."""
+    """0..1: how busy the GPU is (its GPM usage when offered, else utilization), 0 when it draws idle power."""
+    if sample.usage is not None:
+        return max(0.0, min(1.0, sample.usage / 100))
     if sample.power_w is not None and sample.power_limit_w and sample.power_w < IDLE_POWER_SHARE * sample.power_limit_w:
         return 0.0
     if sample.sm_activity is not None:

@@ -1,11 +1,24 @@
 """Reading one GPU's health and activity with NVML; a call the GPU or driver does not support leaves its field
-absent instead of failing the sample (older GPUs lack row remapping, MIG instances lack most counters)."""
+absent instead of failing the sample (older GPUs lack row remapping and GPM, MIG instances lack most counters).
 
+The devices are what a job can be given: every GPU, except that a GPU in MIG mode is replaced by its MIG
+instances, each listed as its own device with its profile. Health counters (ECC, row remapping, NVLink, PCIe,
+power, temperature) belong to the physical GPU and are read from it for each of its instances.
+
+Activity comes from NVML's GPU Performance Monitoring (GPM, Hopper and newer): each sample takes a GPM snapshot
+and NVML computes SM, tensor and DRAM activity between it and the previous one.
+"""
+
+import re
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from functools import partial
 from types import ModuleType
 from typing import Any, TypeVar
 
+import msgspec
+
+from chamber.collector.core.usage import usage_percent
 from chamber.common.contracts import (
     GpuDevice,
     GpuProcess,
@@ -22,64 +35,181 @@ log = get_logger(__name__)
 
 T = TypeVar("T")
 MIB = 1024 * 1024
+MIG_PROFILE = re.compile(r"MIG\s+(\S+)$")
+
+
+@dataclass
+class Device:
+    """One schedulable device: a whole GPU, or a MIG instance with its parent GPU and GPU-instance id."""
+
+    handle: Any
+    physical: int
+    """Index of the physical GPU (the whole GPU's own index when not MIG)."""
+    parent: Any = None
+    gpu_instance: int | None = None
+    gpm_sample: Any = None
 
 
 class NvmlReader:
     def __init__(self, nvml: ModuleType | Any) -> None:
         self.nvml = nvml
         nvml.nvmlInit()
-        self.handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(nvml.nvmlDeviceGetCount())]
-        self.unsupported: set[str] = set()
+        self.physical = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(nvml.nvmlDeviceGetCount())]
+        self.unsupported: set[tuple[int, str]] = set()
+        self.entries = self._enumerate()
+        self.handles = [e.handle for e in self.entries]
+        self._gpm = [self._gpm_supported(h) for h in self.physical]
+        for i in range(len(self.entries)):
+            self._gpm_snapshot(i)  # the first interval starts now
 
     def close(self) -> None:
-        self.nvml.nvmlShutdown()
+        n = self.nvml
+        for entry in self.entries:
+            if entry.gpm_sample is not None:
+                self._try(-1, "gpm_free", partial(n.nvmlGpmSampleFree, entry.gpm_sample))
+        n.nvmlShutdown()
 
-    def _try(self, what: str, call: Callable[[], T]) -> T | None:
-        """The call's result, or None when NVML says the GPU cannot answer it (logged once per kind)."""
-        if what in self.unsupported:
+    def _enumerate(self) -> list[Device]:
+        n = self.nvml
+        out: list[Device] = []
+        for i, h in enumerate(self.physical):
+            mode = self._try(i, "mig_mode", partial(n.nvmlDeviceGetMigMode, h))
+            if not mode or mode[0] != n.NVML_DEVICE_MIG_ENABLE:
+                out.append(Device(h, i))
+                continue
+            for k in range(int(n.nvmlDeviceGetMaxMigDeviceCount(h))):
+                try:
+                    mig = n.nvmlDeviceGetMigDeviceHandleByIndex(h, k)
+                except n.NVMLError:
+                    continue  # an empty slot
+                out.append(Device(mig, i, parent=h, gpu_instance=int(n.nvmlDeviceGetGpuInstanceId(mig))))
+        return out
+
+    def _try(self, index: int, what: str, call: Callable[[], T]) -> T | None:
+        """The call's result, or None when NVML says this device cannot answer it (remembered per device)."""
+        if (index, what) in self.unsupported:
             return None
         try:
             return call()
         except self.nvml.NVMLError as exc:
-            if getattr(exc, "value", None) == self.nvml.NVML_ERROR_NOT_SUPPORTED:
-                self.unsupported.add(what)
+            if getattr(exc, "value", None) in (self.nvml.NVML_ERROR_NOT_SUPPORTED, _not_found(self.nvml)):
+                self.unsupported.add((index, what))
             else:
-                log.warning("nvml.read_failed", field=what, error=str(exc))
+                log.warning("nvml.read_failed", field=what, device=index, error=str(exc))
             return None
 
     def devices(self) -> list[GpuDevice]:
         n = self.nvml
         out = []
-        for i, h in enumerate(self.handles):
-            mem = self._try("memory", partial(n.nvmlDeviceGetMemoryInfo, h))
+        for i, e in enumerate(self.entries):
+            mem = self._try(i, "memory", partial(n.nvmlDeviceGetMemoryInfo, e.handle))
+            name = _text(n.nvmlDeviceGetName(e.handle))
             out.append(
                 GpuDevice(
                     index=i,
-                    uuid=_text(n.nvmlDeviceGetUUID(h)),
-                    model=_text(n.nvmlDeviceGetName(h)),
+                    uuid=_text(n.nvmlDeviceGetUUID(e.handle)),
+                    model=name,
                     memory_mb=int(mem.total / MIB) if mem is not None else 0,
+                    mig_profile="" if e.parent is None else self._mig_profile(i, e, name),
+                    parent_uuid="" if e.parent is None else _text(n.nvmlDeviceGetUUID(e.parent)),
                 )
             )
         return out
 
+    def _mig_profile(self, i: int, e: Device, name: str) -> str:
+        """`1g.10gb` ...: from the instance's name as NVML gives it, else from its slices and memory."""
+        match = MIG_PROFILE.search(name)
+        if match:
+            return match.group(1)
+        attrs = self._try(i, "attributes", partial(self.nvml.nvmlDeviceGetAttributes, e.handle))
+        if attrs is None:
+            return "mig"
+        return f"{attrs.gpuInstanceSliceCount}g.{round(attrs.memorySizeMB / 1024)}gb"
+
+    def xid_targets(self, physical: int, gpu_instance: int | None) -> list[int]:
+        """The devices an XID on physical GPU `physical` concerns: the one MIG instance it names, else all of it."""
+        on_gpu = [i for i, e in enumerate(self.entries) if e.physical == physical]
+        exact = [i for i in on_gpu if gpu_instance is not None and self.entries[i].gpu_instance == gpu_instance]
+        return exact or on_gpu
+
+    # ---- GPM ----------------------------------------------------------------------------------------------------
+
+    def _gpm_supported(self, h: Any) -> bool:
+        n = self.nvml
+        try:
+            return bool(n.nvmlGpmQueryDeviceSupport(h).isSupportedDevice)
+        except (n.NVMLError, AttributeError):
+            return False
+
+    def _gpm_snapshot(self, i: int) -> tuple[Any, Any] | None:
+        """Take a new GPM snapshot of device `i`; returns (previous, new), or None where GPM is unsupported."""
+        n, e = self.nvml, self.entries[i]
+        if not self._gpm[e.physical] or (i, "gpm") in self.unsupported:
+            return None
+        sample = self._try(i, "gpm", n.nvmlGpmSampleAlloc)
+        if sample is None:
+            return None
+        if e.parent is None:
+            taken = self._try(i, "gpm", partial(n.nvmlGpmSampleGet, e.handle, sample))
+        else:
+            taken = self._try(i, "gpm", partial(n.nvmlGpmMigSampleGet, e.parent, e.gpu_instance, sample))
+        if taken is None:
+            self._try(i, "gpm_free", partial(n.nvmlGpmSampleFree, sample))
+            return None
+        previous, e.gpm_sample = e.gpm_sample, sample
+        return previous, sample
+
+    def _gpm_activity(self, i: int) -> tuple[float | None, float | None, float | None]:
+        """(SM, tensor, DRAM) activity as 0-1 ratios over the interval since the last sample of device `i`."""
+        n = self.nvml
+        pair = self._gpm_snapshot(i)
+        if pair is None or pair[0] is None:
+            return None, None, None
+        previous, current = pair
+        wanted = (n.NVML_GPM_METRIC_SM_UTIL, n.NVML_GPM_METRIC_ANY_TENSOR_UTIL, n.NVML_GPM_METRIC_DRAM_BW_UTIL)
+        request = n.c_nvmlGpmMetricsGet_t()
+        request.version = n.NVML_GPM_METRICS_GET_VERSION
+        request.numMetrics = len(wanted)
+        request.sample1 = previous
+        request.sample2 = current
+        for k, metric in enumerate(wanted):
+            request.metrics[k].metricId = metric
+        got = self._try(i, "gpm", partial(n.nvmlGpmMetricsGet, request))
+        self._try(i, "gpm_free", partial(n.nvmlGpmSampleFree, previous))
+        if got is None:
+            return None, None, None
+        values = [
+            got.metrics[k].value / 100 if got.metrics[k].nvmlReturn == n.NVML_SUCCESS else None
+            for k in range(len(wanted))
+        ]
+        return values[0], values[1], values[2]
+
+    # ---- a sample ---------------------------------------------------------------------------------------------
+
     def sample(self, index: int) -> GpuSample:
         n = self.nvml
-        h = self.handles[index]
-        util = self._try("utilization", lambda: n.nvmlDeviceGetUtilizationRates(h))
-        mem = self._try("memory", lambda: n.nvmlDeviceGetMemoryInfo(h))
-        power = self._try("power", lambda: n.nvmlDeviceGetPowerUsage(h))
-        limit = self._try("power_limit", lambda: n.nvmlDeviceGetEnforcedPowerLimit(h))
-        remap = self._try("remapped_rows", lambda: n.nvmlDeviceGetRemappedRows(h))
-        dbe_pages = self._try(
+        e = self.entries[index]
+        h = e.handle
+        g = e.parent if e.parent is not None else h  # the physical GPU: health, power, temperature
+        t = partial(self._try, index)
+        util = t("utilization", lambda: n.nvmlDeviceGetUtilizationRates(h))
+        mem = t("memory", lambda: n.nvmlDeviceGetMemoryInfo(h))
+        power = t("power", lambda: n.nvmlDeviceGetPowerUsage(g))
+        limit = t("power_limit", lambda: n.nvmlDeviceGetEnforcedPowerLimit(g))
+        remap = t("remapped_rows", lambda: n.nvmlDeviceGetRemappedRows(g))
+        dbe_pages = t(
             "retired_pages",
-            lambda: n.nvmlDeviceGetRetiredPages(h, n.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR),
+            lambda: n.nvmlDeviceGetRetiredPages(g, n.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR),
         )
-        sbe_pages = self._try(
+        sbe_pages = t(
             "retired_pages",
-            lambda: n.nvmlDeviceGetRetiredPages(h, n.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS),
+            lambda: n.nvmlDeviceGetRetiredPages(g, n.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS),
         )
-        procs = self._try("processes", lambda: n.nvmlDeviceGetComputeRunningProcesses(h))
-        pending_pages = self._try("retired_pages", lambda: n.nvmlDeviceGetRetiredPagesPendingStatus(h))
+        procs = t("processes", lambda: n.nvmlDeviceGetComputeRunningProcesses(h))
+        pending_pages = t("retired_pages", lambda: n.nvmlDeviceGetRetiredPagesPendingStatus(g))
+        sm, tensor, dram = self._gpm_activity(index)
+        power_w = None if power is None else power / 1000
+        limit_w = None if limit is None else limit / 1000
         temp_sensor = n.NVML_TEMPERATURE_GPU
         return GpuSample(
             index=index,
@@ -88,14 +218,18 @@ class NvmlReader:
             mem_util=None if util is None else float(util.memory),
             mem_used_mb=None if mem is None else mem.used / MIB,
             mem_total_mb=None if mem is None else mem.total / MIB,
-            temperature_c=_float(self._try("temperature", lambda: n.nvmlDeviceGetTemperature(h, temp_sensor))),
-            power_w=None if power is None else power / 1000,
-            power_limit_w=None if limit is None else limit / 1000,
-            clock_event_reasons=self._try("clock_events", lambda: self._clock_events(h)),
-            ecc_dbe_volatile=self._ecc(h, n.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, n.NVML_VOLATILE_ECC),
-            ecc_sbe_volatile=self._ecc(h, n.NVML_MEMORY_ERROR_TYPE_CORRECTED, n.NVML_VOLATILE_ECC),
-            ecc_dbe_aggregate=self._ecc(h, n.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, n.NVML_AGGREGATE_ECC),
-            ecc_sbe_aggregate=self._ecc(h, n.NVML_MEMORY_ERROR_TYPE_CORRECTED, n.NVML_AGGREGATE_ECC),
+            temperature_c=_float(t("temperature", lambda: n.nvmlDeviceGetTemperature(g, temp_sensor))),
+            power_w=power_w,
+            power_limit_w=limit_w,
+            sm_activity=sm,
+            tensor_activity=tensor,
+            dram_activity=dram,
+            usage=usage_percent(sm, tensor, dram, power_w, limit_w),
+            clock_event_reasons=t("clock_events", lambda: self._clock_events(g)),
+            ecc_dbe_volatile=self._ecc(index, g, n.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, n.NVML_VOLATILE_ECC),
+            ecc_sbe_volatile=self._ecc(index, g, n.NVML_MEMORY_ERROR_TYPE_CORRECTED, n.NVML_VOLATILE_ECC),
+            ecc_dbe_aggregate=self._ecc(index, g, n.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, n.NVML_AGGREGATE_ECC),
+            ecc_sbe_aggregate=self._ecc(index, g, n.NVML_MEMORY_ERROR_TYPE_CORRECTED, n.NVML_AGGREGATE_ECC),
             retired_pages_dbe=None if dbe_pages is None else len(dbe_pages),
             retired_pages_sbe=None if sbe_pages is None else len(sbe_pages),
             retired_pages_pending=_bool(pending_pages),
@@ -103,11 +237,11 @@ class NvmlReader:
             remapped_rows_uncorrectable=None if remap is None else int(remap[1]),
             remapped_rows_pending=None if remap is None else bool(remap[2]),
             remapped_rows_failure=None if remap is None else bool(remap[3]),
-            nvlink_replay_errors=self._nvlink(h, n.NVML_NVLINK_ERROR_DL_REPLAY),
-            nvlink_recovery_errors=self._nvlink(h, n.NVML_NVLINK_ERROR_DL_RECOVERY),
-            nvlink_crc_errors=self._nvlink(h, n.NVML_NVLINK_ERROR_DL_CRC_FLIT),
-            pcie_replay_count=self._try("pcie_replay", lambda: int(n.nvmlDeviceGetPcieReplayCounter(h))),
-            recovery_action=self._try("recovery_action", lambda: self._recovery_action(h)),
+            nvlink_replay_errors=self._nvlink(index, g, n.NVML_NVLINK_ERROR_DL_REPLAY),
+            nvlink_recovery_errors=self._nvlink(index, g, n.NVML_NVLINK_ERROR_DL_RECOVERY),
+            nvlink_crc_errors=self._nvlink(index, g, n.NVML_NVLINK_ERROR_DL_CRC_FLIT),
+            pcie_replay_count=t("pcie_replay", lambda: int(n.nvmlDeviceGetPcieReplayCounter(g))),
+            recovery_action=t("recovery_action", lambda: self._recovery_action(g)),
             processes=None
             if procs is None
             else [
@@ -131,13 +265,15 @@ class NvmlReader:
         )
         return int(getter(h))
 
-    def _ecc(self, h: Any, kind: int, counter: int) -> int | None:
-        return self._try(f"ecc-{kind}-{counter}", lambda: int(self.nvml.nvmlDeviceGetTotalEccErrors(h, kind, counter)))
+    def _ecc(self, index: int, h: Any, kind: int, counter: int) -> int | None:
+        return self._try(
+            index, f"ecc-{kind}-{counter}", lambda: int(self.nvml.nvmlDeviceGetTotalEccErrors(h, kind, counter))
+        )
 
-    def _nvlink(self, h: Any, counter: int) -> int | None:
+    def _nvlink(self, index: int, h: Any, counter: int) -> int | None:
         """Summed over the GPU's active links; None when the GPU has no NVLink."""
         n = self.nvml
-        if "nvlink" in self.unsupported:
+        if (index, "nvlink") in self.unsupported:
             return None
         total = 0
         active = 0
@@ -150,28 +286,65 @@ class NvmlReader:
             except n.NVMLError:
                 continue
         if not active:
-            self.unsupported.add("nvlink")
+            self.unsupported.add((index, "nvlink"))
             return None
         return total
 
 
-class NvmlSource:
-    """The TelemetrySource of a node agent: this node's GPUs, read with NVML."""
+Owner = Callable[[int, int], str]
+"""(pid, device index) -> the job whose replica on that device the process belongs to; empty: none."""
 
-    def __init__(self, reader: NvmlReader, node: str, pool: Pool, topology: TopologyLabels, interval_s: float) -> None:
+
+class NvmlSource:
+    """The TelemetrySource of a node agent: this node's GPUs, read with NVML.
+
+    With an `owner` (the node's job runner), each GPU process is attributed to its job, and the processes that no
+    job placed on that GPU owns are counted (`unallocated_processes`): work the ledger does not know about."""
+
+    def __init__(
+        self,
+        reader: NvmlReader,
+        node: str,
+        pool: Pool,
+        topology: TopologyLabels,
+        interval_s: float,
+        *,
+        owner: Owner | None = None,
+    ) -> None:
         self.reader = reader
         self.node = Node(name=node, pool=pool.name, gpus=reader.devices(), topology=topology)
         self.pool = pool
         self.interval_s = interval_s
+        self.owner = owner
+        self._unallocated: dict[int, int] = {}
 
     def inventory(self, now: float) -> list[NodeInventory]:
         return [NodeInventory(node=self.node, pool=self.pool, observed_at=now)]
 
     def sample(self, now: float, allocation: Mapping[str, str]) -> list[NodeTelemetry]:
-        gpus = [self.reader.sample(i) for i in range(len(self.reader.handles))]
+        gpus = [self._attributed(self.reader.sample(i)) for i in range(len(self.reader.entries))]
         return [
             NodeTelemetry(node=self.node.name, sampled_at=now, interval_s=self.interval_s, gpus=gpus, source="nvml")
         ]
+
+    def _attributed(self, sample: GpuSample) -> GpuSample:
+        if self.owner is None or sample.processes is None:
+            return sample
+        owner = self.owner
+        processes = [
+            GpuProcess(pid=p.pid, used_memory_mb=p.used_memory_mb, job_id=owner(p.pid, sample.index))
+            for p in sample.processes
+        ]
+        unallocated = sum(1 for p in processes if not p.job_id)
+        if unallocated and self._unallocated.get(sample.index) != unallocated:
+            rogue = [p.pid for p in processes if not p.job_id]
+            log.warning("nvml.unallocated_processes", node=self.node.name, gpu=sample.index, pids=rogue)
+        self._unallocated[sample.index] = unallocated
+        return msgspec.structs.replace(sample, processes=processes, unallocated_processes=unallocated)
+
+
+def _not_found(nvml: Any) -> int:
+    return int(getattr(nvml, "NVML_ERROR_FUNCTION_NOT_FOUND", -1))
 
 
 def _text(value: str | bytes) -> str:

@@ -13,6 +13,9 @@ from chamber.common.log import get_logger
 
 log = get_logger(__name__)
 
+NO_INSTANCE = 0xFFFFFFFF
+"""NVML's GPU-instance id in an event that is not about one MIG instance."""
+
 
 class XidWatcher:
     def __init__(
@@ -22,12 +25,16 @@ class XidWatcher:
         on_xid: Callable[[int, int], None],
         *,
         wait_ms: int = 500,
+        resolve: Callable[[int, int | None], list[int]] | None = None,
     ) -> None:
-        """`on_xid(gpu_index, xid)` is called in the event loop's thread."""
+        """`on_xid(gpu_index, xid)` is called in the event loop's thread. `handles` are the physical GPUs;
+        `resolve(physical index, GPU-instance id or None)` gives the device indices an XID concerns (MIG
+        instances), by default the physical index itself."""
         self.nvml = nvml
         self.handles = handles
         self.on_xid = on_xid
         self.wait_ms = wait_ms
+        self.resolve = resolve or (lambda physical, instance: [physical])
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._index: dict[int, int] = {}
@@ -57,8 +64,11 @@ class XidWatcher:
                 if getattr(exc, "value", None) != n.NVML_ERROR_TIMEOUT:
                     log.warning("nvml.xid_wait_failed", error=str(exc))
                 continue
-            index = self._gpu_index(data.device)
-            loop.call_soon_threadsafe(self.on_xid, index, int(data.eventData))
+            physical = self._gpu_index(data.device)
+            instance = getattr(data, "gpuInstanceId", None)
+            instance = None if instance is None or instance >= NO_INSTANCE else int(instance)
+            for index in self.resolve(physical, instance) if physical >= 0 else [-1]:
+                loop.call_soon_threadsafe(self.on_xid, index, int(data.eventData))
 
     def _gpu_index(self, device: Any) -> int:
         index = self._index.get(id(device))

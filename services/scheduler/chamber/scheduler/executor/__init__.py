@@ -7,6 +7,7 @@ Jobs and binds their pods to the nodes the ledger reserved. Every executor repor
 from chamber.common.bus import Bus
 from chamber.common.runtime import Context
 from chamber.scheduler.executor.base import Executor
+from chamber.scheduler.executor.process import ProcessExecutor
 from chamber.scheduler.executor.simulated import SimulatedExecutor
 
 
@@ -18,7 +19,9 @@ def make_executor(ctx: Context, bus: Bus) -> Executor:
     kind = ctx.settings.executor
     if kind == "simulated":
         return SimulatedExecutor(bus, ctx.clock)
-    raise ExecutorUnavailable(f"CHAMBER_EXECUTOR={kind} is not available in this build; use `simulated`")
+    if kind == "process":
+        return ProcessExecutor(bus, ctx.clock, ctx.settings)
+    raise ExecutorUnavailable(f"CHAMBER_EXECUTOR={kind} is not available in this build; use `simulated` or `process`")
 
 
-__all__ = ["Executor", "ExecutorUnavailable", "SimulatedExecutor", "make_executor"]
+__all__ = ["Executor", "ExecutorUnavailable", "ProcessExecutor", "SimulatedExecutor", "make_executor"]

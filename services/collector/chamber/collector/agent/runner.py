@@ -1,0 +1,317 @@
+"""The replicas of one node as processes: started, stopped, watched, re-adopted (no bus here: `server.py` puts
+this on NATS).
+
+- **Launch**: each replica placed here gets a directory, a state file and a shim, which starts the command in a
+  new process group with `CUDA_VISIBLE_DEVICES` set to the placed GPUs' UUIDs and the gang's variables. A replica
+  that exists is not started again, so a repeated launch is harmless.
+- **Stop**: SIGTERM to each group, SIGKILL when the grace ends. The order is kept in the state file, so an agent
+  restarted during the grace still kills on time. A stop for a replica that never launched here leaves a
+  tombstone: a late launch will not start it.
+- **Watch**: the shim's start record, then its exit (a pidfd wakes at once); **adopt** after a restart: the live
+  replicas are watched again, the ones that ended meanwhile are settled from their records.
+Every change is saved to the state file before anything depends on it, and `on_change` is called so the server
+sends the reports it implies.
+"""
+
+import asyncio
+import contextlib
+import os
+import signal
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import msgspec
+
+from chamber.collector.agent.launching import free_port, replica_environment, write_launch
+from chamber.collector.agent.logfiles import read_log
+from chamber.collector.agent.replicas import (
+    Ending,
+    ReplicaState,
+    ReplicaStore,
+    StopOrder,
+    alive,
+    process_start,
+    read_json,
+    signal_group,
+    spawn_shim,
+    wait_exit,
+)
+from chamber.collector.agent.reports import ending_from, pending_reports
+from chamber.common.clock import Clock
+from chamber.common.contracts import (
+    AgentReply,
+    GpuDevice,
+    LaunchReplicas,
+    LogsChunk,
+    LogsRequest,
+    StopReplicas,
+)
+from chamber.common.log import get_logger
+
+log = get_logger(__name__)
+
+
+@dataclass(frozen=True)
+class RunnerConfig:
+    node: str
+    gpus: list[GpuDevice]
+    root: Path
+    """This node's replica state (`<state>/<namespace>/agent/<node>`)."""
+    checkpoint_root: Path
+    address: str
+    heartbeat_s: float = 2.0
+    timeout_s: float = 30.0
+    log_max_bytes: int = 64 * 1024 * 1024
+    retention_s: float = 7 * 86400.0
+
+
+@dataclass
+class Replica:
+    directory: Path
+    state: ReplicaState
+    kill_timer: asyncio.TimerHandle | None = None
+    watch: asyncio.Task[None] | None = None
+
+    @property
+    def live(self) -> bool:
+        return self.state.ending is None
+
+
+class NodeRunner:
+    def __init__(self, clock: Clock, config: RunnerConfig, on_change: Callable[[], None] = lambda: None) -> None:
+        self.clock = clock
+        self.config = config
+        self.node = config.node
+        self.store = ReplicaStore(config.root)
+        self.replicas: dict[tuple[str, int, int], Replica] = {}
+        self.on_change = on_change
+
+    async def close(self) -> None:
+        """Stop watching; the replicas keep running (a restarted agent adopts them)."""
+        for replica in self.replicas.values():
+            if replica.kill_timer is not None:
+                replica.kill_timer.cancel()
+            if replica.watch is not None:
+                replica.watch.cancel()
+        await asyncio.gather(*(r.watch for r in self.replicas.values() if r.watch), return_exceptions=True)
+
+    def live(self) -> list[Replica]:
+        return [r for r in self.replicas.values() if r.live]
+
+    def owner(self, pid: int, gpu_index: int) -> str:
+        """The job whose replica on GPU `gpu_index` process `pid` belongs to (by its session); empty: none."""
+        try:
+            session = os.getsid(pid)
+        except OSError:
+            return ""
+        for r in self.replicas.values():
+            if r.live and r.state.shim_pid == session and gpu_index in r.state.gpus:
+                return r.state.job_id
+        return ""
+
+    # ---- requests (idempotent) --------------------------------------------------------------------------------
+
+    def launch(self, req: LaunchReplicas) -> AgentReply:
+        gpus = self.config.gpus
+        if not req.command:
+            return AgentReply(ok=False, error="nothing to run: the job has no command")
+        for a in req.assignments:
+            bad = [i for i in a.gpus if not 0 <= i < len(gpus)]
+            if bad:
+                return AgentReply(ok=False, error=f"replica {a.replica}: no GPU {bad} on {self.node}")
+        addr, port = req.master_addr, req.master_port
+        if any(a.replica == 0 for a in req.assignments):
+            first = self.replicas.get((req.job_id, req.attempt, 0))
+            if first is not None and first.state.master_port:
+                addr, port = first.state.master_addr, first.state.master_port
+            else:
+                addr, port = self.config.address, port or free_port()
+        for a in req.assignments:
+            if (req.job_id, req.attempt, a.replica) not in self.replicas:
+                self._start_replica(req, a.replica, a.gpus, addr, port)
+        return AgentReply(ok=True, master_addr=addr, master_port=port)
+
+    def stop(self, req: StopReplicas) -> AgentReply:
+        now = self.clock.now()
+        order = StopOrder(reason=req.reason, grace_s=req.grace_s, requested_at=now, kill_at=now + req.grace_s)
+        mine = {k[2] for k in self.replicas if k[:2] == (req.job_id, req.attempt)}
+        for index in sorted(mine | set(req.replicas)):
+            replica = self.replicas.get((req.job_id, req.attempt, index))
+            if replica is None:
+                self._tombstone(req, index, order)
+            elif replica.live:
+                self._stop_replica(replica, order)
+        return AgentReply(ok=True)
+
+    def logs(self, req: LogsRequest) -> LogsChunk:
+        replica = self.replicas.get((req.job_id, req.attempt, req.replica))
+        directory = replica.directory if replica else self.store.directory(req.job_id, req.attempt, req.replica)
+        found = (directory / "log").is_dir()
+        data, start, end = read_log(directory / "log", req.offset, req.limit) if found else (b"", req.offset, 0)
+        return LogsChunk(
+            node=self.node, job_id=req.job_id, attempt=req.attempt, replica=req.replica, found=found, data=data,
+            offset=start, next_offset=end if found else req.offset, running=replica is not None and replica.live,
+        )  # fmt: skip
+
+    # ---- starting and stopping -------------------------------------------------------------------------------
+
+    def _start_replica(self, req: LaunchReplicas, index: int, gpus: list[int], addr: str, port: int) -> None:
+        now = self.clock.now()
+        directory = self.store.directory(req.job_id, req.attempt, index)
+        visible = ",".join(self.config.gpus[i].uuid for i in gpus)
+        state = ReplicaState(
+            job_id=req.job_id, attempt=req.attempt, replica=index, replicas=req.replicas, gpus=list(gpus),
+            visible_devices=visible, master_addr=addr, master_port=port, spawned_at=now,
+        )  # fmt: skip
+        replica = Replica(directory, state)
+        self.replicas[state.key] = replica
+        try:
+            checkpoint = self.config.checkpoint_root / req.job_id
+            checkpoint.mkdir(parents=True, exist_ok=True)
+            env = replica_environment(dict(os.environ), req, state, self.node, checkpoint)
+            self.store.save(directory, state)
+            write_launch(directory, req, env, self.config.log_max_bytes, self.config.timeout_s)
+            (directory / "lease").touch()
+            state.shim_pid = spawn_shim(directory)
+            state.shim_start = process_start(state.shim_pid)
+        except OSError as exc:
+            state.ending = Ending(exited_at=now, launch_error=f"cannot start the replica on {self.node}: {exc}")
+            self.save(replica)
+            self.on_change()
+            return
+        self.save(replica)
+        replica.watch = asyncio.create_task(self._watch(replica), name=f"replica-{req.job_id}-{index}")
+        log.info("agent.replica_spawned", job_id=req.job_id, attempt=req.attempt, replica=index, gpus=visible)
+
+    def _tombstone(self, req: StopReplicas, index: int, order: StopOrder) -> None:
+        state = ReplicaState(
+            job_id=req.job_id, attempt=req.attempt, replica=index, replicas=0, gpus=[], stop=order,
+            never_started=True, ending=Ending(exited_at=order.requested_at, message="stopped before it started"),
+        )  # fmt: skip
+        replica = Replica(self.store.directory(req.job_id, req.attempt, index), state)
+        self.replicas[state.key] = replica
+        self.save(replica)
+        self.on_change()
+
+    def _stop_replica(self, replica: Replica, order: StopOrder) -> None:
+        current = replica.state.stop
+        if current is not None and current.kill_at <= order.kill_at:
+            return  # already stopping, at least as soon
+        if current is not None:
+            order = msgspec.structs.replace(order, reason=current.reason, requested_at=current.requested_at)
+        replica.state.stop = order
+        self.save(replica)
+        log.info("agent.replica_stopping", job_id=replica.state.job_id, replica=replica.state.replica,
+                 grace_s=order.grace_s, reason=order.reason)  # fmt: skip
+        if order.kill_at <= self.clock.now():
+            self._kill(replica)
+            return
+        signal_group(replica.state.shim_pid, signal.SIGTERM)
+        self._arm_kill(replica)
+
+    def _arm_kill(self, replica: Replica) -> None:
+        stop = replica.state.stop
+        assert stop is not None
+        if replica.kill_timer is not None:
+            replica.kill_timer.cancel()
+        delay = max(0.0, stop.kill_at - self.clock.now())
+        replica.kill_timer = asyncio.get_running_loop().call_later(delay, self._kill, replica)
+
+    def _kill(self, replica: Replica) -> None:
+        if not replica.live or replica.state.stop is None:
+            return
+        replica.state.stop.killed = True
+        self.save(replica)
+        signal_group(replica.state.shim_pid, signal.SIGKILL)
+
+    # ---- watching ---------------------------------------------------------------------------------------------
+
+    async def _watch(self, replica: Replica) -> None:
+        """Until the shim exits: note the start when the shim records it, then how the replica ended."""
+        state = replica.state
+        exited = asyncio.create_task(wait_exit(state.shim_pid))
+        try:
+            while state.started_at is None and not exited.done():
+                self._read_started(replica)
+                if state.started_at is None:
+                    await asyncio.wait([exited], timeout=0.02)
+            await exited
+        finally:
+            if not exited.done():
+                exited.cancel()
+        self._read_started(replica)
+        self._ended(replica)
+
+    def _read_started(self, replica: Replica) -> None:
+        state = replica.state
+        if state.started_at is not None:
+            return
+        started = read_json(replica.directory / "started.json")
+        if started is None:
+            return
+        state.started_at = float(started.get("started_at", self.clock.now()))  # type: ignore[arg-type]
+        state.child_pid = int(started.get("pid", 0))  # type: ignore[call-overload]
+        self.save(replica)
+        self.on_change()
+
+    def _ended(self, replica: Replica) -> None:
+        """The shim is gone: how the replica ended, from the shim's record, else from what the agent knows."""
+        state = replica.state
+        if state.ending is not None:
+            return
+        if replica.kill_timer is not None:
+            replica.kill_timer.cancel()
+        state.ending = ending_from(read_json(replica.directory / "exit.json"), state, self.node, self.clock.now())
+        log.info("agent.replica_ended", job_id=state.job_id, attempt=state.attempt, replica=state.replica,
+                 exit_code=state.ending.exit_code, signal=state.ending.signal, lost=state.ending.lost)  # fmt: skip
+        self.save(replica)
+        self.on_change()
+
+    def adopt(self) -> None:
+        """After a restart: watch the replicas still running, settle the ones that ended meanwhile."""
+        for directory, state in self.store.load_all():
+            replica = Replica(directory, state)
+            self.replicas[state.key] = replica
+            if not replica.live:
+                continue
+            if alive(state.shim_pid, state.shim_start):
+                replica.watch = asyncio.create_task(self._watch(replica), name=f"replica-{state.job_id}")
+                if state.stop is not None:
+                    if state.stop.killed or state.stop.kill_at <= self.clock.now():
+                        self._kill(replica)
+                    else:
+                        self._arm_kill(replica)
+                continue
+            self._read_started(replica)
+            if state.shim_pid == 0:
+                state.ending = Ending(exited_at=self.clock.now(), launch_error="the agent stopped while starting it")
+                self.save(replica)
+            else:
+                self._ended(replica)
+        log.info("agent.adopted", node=self.node, replicas=len(self.replicas))
+
+    def touch_leases(self) -> None:
+        """The dead-man switch: the agent is here and connected (see the shim)."""
+        for r in self.live():
+            with contextlib.suppress(OSError):
+                (r.directory / "lease").touch()
+
+    def collect_garbage(self, now: float) -> None:
+        """Forget replicas that ended, were reported, and are older than the retention (their output too)."""
+        for key, r in list(self.replicas.items()):
+            ending = r.state.ending
+            if (
+                ending is None
+                or ending.exited_at > now - self.config.retention_s
+                or pending_reports(self.node, r.state)
+            ):
+                continue
+            self.store.remove(r.directory)
+            del self.replicas[key]
+
+    def save(self, replica: Replica) -> None:
+        try:
+            self.store.save(replica.directory, replica.state)
+        except OSError as exc:
+            log.error("agent.state_write_failed", directory=str(replica.directory), error=str(exc))

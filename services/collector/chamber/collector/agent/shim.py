@@ -1,0 +1,117 @@
+"""The supervisor of one replica: `python -m chamber.collector.agent.shim <replica-dir>`.
+
+The agent starts it as the leader of a new session and process group; it starts the replica's command in that
+group, writes its output to rotated segments, and records how it ended in `exit.json`. So a replica outlives an
+agent that crashes or restarts, its exit code is not lost when nobody is its parent, and the whole group (the
+command and anything it forked) can be signalled at once. It ignores SIGTERM itself: a stop signals the group,
+and the shim stays to record the exit.
+
+A dead-man switch: the agent touches `lease` at every heartbeat it can publish. When the lease is older than
+`fence_after_s` (the agent is gone or cut off, and the scheduler will soon count the replica as lost and give its
+GPUs away), the shim stops the group itself: SIGTERM, `fence_grace_s`, SIGKILL.
+
+Standard library only, as it starts once per replica.
+"""
+
+import contextlib
+import json
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from chamber.collector.agent.logfiles import LogWriter
+
+POLL_S = 0.25
+
+
+def write_json(path: Path, value: dict[str, Any]) -> None:
+    """Atomically (write a temporary file, then rename): a reader sees the old content or the new, never half."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(value, f)
+    os.replace(tmp, path)
+
+
+def _ignore(signum: int, frame: object) -> None:
+    """A handler, not SIG_IGN: an ignored signal would stay ignored in the command after exec."""
+
+
+def _lease_age(directory: Path, started: float) -> float:
+    try:
+        return time.time() - (directory / "lease").stat().st_mtime
+    except FileNotFoundError:
+        return time.time() - started
+
+
+def _pump(fd: int, log: LogWriter) -> bool:
+    """Copy what the command wrote; True at end of output."""
+    while True:
+        try:
+            data = os.read(fd, 65536)
+        except BlockingIOError:
+            return False
+        if not data:
+            return True
+        log.write(data)
+
+
+def run(directory: Path) -> int:
+    spec = json.loads((directory / "launch.json").read_text())
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(signum, _ignore)
+    log = LogWriter(directory / "log", int(spec["log_max_bytes"]))
+    started = time.time()
+    try:
+        child = subprocess.Popen(
+            spec["argv"], env=spec["env"], cwd=spec.get("cwd"), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    except (OSError, ValueError) as exc:
+        log.write(f"chamber: cannot start {spec['argv'][0]!r}: {exc}\n".encode())
+        log.close()
+        write_json(directory / "exit.json", {"launch_error": str(exc), "exited_at": time.time()})
+        return 127
+    write_json(directory / "started.json", {"pid": child.pid, "started_at": time.time()})
+    assert child.stdout is not None
+    fd = child.stdout.fileno()
+    os.set_blocking(fd, False)
+    selector = selectors.DefaultSelector()
+    selector.register(fd, selectors.EVENT_READ)
+    fence_after = float(spec.get("fence_after_s") or 0)
+    fenced_at: float | None = None
+    eof = False
+    while (rc := child.poll()) is None:
+        if eof:
+            time.sleep(POLL_S)
+        elif selector.select(timeout=POLL_S):
+            eof = _pump(fd, log)
+        if fence_after and fenced_at is None and _lease_age(directory, started) > fence_after:
+            fenced_at = time.time()
+            log.write(b"\nchamber: the node agent is gone; stopping this replica (SIGTERM)\n")
+            os.killpg(0, signal.SIGTERM)
+        if fenced_at is not None and time.time() - fenced_at >= float(spec.get("fence_grace_s") or 0):
+            write_json(directory / "exit.json", {"signal": signal.SIGKILL, "fenced": True, "exited_at": time.time()})
+            log.close()
+            os.killpg(0, signal.SIGKILL)
+    if not eof:
+        _pump(fd, log)
+    code: int | None = rc if rc >= 0 else None
+    sig: int | None = -rc if rc < 0 else None
+    write_json(
+        directory / "exit.json",
+        {"exit_code": code, "signal": sig, "fenced": fenced_at is not None, "exited_at": time.time()},
+    )
+    log.close()
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(0, signal.SIGKILL)  # whatever the command left behind in its group goes with it (and the shim)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run(Path(sys.argv[1])))

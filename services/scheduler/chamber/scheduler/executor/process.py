@@ -1,0 +1,392 @@
+"""The process executor (`CHAMBER_EXECUTOR=process`): node agents run each replica as a process group.
+
+The scheduler's launch becomes a request to the agent of every placed node (the node of replica 0 first: it
+picks `MASTER_ADDR`/`MASTER_PORT` for the others); a stop becomes a request to SIGTERM, wait the grace, SIGKILL.
+Agents report each replica on `replicas.<job>`; a `Gang` per attempt turns those reports into the job's events
+(`JobStarted`, `JobFinished`, `JobStopped`, `JobLaunchFailed`), published with the usual message ids.
+
+Nothing may keep GPUs that the ledger has given away:
+- an agent silent for `CHAMBER_AGENT_TIMEOUT_S` (while this side is connected) is lost: its replicas end as
+  lost, the rest of each gang is stopped, and the job is `JobStopped(interrupted=True)`, so it is requeued; the
+  replicas of a cut-off agent stop themselves before that (their dead-man switch, see the agent's shim);
+- an agent's heartbeat lists the replicas it runs: one of an attempt this executor does not hold is stopped;
+- an attempt the scheduler has moved on from (its record changed attempt or released its GPUs: a launch
+  deadline, a cancel) is stopped.
+
+After a restart, `resync` rebuilds each gang from the REPLICAS stream (reports since the oldest active job was
+submitted), repeats launches and stops (agents ignore repeats), and so misses no exit that happened meanwhile.
+"""
+
+import asyncio
+import contextlib
+from collections.abc import Iterable
+from datetime import UTC, datetime
+from typing import Any
+
+import msgspec
+import nats.errors
+from nats.js.api import ConsumerConfig, DeliverPolicy
+
+from chamber.common.bus import Bus, PublishError
+from chamber.common.clock import Clock
+from chamber.common.codec import DecodeError, Decoder, encode
+from chamber.common.contracts import (
+    AgentReply,
+    AgentStatus,
+    JobLaunchFailed,
+    JobRecord,
+    JobState,
+    JobStateChanged,
+    LaunchReplicas,
+    ReplicaAssignment,
+    ReplicaExited,
+    ReplicaLaunchFailed,
+    ReplicaReport,
+    ReplicaStarted,
+    StopReplicas,
+)
+from chamber.common.log import get_logger
+from chamber.common.settings import Settings
+from chamber.common.workload import workload_problem
+from chamber.scheduler.core.lifecycle import holds_gpus
+from chamber.scheduler.executor.gang import Action, End, Gang, Publish, Stop
+
+log = get_logger(__name__)
+
+REQUEST_TIMEOUT_S = 2.0
+WATCH_S = 0.25
+UNKNOWN_RESEND_S = 5.0
+
+
+class ProcessExecutor:
+    def __init__(self, bus: Bus, clock: Clock, settings: Settings) -> None:
+        self.bus = bus
+        self.clock = clock
+        self.timeout_s = settings.agent_timeout_s
+        self.gangs: dict[str, Gang] = {}
+        """The current attempt of every job this executor runs, by job id."""
+        self.seen: dict[str, float] = {}
+        """When each node's agent was last heard from."""
+        self.since = clock.now()
+        """Since when this side has been connected: no agent is judged on a silence this side did not hear."""
+        self._started = False
+        self._subs: list[Any] = []
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._unknown: dict[tuple[str, str, int, int], float] = {}
+        self._publishing: dict[str, asyncio.Future[None]] = {}
+        self._launching: set[tuple[str, str]] = set()
+        self._watchdog: asyncio.Task[None] | None = None
+
+    # ---- the seam -----------------------------------------------------------------------------------------------
+
+    async def launch(self, record: JobRecord) -> None:
+        await self._start(None)
+        problem = workload_problem(record.spec, "process")
+        if problem is not None:
+            event = JobLaunchFailed(
+                job_id=record.id, attempt=record.attempt, failed_at=self.clock.now(), reason=problem
+            )
+            await self._publish_now(Publish(event, "launch-failed"))
+            return
+        gang = self._track(record)
+        if gang is None or gang.done or gang.requested is not None:
+            return
+        await self._launch(record, gang)
+
+    async def stop(self, record: JobRecord, reason: str, grace_s: float = 0.0) -> None:
+        await self._start(None)
+        gang = self._track(record)
+        if gang is None:
+            return
+        self._act(gang, gang.stop(reason, grace_s))
+
+    async def resync(self, records: Iterable[JobRecord]) -> None:
+        active = [r for r in records if r.placement is not None]
+        gangs = [(r, self._track(r)) for r in active]
+        for record, gang in gangs:
+            if gang is not None and record.state == JobState.RUNNING:
+                gang.started_at = record.started_at
+        await self._start(min((r.submitted_at for r in active), default=None))
+        now = self.clock.now()
+        for record, gang in gangs:
+            if gang is None:
+                continue
+            if record.cancel_requested:
+                self._act(gang, gang.stop("cancelled", 0.0))
+            elif record.stopping:
+                grace = max(0.0, record.updated_at + record.spec.checkpoint_grace_s - now)
+                self._act(gang, gang.stop(record.stop_reason, grace if record.stop_kind == "preempt" else 0.0))
+            elif record.state != JobState.RUNNING:
+                self._spawn(self.launch(record))
+
+    async def close(self) -> None:
+        for sub in self._subs:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+        for task in [*self._tasks, *([self._watchdog] if self._watchdog else [])]:
+            task.cancel()
+        await asyncio.gather(*self._tasks, *([self._watchdog] if self._watchdog else []), return_exceptions=True)
+
+    # ---- tracking ---------------------------------------------------------------------------------------------
+
+    def _track(self, record: JobRecord) -> Gang | None:
+        """The gang of the record's current attempt (created from its placement when new)."""
+        gang = self.gangs.get(record.id)
+        if gang is not None and gang.attempt == record.attempt:
+            return gang
+        if record.placement is None or (gang is not None and gang.attempt > record.attempt):
+            return None
+        per = record.spec.gpus_per_replica
+        gpus = record.placement.gpus
+        groups = [gpus[r * per : (r + 1) * per] for r in range(len(gpus) // per)]
+        gang = Gang(
+            job_id=record.id, attempt=record.attempt, nodes=[g[0].node for g in groups],
+            gpus=[[g.index for g in group] for group in groups], grace_s=record.spec.checkpoint_grace_s,
+        )  # fmt: skip
+        self.gangs[record.id] = gang
+        return gang
+
+    async def _start(self, since: float | None) -> None:
+        """Follow agents' reports, their heartbeats and the job records (once)."""
+        if self._started:
+            return
+        self._started = True
+        names = self.bus.names
+        config = ConsumerConfig()
+        if since is not None:
+            config.deliver_policy = DeliverPolicy.BY_START_TIME
+            config.opt_start_time = datetime.fromtimestamp(max(0.0, since - 1.0), UTC)
+        else:
+            config.deliver_policy = DeliverPolicy.NEW
+        self._subs.append(
+            await self.bus.js.subscribe(
+                names.subject("replicas.>"), cb=self._on_report, ordered_consumer=True, config=config
+            )
+        )
+        self._subs.append(await self.bus.nc.subscribe(names.subject("agents.status.>"), cb=self._on_status))
+        self._subs.append(
+            await self.bus.js.subscribe(
+                names.subject("decisions.state.>"), cb=self._on_record, ordered_consumer=True,
+                deliver_policy=DeliverPolicy.NEW,
+            )
+        )  # fmt: skip
+        self._watchdog = asyncio.create_task(self._watch(), name="process-executor-watchdog")
+
+    # ---- launching ----------------------------------------------------------------------------------------------
+
+    async def _launch(self, record: JobRecord, gang: Gang) -> None:
+        spec = record.spec
+        assert spec.command is not None
+        order: list[str] = []
+        for node in gang.nodes:  # the node of replica 0 first
+            if node not in order:
+                order.append(node)
+
+        def request(node: str, addr: str, port: int) -> LaunchReplicas:
+            return LaunchReplicas(
+                job_id=record.id, attempt=record.attempt, replicas=gang.replicas,
+                assignments=[ReplicaAssignment(replica=r, gpus=gang.gpus[r]) for r in gang.on_node(node)],
+                command=list(spec.command or []), env=dict(spec.env), working_dir=spec.working_dir,
+                master_addr=addr, master_port=port,
+            )  # fmt: skip
+
+        first = await self._ask_launch(gang, order[0], request(order[0], "", 0))
+        if not self._launched(gang, order[0], first):
+            return
+        assert first is not None
+        await asyncio.gather(
+            *(self._launch_on(gang, node, request(node, first.master_addr, first.master_port)) for node in order[1:])
+        )
+
+    async def _launch_on(self, gang: Gang, node: str, req: LaunchReplicas) -> None:
+        self._launched(gang, node, await self._ask_launch(gang, node, req))
+
+    async def _ask_launch(self, gang: Gang, node: str, req: LaunchReplicas) -> AgentReply | None:
+        """A launch request; while it waits for an answer, the launch (not the watchdog) judges that node."""
+        key = (gang.job_id, node)
+        self._launching.add(key)
+        try:
+            return await self._request(gang, node, "launch", req)
+        finally:
+            self._launching.discard(key)
+
+    def _launched(self, gang: Gang, node: str, reply: AgentReply | None) -> bool:
+        if reply is not None and reply.ok:
+            return True
+        if self.gangs.get(gang.job_id) is not gang or gang.done:
+            return False
+        reason = f"no node agent answers on {node}" if reply is None else f"{node}: {reply.error}"
+        log.warning("process_executor.launch_failed", job_id=gang.job_id, attempt=gang.attempt, reason=reason)
+        self._act(gang, gang.launch_failed(gang.on_node(node), reason, self.clock.now(), node))
+        return False
+
+    async def _request(self, gang: Gang, node: str, op: str, payload: msgspec.Struct) -> AgentReply | None:
+        """Ask `node`'s agent, retrying while it does not answer and is not yet judged lost."""
+        subject = self.bus.names.agent_request(node, op)
+        data = encode(payload)
+        deadline = self.clock.now() + self.timeout_s
+        delay = 0.1
+        while True:
+            try:
+                msg = await self.bus.nc.request(subject, data, timeout=REQUEST_TIMEOUT_S)
+                return Decoder(AgentReply).decode(msg.data)  # type: ignore[no-any-return]
+            except DecodeError as exc:
+                return AgentReply(ok=False, error=f"undecodable answer: {exc}")
+            except (nats.errors.Error, TimeoutError) as exc:
+                if self.clock.now() >= deadline or self.gangs.get(gang.job_id) is not gang:
+                    log.warning("process_executor.agent_silent", node=node, op=op, error=repr(exc))
+                    return None
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 2.0)
+
+    # ---- acting ---------------------------------------------------------------------------------------------------
+
+    def _act(self, gang: Gang, actions: list[Action]) -> None:
+        for action in actions:
+            if isinstance(action, Publish):
+                if action.final and self.gangs.get(gang.job_id) is gang:
+                    del self.gangs[gang.job_id]
+                previous = self._publishing.get(gang.job_id)
+                done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+                self._publishing[gang.job_id] = done
+                self._spawn(self._publish(action, previous, done))
+            else:
+                self._spawn(self._stop_on(gang, action))
+
+    async def _stop_on(self, gang: Gang, stop: Stop) -> None:
+        req = StopReplicas(
+            job_id=gang.job_id, attempt=gang.attempt, grace_s=stop.grace_s, reason=stop.reason,
+            replicas=list(stop.replicas),
+        )  # fmt: skip
+        while True:
+            reply = await self._request(gang, stop.node, "stop", req)
+            if reply is not None and reply.ok:
+                return
+            if not any(r in gang.live() for r in stop.replicas) or self.gangs.get(gang.job_id) is not gang:
+                return
+            if reply is not None:
+                log.error("process_executor.stop_refused", node=stop.node, job_id=gang.job_id, error=reply.error)
+            await asyncio.sleep(1.0)  # the watchdog ends it when the agent is judged lost
+
+    async def _publish(self, action: Publish, after: asyncio.Future[None] | None, done: asyncio.Future[None]) -> None:
+        """Publish a job event after the previous one of the same job (a start is stored before its end)."""
+        job_id = action.event.job_id
+        try:
+            if after is not None:
+                await asyncio.shield(after)
+            await self._publish_now(action)
+        finally:
+            done.set_result(None)
+            if self._publishing.get(job_id) is done:
+                del self._publishing[job_id]
+
+    async def _publish_now(self, action: Publish) -> None:
+        event = action.event
+        msg_id = f"{event.job_id}:{event.attempt}:{action.what}"
+        while True:
+            try:
+                await self.bus.publish(self.bus.names.job_lifecycle(event.job_id), event, msg_id=msg_id)
+                log.info("process_executor.reported", job_id=event.job_id, attempt=event.attempt, what=action.what)
+                return
+            except PublishError as exc:
+                log.warning("process_executor.publish_failed", job_id=event.job_id, error=str(exc))
+                await asyncio.sleep(0.5)
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("process_executor.task_failed", error=repr(task.exception()))
+
+    # ---- what comes in ----------------------------------------------------------------------------------------------
+
+    async def _on_report(self, msg: Any) -> None:
+        try:
+            report: ReplicaReport = Decoder(ReplicaReport).decode(msg.data)
+        except DecodeError as exc:
+            log.warning("process_executor.bad_report", subject=msg.subject, error=str(exc))
+            return
+        gang = self.gangs.get(report.job_id)
+        if gang is None or gang.attempt != report.attempt:
+            return
+        self.seen[report.node] = max(self.seen.get(report.node, 0.0), self.clock.now())
+        if isinstance(report, ReplicaStarted):
+            actions = gang.replica_started(report.replica, report.started_at)
+        elif isinstance(report, ReplicaExited):
+            end = End(
+                at=report.exited_at, node=report.node, exit_code=report.exit_code, signal=report.signal,
+                stop_requested=report.stop_requested, lost=report.lost,
+                never_started=report.exit_code is None and report.signal is None and not report.lost,
+                message=report.message,
+            )  # fmt: skip
+            actions = gang.replica_ended(report.replica, end)
+        elif isinstance(report, ReplicaLaunchFailed):
+            actions = gang.launch_failed([report.replica], report.reason, report.failed_at, report.node)
+        self._act(gang, actions)
+
+    async def _on_status(self, msg: Any) -> None:
+        try:
+            status: AgentStatus = Decoder(AgentStatus).decode(msg.data)
+        except DecodeError:
+            return
+        now = self.clock.now()
+        self.seen[status.node] = now
+        for running in status.replicas:
+            gang = self.gangs.get(running.job_id)
+            if gang is not None and gang.attempt == running.attempt and running.replica in gang.live():
+                continue
+            key = (status.node, running.job_id, running.attempt, running.replica)
+            if now - self._unknown.get(key, float("-inf")) < UNKNOWN_RESEND_S:
+                continue
+            self._unknown[key] = now
+            log.warning("process_executor.unknown_replica", node=status.node, job_id=running.job_id,
+                        attempt=running.attempt, replica=running.replica)  # fmt: skip
+            self._spawn(self._stop_unknown(status.node, running.job_id, running.attempt, running.replica))
+
+    async def _stop_unknown(self, node: str, job_id: str, attempt: int, replica: int) -> None:
+        req = StopReplicas(job_id=job_id, attempt=attempt, grace_s=0.0, reason="no longer holds its GPUs",
+                           replicas=[replica])  # fmt: skip
+        with contextlib.suppress(nats.errors.Error, TimeoutError):
+            await self.bus.nc.request(
+                self.bus.names.agent_request(node, "stop"), encode(req), timeout=REQUEST_TIMEOUT_S
+            )
+
+    async def _on_record(self, msg: Any) -> None:
+        """An attempt the scheduler has moved on from is stopped (it will not hear of it again)."""
+        try:
+            change: JobStateChanged = Decoder(JobStateChanged).decode(msg.data)
+        except DecodeError:
+            return
+        record = change.record
+        gang = self.gangs.get(record.id)
+        if gang is None or record.attempt < gang.attempt:
+            return
+        if record.attempt == gang.attempt and holds_gpus(record):
+            return
+        del self.gangs[record.id]
+        if gang.live():
+            log.warning("process_executor.abandoned_attempt", job_id=gang.job_id, attempt=gang.attempt)
+            for action in gang.stop("the attempt no longer holds its GPUs", 0.0):
+                if isinstance(action, Stop):
+                    self._spawn(self._stop_on(gang, action))
+
+    async def _watch(self) -> None:
+        """Judge agents by their heartbeats, but only over time this side was connected to hear them."""
+        while True:
+            await asyncio.sleep(WATCH_S)
+            now = self.clock.now()
+            if not self.bus.nc.is_connected:
+                self.since = now
+                continue
+            self._unknown = {k: at for k, at in self._unknown.items() if now - at < UNKNOWN_RESEND_S}
+            for gang in list(self.gangs.values()):
+                for node in sorted(gang.live_nodes()):
+                    if (gang.job_id, node) in self._launching:
+                        continue  # an agent that never answers the launch fails the launch instead
+                    if now - max(self.seen.get(node, self.since), self.since) > self.timeout_s:
+                        log.warning("process_executor.agent_lost", node=node, job_id=gang.job_id)
+                        self._act(gang, gang.node_lost(node, now))
