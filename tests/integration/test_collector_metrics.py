@@ -14,9 +14,8 @@ from chamber.common.jobstore import JobStore
 from chamber.common.runtime import make_context
 from chamber.common.settings import Settings
 from chamber.common.subjects import JOBS_BUCKET, Names
-from chamber.gateway.api import create_app
-from chamber.gateway.state import GatewayState
 from chamber.scheduler import service as scheduler
+from tests.support.gateway import gateway_client
 from tests.support.services import eventually, running
 
 pytestmark = pytest.mark.integration
@@ -24,7 +23,7 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture
 async def client(settings: Settings, cleanup: None) -> AsyncIterator[AsyncTestClient[Any]]:
-    async with AsyncTestClient(app=create_app(GatewayState(make_context(settings, "gateway")))) as c:
+    async with gateway_client(settings) as c:
         yield c
 
 

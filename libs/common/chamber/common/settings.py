@@ -46,6 +46,14 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     """YAML list of health rules added to (or, by name, replacing) the defaults (docs/health.md)."""
     quota_file: str = ""
     """YAML quota configuration that seeds the quota KV bucket when it is empty (docs/quota.md)."""
+    grpc_port: Annotated[int, msgspec.Meta(ge=0, le=65535)] = 50051
+    """The gateway's gRPC port (0 picks a free one), on `http_host`."""
+    admin_token: str = ""
+    """The first admin API token (docs/api.md); when empty, the gateway makes one at its first start."""
+    admin_token_file: str = ""
+    """Where a development admin token is kept: read when it exists, else written at first start (`make up`)."""
+    access_log: bool = True
+    """One log line per HTTP request (method, path, status, duration, who)."""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: object) -> "Settings":

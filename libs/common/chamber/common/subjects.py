@@ -54,9 +54,13 @@ CONTROL = StreamSpec("CONTROL", "control.>", False, "controls for the simulated 
 DEADLETTER = StreamSpec(
     "DEADLETTER", "deadletter.>", False, "messages a consumer could not decode", max_age_s=7 * DAY, max_bytes=64 * MIB
 )
+AUDIT = StreamSpec(
+    "AUDIT", "audit.>", False, "who changed what through the API, and the result", max_age_s=400 * DAY,
+    max_bytes=1024 * MIB,
+)  # fmt: skip
 
 STREAMS: tuple[StreamSpec, ...] = (
-    JOBS, DECISIONS, INVENTORY, TELEMETRY, HEALTH, QUOTA, METRICS, CONTROL, DEADLETTER,
+    JOBS, DECISIONS, INVENTORY, TELEMETRY, HEALTH, QUOTA, METRICS, CONTROL, DEADLETTER, AUDIT,
 )  # fmt: skip
 
 SUBJECTS: tuple[SubjectSpec, ...] = (
@@ -82,12 +86,20 @@ SUBJECTS: tuple[SubjectSpec, ...] = (
     SubjectSpec(
         "deadletter.<service>", "DEADLETTER", "the raw message, headers say why", "every consumer", "operators"
     ),
+    SubjectSpec("audit.<resource>", "AUDIT", "AuditRecord", "gateway (every mutating call)", "gateway (GET /v1/audit)"),
 )
 
 JOBS_BUCKET = "jobs"
 """JetStream KV bucket (`<namespace>_jobs`) holding the current JobRecord of every job, written by the scheduler."""
 QUOTA_BUCKET = "quota"
 """JetStream KV bucket (`<namespace>_quota`): key `config` holds the QuotaConfig (teams, pools, budgets)."""
+TOKENS_BUCKET = "tokens"
+"""JetStream KV bucket (`<namespace>_tokens`): API token id -> its role, teams and the SHA-256 of its secret."""
+IDEMPOTENCY_BUCKET = "idempotency"
+"""JetStream KV bucket (`<namespace>_idempotency`, entries expire after a day): submit key -> the job it made."""
+IDEMPOTENCY_TTL_S = DAY
+
+BUCKETS: tuple[str, ...] = (JOBS_BUCKET, QUOTA_BUCKET, TOKENS_BUCKET, IDEMPOTENCY_BUCKET)
 
 
 class Names:
@@ -139,6 +151,9 @@ class Names:
 
     def deadletter(self, service: str) -> str:
         return f"{self.ns}.deadletter.{service}"
+
+    def audit(self, resource: str) -> str:
+        return f"{self.ns}.audit.{resource}"
 
     def redis_prefix(self) -> str:
         """Redis keys share one hash tag so a Redis Cluster keeps them in one slot (Lua needs that)."""

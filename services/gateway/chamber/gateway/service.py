@@ -1,4 +1,4 @@
-"""The gateway process: the HTTP API served by uvicorn until asked to stop."""
+"""The gateway process: the HTTP API (and the dashboard) served by uvicorn until asked to stop."""
 
 import asyncio
 import contextlib
@@ -22,11 +22,22 @@ class _Server(uvicorn.Server):
         yield
 
 
+def _http_impl() -> str:
+    """httptools (C parser) when installed: a large share of a cached read's cost is parsing."""
+    try:
+        import httptools  # noqa: F401
+    except ImportError:
+        return "h11"
+    return "httptools"
+
+
 async def main(ctx: Context, stop: asyncio.Event) -> None:
-    app = create_app(GatewayState(ctx))
+    gateway = GatewayState(ctx)
+    app = create_app(gateway)
     config = uvicorn.Config(
-        app, host=ctx.settings.http_host, port=ctx.settings.http_port, log_config=None, access_log=False
-    )
+        app, host=ctx.settings.http_host, port=ctx.settings.http_port, log_config=None, access_log=False,
+        http=_http_impl(), loop="none", timeout_graceful_shutdown=3, backlog=4096,
+    )  # fmt: skip
     server = _Server(config)
     serving = asyncio.create_task(server.serve())
     log.info("gateway.listening", url=f"http://{ctx.settings.http_host}:{ctx.settings.http_port}")

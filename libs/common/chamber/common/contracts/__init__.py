@@ -5,6 +5,7 @@ stream can hold a tagged union) and a schema version `v`. Evolution rule: a fiel
 have a default, so old messages still decode (tests/contracts/test_schema_evolution.py enforces it).
 """
 
+from chamber.common.contracts.audit import AuditRecord
 from chamber.common.contracts.base import SCHEMA_VERSION, Contract, Event
 from chamber.common.contracts.decisions import Decision, JobPlaced, JobStateChanged
 from chamber.common.contracts.health import GpuHealthVerdict, HealthCommand, HealthState
@@ -47,6 +48,7 @@ from chamber.common.contracts.telemetry import (
 
 __all__ = [
     "SCHEMA_VERSION",
+    "AuditRecord",
     "TERMINAL_STATES",
     "Contract",
     "Decision",
