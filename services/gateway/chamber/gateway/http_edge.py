@@ -32,6 +32,7 @@ log = get_logger("chamber.gateway.access")
 MUTATING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 BODY_KEY = "chamber.body"
 _FIELD = re.compile(r"at `(\$[^`]*)`")
+_TYPED = re.compile(r":\w+}")
 
 
 def is_protected(path: str) -> bool:
@@ -74,7 +75,7 @@ def edge_middleware(gw: GatewayState) -> Callable[[ASGIApp], ASGIApp]:
             async def finish() -> None:
                 if audited:
                     route = scope.get("route_handler")
-                    template = next(iter(route.paths)) if route is not None else path
+                    template = _TYPED.sub("}", next(iter(route.paths))) if route is not None else path
                     who = principal
                     record = AuditRecord(
                         at=gw.clock.now(), actor=who.id if who else "anonymous", actor_name=who.name if who else "",
@@ -138,11 +139,11 @@ def principal(request: Request[Any, Any, Any]) -> Principal:
     return who
 
 
-_decoders: dict[int, tuple[msgspec.json.Decoder[Any], bool] | None] = {}
+_decoders: dict[Any, tuple[msgspec.json.Decoder[Any], bool] | None] = {}
 
 
 def _decoder_for(handler: Any) -> tuple[msgspec.json.Decoder[Any], bool] | None:
-    key = id(handler)
+    key = handler.fn  # the route's function: the same for every app built from it
     if key not in _decoders:
         param = handler.parsed_fn_signature.parameters.get("data")
         if param is None:
