@@ -72,7 +72,7 @@ async def create_token(request: Request[Any, Any, Any], data: JSONBody[TokenRequ
 
 
 @delete("/v1/tokens/{token_id:str}", status_code=HTTP_204_NO_CONTENT, summary="Revoke a token (admin)",
-        opt={"permission": Permission.TOKENS_MANAGE}, responses=responses(401, 403, 404, 503))  # fmt: skip
+        opt={"permission": Permission.TOKENS_MANAGE}, responses=responses(400, 401, 403, 404, 503))  # fmt: skip
 async def revoke_token(request: Request[Any, Any, Any], token_id: FromPath[str]) -> None:
     gw = gateway(request)
     if gw.tokens.get(token_id) is None:

@@ -7,6 +7,7 @@ from litestar import Request, Response, get
 from litestar.params import QueryParameter
 
 from chamber.common.metrics_names import METRICS
+from chamber.gateway.core import requests as bodies
 from chamber.gateway.core.authz import Permission
 from chamber.gateway.core.views import FleetView, NodeHeat, NodeView, heatmap, node_views
 from chamber.gateway.errors import BadRequest, FieldProblem, Unavailable
@@ -55,8 +56,8 @@ HISTORY_RESOLUTION = ((6 * 3600, "1m"), (14 * 86400, "1h"), (400 * 86400, "1d"))
 class HistoryView(msgspec.Struct, kw_only=True):
     metric: str
     resolution: str
-    points: list[tuple[float, float]]
-    """(bucket start, mean value); the last point is the latest snapshot."""
+    points: list[Annotated[list[float], msgspec.Meta(min_length=2, max_length=2)]]
+    """[bucket start, mean value] pairs; the last point is the latest snapshot."""
 
 
 @get("/v1/fleet/history", summary="A fleet metric over time (1-minute, 1-hour or 1-day means)", opt=READ,
@@ -76,9 +77,9 @@ async def fleet_history(
                          errors=[FieldProblem(field="window", message="at most 400d")])  # fmt: skip
     gw = gateway(request)
     since = gw.clock.now() - seconds
-    points = [(p.start, p.values.get(metric, 0.0)) for p in await gw.history(resolution, since)]
+    points = [[p.start, p.values.get(metric, 0.0)] for p in await gw.history(resolution, since)]
     if gw.metrics is not None and gw.metrics.at >= since:
-        points.append((gw.metrics.at, float(getattr(gw.metrics, metric))))
+        points.append([gw.metrics.at, float(getattr(gw.metrics, metric))])
     return HistoryView(metric=metric, resolution=resolution, points=points)
 
 
@@ -94,12 +95,37 @@ async def healthz(request: Request[Any, Any, Any]) -> Health:
     return Health(status="ok")
 
 
+STRICT_BODIES = frozenset(
+    name
+    for name, cls in vars(bodies).items()
+    if isinstance(cls, type) and issubclass(cls, msgspec.Struct) and cls.__struct_config__.forbid_unknown_fields
+)
+JOB_LINKS = {
+    "GetJob": {"operationId": "V1JobsJobIdGetJob", "parameters": {"job_id": "$response.body#/id"}},
+    "GetJobEvents": {"operationId": "V1JobsJobIdEventsJobEvents", "parameters": {"job_id": "$response.body#/id"}},
+    "CancelJob": {"operationId": "V1JobsJobIdCancelJob", "parameters": {"job_id": "$response.body#/id"}},
+}
+"""OpenAPI links from a submitted job to what can be done with it (clients and stateful fuzzers follow them)."""
+
+
+def refine(schema: dict[str, Any]) -> dict[str, Any]:
+    """What Litestar's generator leaves out: the links, and `additionalProperties: false` on every request body
+    that refuses unknown fields (so clients and fuzzers know extras are a 400)."""
+    created = schema.get("paths", {}).get("/v1/jobs", {}).get("post", {}).get("responses", {}).get("201")
+    if created is not None:
+        created["links"] = JOB_LINKS
+    for name, component in schema.get("components", {}).get("schemas", {}).items():
+        if name in STRICT_BODIES:
+            component["additionalProperties"] = False
+    return schema
+
+
 @get("/openapi.json", include_in_schema=False)
 async def openapi_json(request: Request[Any, Any, Any]) -> Response[bytes]:
     gw = gateway(request)
     cached = gw.responses.get("openapi", 0)
     if cached is None:
-        schema: dict[str, Any] = request.app.openapi_schema.to_schema()
+        schema: dict[str, Any] = refine(request.app.openapi_schema.to_schema())
         cached = gw.responses.put("openapi", 0, msgspec.json.encode(schema))
     return raw_json(cached)
 

@@ -84,13 +84,13 @@ async def _node_health(gw: GatewayState, name: str) -> NodeHealthView:
 
 
 @get("/v1/nodes/{name:str}", summary="A node: its GPUs, their health, allocation and health history", opt=READ,
-     responses=responses(401, 403, 404, 503))  # fmt: skip
+     responses=responses(400, 401, 403, 404, 503))  # fmt: skip
 async def get_node(request: Request[Any, Any, Any], name: FromPath[str]) -> NodeHealthView:
     return await _node_health(gateway(request), name)
 
 
 @get("/v1/gpus/{uuid:str}", summary="A GPU by UUID: health, allocation and history", opt=READ,
-     responses=responses(401, 403, 404, 503))  # fmt: skip
+     responses=responses(400, 401, 403, 404, 503))  # fmt: skip
 async def get_gpu(request: Request[Any, Any, Any], uuid: FromPath[str]) -> GpuHealthView:
     gw = gateway(request)
     for node in gw.nodes.values():

@@ -130,6 +130,8 @@ EXCEPTION_HANDLERS: ExceptionHandlersMap = {
 def responses(*statuses: int) -> dict[int, ResponseSpec]:
     """OpenAPI entries for the errors a route can answer."""
     return {
-        status: ResponseSpec(data_container=Problem, description=DESCRIPTIONS[status], media_type=PROBLEM_JSON)
+        status: ResponseSpec(
+            data_container=Problem, description=DESCRIPTIONS[status], media_type=PROBLEM_JSON, generate_examples=False
+        )
         for status in statuses
     }

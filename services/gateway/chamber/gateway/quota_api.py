@@ -89,7 +89,7 @@ async def list_teams(request: Request[Any, Any, Any]) -> list[TeamView]:
     return await all_teams(gateway(request))
 
 
-@get("/v1/teams/{name:str}", summary="One team", opt=READ, responses=responses(401, 403, 404, 503))
+@get("/v1/teams/{name:str}", summary="One team", opt=READ, responses=responses(400, 401, 403, 404, 503))
 async def get_team(request: Request[Any, Any, Any], name: FromPath[str]) -> TeamView:
     return await one_team(gateway(request), name)
 
@@ -154,7 +154,7 @@ async def list_pools(request: Request[Any, Any, Any]) -> list[PoolView]:
     return [_pool_view(gw, config, p) for p in config.pools]
 
 
-@get("/v1/pools/{name:str}", summary="One capacity pool", opt=READ, responses=responses(401, 403, 404, 503))
+@get("/v1/pools/{name:str}", summary="One capacity pool", opt=READ, responses=responses(400, 401, 403, 404, 503))
 async def get_pool(request: Request[Any, Any, Any], name: FromPath[str]) -> PoolView:
     gw = gateway(request)
     config = await current_config(gw)
