@@ -105,7 +105,7 @@ async def test_every_mutating_call_is_audited_with_who_what_and_the_result(
         mine = (await admin.get("/v1/audit", params={"actor": viewer["id"]})).json()
         assert [r["status"] for r in mine] == [403]
         assert (await admin.get("/v1/audit", headers=bearer(viewer["token"]))).status_code == 403
-    out = capsys.readouterr().out
-    lines = [line for line in out.splitlines() if " http " in line]
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if " http " in line]
     assert any("method=POST" in line and "path=/v1/jobs" in line and "status=201" in line for line in lines)
     assert any("path=/v1/fleet" in line and "status=200" in line for line in lines), "reads are logged too"

@@ -5,6 +5,7 @@ import importlib
 import sys
 import time
 
+from chamber.cli.commands import register as register_client_commands
 from chamber.common.settings import Settings, SettingsError
 
 SERVICE_MODULES = {
@@ -152,6 +153,7 @@ def build_parser() -> argparse.ArgumentParser:
     hb.add_argument("--faults", type=int, default=40)
     hb.add_argument("--json", action="store_true", help="one line of JSON")
     hb.set_defaults(func=_bench_health)
+    register_client_commands(sub, bench)
     return parser
 
 

@@ -33,7 +33,7 @@ async def get_fleet(request: Request[Any, Any, Any]) -> Response[FleetView]:
     gw = gateway(request)
     gw.require_bus()
     snap = await gw.ledger_snapshot()
-    version = (snap.version, id(snap), gw.jobs.version, gw.nodes_version, gw.metrics.at if gw.metrics else None)
+    version = (gw.ledger_epoch, snap.version, gw.jobs.version, gw.nodes_version, gw.metrics.at if gw.metrics else None)
     data = gw.responses.get("fleet", version)
     if data is None:
         view = await gw.fleet(snap)

@@ -125,6 +125,7 @@ async def _order(request: Request[Any, Any, Any], name: str, command: str) -> No
     cmd = HealthCommand(node=name, gpu_index=order.gpu, command=command, reason=order.reason,  # type: ignore[arg-type]
                         issued_at=gw.clock.now())  # fmt: skip
     await _publish(gw, gw.bus.names.health_command(name), cmd)
+    gw.ledger_changed()
     return await _node_health(gw, name)
 
 

@@ -6,6 +6,7 @@ Bodies are decoded here with msgspec in strict mode (Litestar's own parsing coer
 not valid JSON, has a wrong type, an unknown field or is nested too deeply gets a 400 naming the field.
 """
 
+import itertools
 import re
 import secrets
 import time
@@ -20,19 +21,25 @@ from litestar.handlers import BaseRouteHandler
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
 from chamber.common.contracts import AuditRecord
-from chamber.common.log import get_logger
 from chamber.gateway.audit import resource_of
 from chamber.gateway.core.authz import Permission, Principal, denial
 from chamber.gateway.errors import BadRequest, FieldProblem, Forbidden, Unauthenticated
 from chamber.gateway.problems import DETAIL_KEY, PROBLEM_JSON, Problem
 from chamber.gateway.state import GatewayState
 
-log = get_logger("chamber.gateway.access")
-
 MUTATING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 BODY_KEY = "chamber.body"
 _FIELD = re.compile(r"at `(\$[^`]*)`")
 _TYPED = re.compile(r":\w+}")
+
+
+_PREFIX = secrets.token_hex(4)
+_COUNTER = itertools.count(1)
+
+
+def next_request_id() -> str:
+    """Unique per request without a system call: this process's random prefix and a counter."""
+    return f"{_PREFIX}{next(_COUNTER):x}"
 
 
 def is_protected(path: str) -> bool:
@@ -67,7 +74,7 @@ def edge_middleware(gw: GatewayState) -> Callable[[ASGIApp], ASGIApp]:
             token = _bearer(scope)
             principal = gw.tokens.authenticate(token) if token is not None and gw._tokens is not None else None
             scope["user"] = principal
-            request_id = secrets.token_hex(8)
+            request_id = next_request_id()
             protected = is_protected(path)
             audited = protected and method in MUTATING
             status = 0
@@ -101,9 +108,9 @@ def edge_middleware(gw: GatewayState) -> Callable[[ASGIApp], ASGIApp]:
             else:
                 await app(scope, receive, send_wrapper)
             if gw.settings.access_log:
-                log.info("http", method=method, path=path, status=status,
-                         ms=round((time.perf_counter() - started) * 1000, 2),
-                         who=principal.id if principal else "-", id=request_id)  # fmt: skip
+                gw.access_log.line(method=method, path=path, status=status,
+                                   ms=round((time.perf_counter() - started) * 1000, 2),
+                                   who=principal.id if principal else "-", request_id=request_id)  # fmt: skip
 
         return middleware
 
@@ -119,7 +126,7 @@ async def _send_problem(send: Send, status: int, detail: str, path: str, headers
     await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
-def authorize(connection: ASGIConnection[Any, Any, Any, Any], handler: BaseRouteHandler) -> None:
+async def authorize(connection: ASGIConnection[Any, Any, Any, Any], handler: BaseRouteHandler) -> None:
     """The app-wide guard: the route's `permission` (its `opt`) against the caller's role."""
     permission: Permission | None = handler.opt.get("permission")
     if permission is None:

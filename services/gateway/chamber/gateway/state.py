@@ -1,14 +1,16 @@
 """What the gateway knows and how it reaches the rest of Chamber: the bus, the ledger, the job records, inventory,
 quota configuration and state, fleet metrics, tokens, the audit trail and the live fan-out.
 
-Everything a hot read needs is followed into memory (jobs KV, inventory, quota, metrics, tokens), so a read does
-no I/O except one Redis `GET` of the ledger version (shared by concurrent requests) to know whether the cached
-allocation is still current.
+Everything a hot read needs is followed into memory (jobs KV, inventory, quota, metrics, tokens). The ledger
+(GPU allocation and cordons) is re-read from Redis only after something that moves it was seen (a job record
+changed, a health verdict, new inventory) or after a second, and concurrent readers share one re-read: a read
+with nothing new does no I/O at all.
 """
 
 import asyncio
 import contextlib
 import sys
+import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
@@ -53,6 +55,7 @@ from chamber.common.subjects import (
     TOKENS_BUCKET,
     StreamSpec,
 )
+from chamber.gateway.access_log import AccessLog
 from chamber.gateway.audit import AuditLog
 from chamber.gateway.cache import ResponseCache
 from chamber.gateway.core.views import FleetView, JobView, fleet_view, job_view, node_views, submitted_view
@@ -73,6 +76,8 @@ class _Kind(msgspec.Struct):
 
 _kind = msgspec.json.Decoder(_Kind)
 FLEET_TICK_S = 1.0
+LEDGER_TTL_S = 1.0
+"""The ledger is re-read at least this often even when no change was seen (a flush, a rebuild)."""
 
 
 class GatewayState:
@@ -99,9 +104,16 @@ class GatewayState:
         self._idempotency: KeyValue | None = None
         self.live = Broadcaster()
         self.responses = ResponseCache()
+        self.access_log = AccessLog(ctx.settings.log_format)
         self.announced_token: str | None = None
         self._snap: LedgerSnapshot | None = None
+        self._snap_gen = -1
+        self._snap_at = 0.0
+        self._ledger_gen = 0
         self._snap_check: asyncio.Future[LedgerSnapshot] | None = None
+        self._check_gen = -1
+        self.ledger_epoch = 0
+        """Counts the snapshots read: part of the key of every cached answer computed from one."""
         self._stops: list[Callable[[], Awaitable[None]]] = []
         self._tasks: list[asyncio.Task[None]] = []
         self._dirty = True
@@ -169,6 +181,7 @@ class GatewayState:
         await self._bootstrap_admin()
 
     async def stop(self) -> None:
+        self.access_log.flush()
         self.live.close()
         for task in self._tasks:
             task.cancel()
@@ -212,6 +225,7 @@ class GatewayState:
     def _on_record(self, record: JobRecord) -> None:
         if self.jobs.upsert(record):
             self._dirty = True
+            self._ledger_gen += 1
             if len(self.live):
                 self.live.publish("job", msgspec.json.encode(job_view(record)), team=record.spec.team)
 
@@ -220,6 +234,7 @@ class GatewayState:
             self.nodes[inv.node.name] = inv.node
             self.nodes_version += 1
             self._dirty = True
+            self._ledger_gen += 1
 
     def _on_quota(self, state: QuotaState) -> None:
         self.quota_state = state
@@ -233,6 +248,7 @@ class GatewayState:
 
     async def _on_verdict(self, msg: Msg) -> None:
         self._dirty = True
+        self._ledger_gen += 1
         if len(self.live):
             self.live.publish("health", msg.data)
 
@@ -284,27 +300,37 @@ class GatewayState:
                 out[node] = _telemetry.decode(raw)
         return out
 
+    def ledger_changed(self) -> None:
+        """Something that moves the ledger happened (an operator order was sent): the next read re-reads it."""
+        self._ledger_gen += 1
+
     async def ledger_snapshot(self) -> LedgerSnapshot:
-        """The current ledger; re-read only when its version moved. Concurrent callers share one check."""
+        """The ledger as of the latest change seen (see the module docstring)."""
+        want = self._ledger_gen
+        snap = self._snap
+        if snap is not None and self._snap_gen >= want and time.monotonic() - self._snap_at < LEDGER_TTL_S:
+            return snap
         check = self._snap_check
-        if check is None:
-            check = self._snap_check = asyncio.ensure_future(self._check_ledger())
+        if check is None or self._check_gen < want:
+            check = asyncio.ensure_future(self._read_ledger(want))
+            self._snap_check, self._check_gen = check, want
             check.add_done_callback(self._check_done)
         return await asyncio.shield(check)
 
-    def _check_done(self, _: "asyncio.Future[LedgerSnapshot]") -> None:
-        self._snap_check = None
+    def _check_done(self, done: "asyncio.Future[LedgerSnapshot]") -> None:
+        if self._snap_check is done:
+            self._snap_check = None
 
-    async def _check_ledger(self) -> LedgerSnapshot:
+    async def _read_ledger(self, generation: int) -> LedgerSnapshot:
+        started = time.monotonic()
         try:
-            raw = await self.ledger.redis.get(self.ledger.k_version)
-            version = int(raw or 0)
-            if self._snap is not None and self._snap.version == version:
-                return self._snap
-            self._snap = await self.ledger.snapshot()
+            snap = await self.ledger.snapshot()
         except (redis.exceptions.RedisError, LedgerUnavailable, OSError) as exc:
             raise Unavailable(f"Redis (the GPU ledger) is not reachable: {exc}") from exc
-        return self._snap
+        if generation >= self._snap_gen:
+            self._snap, self._snap_gen, self._snap_at = snap, generation, started
+            self.ledger_epoch += 1
+        return snap
 
     async def fleet(self, snap: LedgerSnapshot | None = None) -> FleetView:
         snap = snap or await self.ledger_snapshot()
