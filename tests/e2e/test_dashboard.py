@@ -109,7 +109,9 @@ def test_the_dashboard_shows_every_view_and_updates_live(
 
         page.wait_for_function("document.body.dataset.rendered === 'overview'")
         expect(page.locator("[data-tile=gpus-total] .value")).to_have_text("128")
-        expect(page.locator("[data-tile=gpus-healthy] .value")).not_to_have_text("–")
+        expect(page.locator("[data-tile=gpus-healthy] .value")).not_to_have_text(
+            "\u2013"
+        )  # the dash shown while unknown
         allocated = int(page.inner_text("[data-tile=gpus-allocated] .value"))
         assert allocated >= 80, "most of the fleet is allocated"
         expect(page.locator("#heatmap .cell")).to_have_count(128)
