@@ -27,7 +27,7 @@ SCREENS = ["01-login", "02-overview", "03-teams", "04-queue", "05-jobs", "06-job
 
 
 def _job(
-    name: str, team: str, gpus: int, replicas: int = 1, priority: str = "train", duration: float = 600
+    name: str, team: str, gpus: int, replicas: int = 1, *, priority: str = "train", duration: float = 600
 ) -> dict[str, Any]:
     return {"name": name, "team": team, "gpus_per_replica": gpus, "replicas": replicas, "priority": priority,
             "duration_s": duration}  # fmt: skip
