@@ -1,4 +1,4 @@
-"""The gateway process: the HTTP API (and the dashboard) served by uvicorn until asked to stop."""
+"""The gateway process: the HTTP API and the dashboard (uvicorn) and the gRPC API (grpc.aio), until asked to stop."""
 
 import asyncio
 import contextlib
@@ -9,6 +9,7 @@ import uvicorn
 from chamber.common.log import get_logger
 from chamber.common.runtime import Context
 from chamber.gateway.api import create_app
+from chamber.gateway.rpc.server import RpcServer
 from chamber.gateway.state import GatewayState
 
 log = get_logger(__name__)
@@ -40,8 +41,18 @@ async def main(ctx: Context, stop: asyncio.Event) -> None:
     )  # fmt: skip
     server = _Server(config)
     serving = asyncio.create_task(server.serve())
+    while not server.started and not serving.done():  # noqa: ASYNC110 - uvicorn offers a flag, not an event
+        await asyncio.sleep(0.02)
+    if serving.done():
+        await serving
+        return
     log.info("gateway.listening", url=f"http://{ctx.settings.http_host}:{ctx.settings.http_port}")
-    stopped = asyncio.create_task(stop.wait())
-    await asyncio.wait([serving, stopped], return_when=asyncio.FIRST_COMPLETED)
-    server.should_exit = True
-    await serving
+    rpc = RpcServer(gateway, ctx.settings.http_host, ctx.settings.grpc_port)
+    await rpc.start()
+    try:
+        stopped = asyncio.create_task(stop.wait())
+        await asyncio.wait([serving, stopped], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        await rpc.stop()
+        server.should_exit = True
+        await serving
