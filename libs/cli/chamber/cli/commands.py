@@ -334,7 +334,7 @@ def register(sub: Any, bench: Any) -> None:
     p.add_argument("--seconds", type=float, default=10.0, help="length of each phase")
     p.add_argument("--connections", type=int, default=32, help="concurrent keep-alive connections for reads")
     p.add_argument("--submit-rate", type=float, default=500.0, help="submits per second (open loop)")
-    p.add_argument("--preload", type=int, default=2000, help="jobs submitted before measuring")
+    p.add_argument("--preload", type=int, default=1000, help="jobs (1 GPU, an hour long) submitted before measuring")
     p.add_argument("--nodes", type=int, default=128, help="simulated nodes (8 GPUs each)")
     p.add_argument("--json", action="store_true", help="one line of JSON")
     p.set_defaults(func=_bench_gateway)

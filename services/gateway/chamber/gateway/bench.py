@@ -36,7 +36,7 @@ class BenchConfig:
     seconds: float = 10.0
     connections: int = 32
     submit_rate: float = 500.0
-    preload: int = 2000
+    preload: int = 1000
     nodes: int = 128
     submit_connections: int = 64
 
@@ -120,7 +120,7 @@ async def _reads(port: int, token: str, connections: int, seconds: float) -> tup
 
 
 async def _submits(
-    port: int, token: str, *, rate: float, seconds: float, pool_size: int, tag: str
+    port: int, token: str, *, rate: float, seconds: float, pool_size: int, tag: str, duration_s: float = 5.0
 ) -> tuple[Phase, float]:
     phase = Phase()
     idle: asyncio.Queue[Conn] = asyncio.Queue()
@@ -131,7 +131,7 @@ async def _submits(
 
     async def one(i: int) -> None:
         due = start + i / rate
-        body = json.dumps({"name": f"{tag}-{i}", "team": "bench", "gpus_per_replica": 1, "duration_s": 5,
+        body = json.dumps({"name": f"{tag}-{i}", "team": "bench", "gpus_per_replica": 1, "duration_s": duration_s,
                            "priority": "research"}).encode()  # fmt: skip
         conn = await idle.get()
         try:
@@ -196,14 +196,14 @@ async def _drive(cfg: BenchConfig, port: int, admin: str, gateway_pid: int) -> d
     _, member = await _http(port, "POST", "/v1/tokens", admin, {"name": "bench-member", "role": "member",
                                                                  "teams": ["bench"]})  # fmt: skip
     _, viewer = await _http(port, "POST", "/v1/tokens", admin, {"name": "bench-viewer", "role": "viewer"})
-    preload, _ = await _submits(port, member["token"], rate=2000.0, seconds=cfg.preload / 2000.0,
-                                pool_size=16, tag="preload")  # fmt: skip
+    preload, _ = await _submits(port, member["token"], rate=1000.0, seconds=cfg.preload / 1000.0, pool_size=16,
+                                tag="preload", duration_s=3600.0)  # fmt: skip
 
     async def settled() -> bool:
         status, jobs = await _http(port, "GET", f"/v1/jobs?limit={cfg.preload}", admin)
         return status == 200 and len(jobs) >= preload.ok
 
-    await _wait(settled, "the preloaded jobs reaching the job store")
+    await _wait(settled, "the preloaded jobs reaching the job store", timeout_s=300.0)
     cpu0 = _cpu_s(gateway_pid)
     reads, by_path, read_s = await _reads(port, viewer["token"], cfg.connections, cfg.seconds)
     cpu1 = _cpu_s(gateway_pid)
