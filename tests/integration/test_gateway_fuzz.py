@@ -1,8 +1,8 @@
 """Schemathesis over `/openapi.json` against the real gateway process (with a simulated fleet and the scheduler):
 every operation with schema-valid (positive) and schema-violating (negative) input, then stateful runs that follow
 the OpenAPI links (submit a job, read it, its timeline, cancel it; a link is followed when the random submit was
-accepted, which most random gang shapes are not on the test's 32-GPU fleet). Claims: no response is a 5xx; every status is
-one the OpenAPI documents, with the documented content type and shape; every 4xx is a problem+json that says
+accepted, which most random gang shapes are not on the test's 32-GPU fleet). Claims: no response is a 5xx; every
+status is one the OpenAPI documents, with the documented content type and shape; every 4xx is a problem+json that says
 what is wrong. `CHAMBER_FUZZ_EXAMPLES` raises the number of cases per operation and mode (default 6)."""
 
 import collections
