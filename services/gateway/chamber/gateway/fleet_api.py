@@ -6,6 +6,7 @@ import msgspec
 from litestar import Request, Response, get
 from litestar.params import QueryParameter
 
+from chamber.common import contracts
 from chamber.common.metrics_names import METRICS
 from chamber.gateway.core import requests as bodies
 from chamber.gateway.core.authz import Permission
@@ -108,15 +109,32 @@ JOB_LINKS = {
 """OpenAPI links from a submitted job to what can be done with it (clients and stateful fuzzers follow them)."""
 
 
+def _array_like() -> dict[str, Any]:
+    """Contracts encoded as JSON arrays (GpuRef is `["node", index]`), as msgspec describes them."""
+    out: dict[str, Any] = {}
+    for name, cls in vars(contracts).items():
+        if isinstance(cls, type) and issubclass(cls, msgspec.Struct) and cls.__struct_config__.array_like:
+            out[name] = msgspec.json.schema(cls)["$defs"][name]
+    return out
+
+
+ARRAY_LIKE = _array_like()
+
+
 def refine(schema: dict[str, Any]) -> dict[str, Any]:
-    """What Litestar's generator leaves out: the links, and `additionalProperties: false` on every request body
-    that refuses unknown fields (so clients and fuzzers know extras are a 400)."""
+    """What Litestar's generator leaves out or gets wrong: the links, `additionalProperties: false` on every
+    request body that refuses unknown fields (so clients and fuzzers know extras are a 400), and the array form of
+    array-like contracts (Litestar describes them as objects)."""
     created = schema.get("paths", {}).get("/v1/jobs", {}).get("post", {}).get("responses", {}).get("201")
     if created is not None:
         created["links"] = JOB_LINKS
-    for name, component in schema.get("components", {}).get("schemas", {}).items():
+    components = schema.get("components", {}).get("schemas", {})
+    for name, component in components.items():
         if name in STRICT_BODIES:
             component["additionalProperties"] = False
+    for name, array in ARRAY_LIKE.items():
+        if name in components:
+            components[name] = array
     return schema
 
 
