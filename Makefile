@@ -21,8 +21,8 @@ $(STAMP): pyproject.toml setup.py
 
 install: $(STAMP) ## create .venv and install Chamber with its dev tools
 
-up: $(STAMP) ## run the whole system (embedded NATS and Redis when none answer)
-	$(BIN)/chamber up
+up: $(STAMP) ## run the whole system (embedded NATS and Redis when none answer); dev admin token in .chamber/
+	CHAMBER_ADMIN_TOKEN_FILE=$${CHAMBER_ADMIN_TOKEN_FILE:-.chamber/dev-admin-token} $(BIN)/chamber up
 
 test: $(STAMP) lint typecheck imports pytest ## everything CI runs
 

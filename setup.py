@@ -1,13 +1,18 @@
-"""Maps the `chamber.*` namespace onto the repository layout.
+"""Maps the `chamber.*` namespace onto the repository layout, and generates the gRPC code at build time.
 
 Each component lives in its own root (`libs/common`, `services/scheduler`, ...) that holds one portion of the
 `chamber` namespace package; setuptools' declarative `packages.find` cannot merge one namespace from several roots,
 so this file lists the packages and where each one lives. Everything else is in pyproject.toml.
+
+The gateway's `.proto` is compiled by `build_py` (grpcio-tools is a build requirement): into the build directory
+for a wheel (`pip install .`), next to the `.proto` for an editable install (`make install`; the generated files
+are git-ignored). The generated code is never committed.
 """
 
 from pathlib import Path
 
 from setuptools import find_namespace_packages, setup
+from setuptools.command.build_py import build_py
 
 ROOTS = [
     "libs/common",
@@ -19,6 +24,8 @@ ROOTS = [
     "services/quota",
     "services/gateway",
 ]
+PROTO_ROOT = Path("services/gateway")
+PROTOS = [Path("chamber/gateway/rpc/chamber.proto")]
 
 packages: list[str] = []
 package_dir: dict[str, str] = {}
@@ -28,8 +35,30 @@ for root in ROOTS:
             packages.append(name)
             package_dir[name] = str(Path(root, *name.split(".")))
 
+
+def compile_protos(out: Path) -> None:
+    """`protoc` from grpcio-tools: messages (with type stubs) and gRPC stubs, imported as chamber.gateway.rpc.*."""
+    import grpc_tools
+    from grpc_tools import protoc
+
+    include = Path(grpc_tools.__file__).parent / "_proto"
+    out.mkdir(parents=True, exist_ok=True)
+    for proto in PROTOS:
+        args = ["protoc", f"-I{PROTO_ROOT}", f"-I{include}", f"--python_out={out}", f"--pyi_out={out}",
+                f"--grpc_python_out={out}", str(PROTO_ROOT / proto)]  # fmt: skip
+        if protoc.main(args) != 0:
+            raise SystemExit(f"protoc failed on {proto}")
+
+
+class BuildWithProtos(build_py):
+    def run(self) -> None:
+        compile_protos(PROTO_ROOT if self.editable_mode else Path(self.build_lib))
+        super().run()
+
+
 setup(
     packages=packages,
     package_dir=package_dir,
-    package_data={"": ["*.lua", "*.html", "*.js", "*.css", "*.yaml", "py.typed"]},
+    package_data={"": ["*.lua", "*.html", "*.js", "*.css", "*.yaml", "*.proto", "py.typed"]},
+    cmdclass={"build_py": BuildWithProtos},
 )

@@ -11,6 +11,8 @@ from chamber.common.settings import Settings
 from chamber.common.subjects import Names
 from tests.support.servers import Servers, find_servers
 
+ADMIN_TOKEN = "test-admin-token"
+
 
 @pytest.fixture(scope="session")
 def servers() -> Iterator[Servers]:
@@ -35,6 +37,8 @@ def settings(servers: Servers, namespace: str) -> Settings:
         inventory_interval_s=5.0,
         schedule_interval_s=0.2,
         metrics_port=0,
+        grpc_port=0,
+        admin_token=ADMIN_TOKEN,
     )
 
 

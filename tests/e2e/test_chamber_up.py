@@ -35,6 +35,8 @@ def test_chamber_up_runs_a_job_end_to_end(tmp_path: Path) -> None:
         "CHAMBER_EMBEDDED": "1",
         "CHAMBER_HTTP_PORT": str(port),
         "CHAMBER_METRICS_PORT": "0",
+        "CHAMBER_GRPC_PORT": "0",
+        "CHAMBER_ADMIN_TOKEN": "e2e-admin-token",
         "PYTHONUNBUFFERED": "1",
     }
     log = tmp_path / "up.log"
@@ -47,7 +49,8 @@ def test_chamber_up_runs_a_job_end_to_end(tmp_path: Path) -> None:
             assert proc.poll() is None, log.read_text()
             assert time.monotonic() < deadline, "not ready within 30 s:\n" + log.read_text()
             time.sleep(0.1)
-        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=5) as http:
+        auth = {"authorization": "Bearer e2e-admin-token"}
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=5, headers=auth) as http:
             while http.get("/v1/fleet").json()["gpus_total"] == 0:
                 assert time.monotonic() < deadline, "inventory did not arrive"
                 time.sleep(0.1)

@@ -56,7 +56,8 @@ async def test_two_hundred_jobs_survive_a_scheduler_crash_and_a_redis_flush(
     rng = random.Random(7)
     api = f"http://127.0.0.1:{port}"
     try:
-        async with httpx.AsyncClient(base_url=api, timeout=10) as http:
+        auth = {"authorization": f"Bearer {settings.admin_token}"}
+        async with httpx.AsyncClient(base_url=api, timeout=10, headers=auth) as http:
 
             async def ready() -> bool:
                 try:

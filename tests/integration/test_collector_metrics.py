@@ -17,6 +17,7 @@ from chamber.common.subjects import Names
 from chamber.gateway.api import create_app
 from chamber.gateway.state import GatewayState
 from chamber.scheduler import service as scheduler
+from tests.support.gateway import gateway_client
 from tests.support.services import eventually, running
 
 pytestmark = pytest.mark.integration
@@ -24,7 +25,7 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture
 async def client(settings: Settings, cleanup: None) -> AsyncIterator[AsyncTestClient[Any]]:
-    async with AsyncTestClient(app=create_app(GatewayState(make_context(settings, "gateway")))) as c:
+    async with gateway_client(settings) as c:
         yield c
 
 

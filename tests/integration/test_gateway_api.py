@@ -7,11 +7,9 @@ import pytest
 from litestar.testing import AsyncTestClient
 
 from chamber.collector import service as collector
-from chamber.common.runtime import make_context
 from chamber.common.settings import Settings
-from chamber.gateway.api import create_app
-from chamber.gateway.state import GatewayState
 from chamber.scheduler import service as scheduler
+from tests.support.gateway import gateway_client
 from tests.support.services import eventually, running
 
 pytestmark = pytest.mark.integration
@@ -21,7 +19,7 @@ JOB = {"name": "train-llm", "team": "ml", "gpus_per_replica": 4, "replicas": 2, 
 
 @pytest.fixture
 async def client(settings: Settings, cleanup: None) -> AsyncIterator[AsyncTestClient[Any]]:
-    async with AsyncTestClient(app=create_app(GatewayState(make_context(settings, "gateway")))) as c:
+    async with gateway_client(settings) as c:
         yield c
 
 
@@ -31,7 +29,7 @@ async def client(settings: Settings, cleanup: None) -> AsyncIterator[AsyncTestCl
         ({**JOB, "gpus_per_replica": 0}, "gpus_per_replica"),
         ({**JOB, "replicas": -1}, "replicas"),
         ({**JOB, "team": "Bad Team!"}, "team"),
-        ({**JOB, "priority": "urgent"}, "unknown priority"),
+        ({**JOB, "priority": "urgent"}, "use one of best-effort, inference, research, train"),
         ({**JOB, "duration_s": "soon"}, "duration_s"),
         ({**JOB, "gpu": 3}, "gpu"),
         ({k: v for k, v in JOB.items() if k != "name"}, "name"),

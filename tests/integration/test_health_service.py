@@ -12,9 +12,8 @@ from chamber.common.contracts import GpuSample, NodeTelemetry
 from chamber.common.runtime import make_context
 from chamber.common.settings import Settings
 from chamber.common.subjects import Names
-from chamber.gateway.api import create_app
-from chamber.gateway.state import GatewayState
 from chamber.health import service as health
+from tests.support.gateway import gateway_client
 from tests.support.services import eventually, running
 
 pytestmark = pytest.mark.integration
@@ -22,7 +21,7 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture
 async def client(settings: Settings, cleanup: None) -> AsyncIterator[AsyncTestClient[Any]]:
-    async with AsyncTestClient(app=create_app(GatewayState(make_context(settings, "gateway")))) as c:
+    async with gateway_client(settings) as c:
         yield c
 
 
@@ -72,7 +71,7 @@ async def test_quarantine_cordon_and_release(client: AsyncTestClient[Any], setti
 
             await eventually(node_back, what="release brings it back")
             assert (await client.post("/v1/nodes/nope/cordon", json={})).status_code == 404
-            assert (await client.post("/v1/nodes/node-0002/cordon", json={"gpu": 99})).status_code == 404
+            assert (await client.post("/v1/nodes/node-0002/cordon", json={"gpu": 99})).status_code == 400
             assert (await client.post("/v1/nodes/node-0002/cordon", json={"bogus": 1})).status_code == 400
     finally:
         await bus.close()

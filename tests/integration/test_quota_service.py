@@ -9,12 +9,10 @@ import pytest
 from litestar.testing import AsyncTestClient
 
 from chamber.collector import service as collector
-from chamber.common.runtime import make_context
 from chamber.common.settings import Settings
-from chamber.gateway.api import create_app
-from chamber.gateway.state import GatewayState
 from chamber.quota import service as quota
 from chamber.scheduler import service as scheduler
+from tests.support.gateway import gateway_client
 from tests.support.services import eventually, running
 
 pytestmark = pytest.mark.integration
@@ -24,7 +22,7 @@ EXAMPLE = Path(__file__).parents[2] / "deploy" / "examples" / "quota.yaml"
 
 @pytest.fixture
 async def client(settings: Settings, cleanup: None) -> AsyncIterator[AsyncTestClient[Any]]:
-    async with AsyncTestClient(app=create_app(GatewayState(make_context(settings, "gateway")))) as c:
+    async with gateway_client(settings) as c:
         yield c
 
 
@@ -56,7 +54,7 @@ async def test_the_example_configuration_seeds_the_quota_service(
 async def test_invalid_changes_are_rejected_and_the_old_configuration_stays(client: AsyncTestClient[Any]) -> None:
     assert (await client.put("/v1/pools/h100", json={"gpu_model": "H100", "capacity": 16})).status_code == 200
     ok = await client.put("/v1/teams/a", json={"org": "acme", "quotas": [{"pool": "h100", "nominal": 8}]})
-    assert ok.status_code == 400, "organisation acme does not exist yet"
+    assert ok.status_code == 422, "organisation acme does not exist yet"
     assert "unknown organisation" in ok.text
     # Organisations come with the configuration file; here we add one team per valid change.
     bad = [
@@ -87,7 +85,7 @@ async def test_guarantees_above_capacity_are_rejected(client: AsyncTestClient[An
         await client.put("/v1/teams/x", json={"org": "o", "quotas": [{"pool": "p", "nominal": 10}]})
     ).status_code == 200
     resp = await client.put("/v1/teams/y", json={"org": "o", "quotas": [{"pool": "p", "nominal": 10}]})
-    assert resp.status_code == 400
+    assert resp.status_code == 422
     assert "above its capacity" in resp.text
     assert [t["name"] for t in (await client.get("/v1/teams")).json()] == ["x"]
 

@@ -6,6 +6,7 @@ import os
 import sys
 import time
 
+from chamber.cli.commands import register as register_client_commands
 from chamber.common.settings import Settings, SettingsError
 
 SERVICE_MODULES = {
@@ -194,6 +195,7 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--timeout", type=float, default=180.0, help="seconds for the whole check")
     check.add_argument("--json", action="store_true", help="one line of JSON")
     check.set_defaults(func=_device_check)
+    register_client_commands(sub, bench)
     return parser
 
 

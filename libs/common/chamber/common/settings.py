@@ -78,6 +78,14 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     """How long an ended replica's output and state are kept."""
     nvml_module: str = ""
     """A module with pynvml's functions to use instead of pynvml (tests and dry runs of the device check)."""
+    grpc_port: Annotated[int, msgspec.Meta(ge=0, le=65535)] = 50051
+    """The gateway's gRPC port (0 picks a free one), on `http_host`."""
+    admin_token: str = ""
+    """The first admin API token (docs/api.md); when empty, the gateway makes one at its first start."""
+    admin_token_file: str = ""
+    """Where a development admin token is kept: read when it exists, else written at first start (`make up`)."""
+    access_log: bool = True
+    """One log line per HTTP request (method, path, status, duration, who)."""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: object) -> "Settings":

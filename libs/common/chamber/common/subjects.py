@@ -64,8 +64,13 @@ REPLICAS = StreamSpec(
     max_age_s=7 * DAY, max_bytes=256 * MIB,
 )  # fmt: skip
 
+AUDIT = StreamSpec(
+    "AUDIT", "audit.>", False, "who changed what through the API, and the result", max_age_s=400 * DAY,
+    max_bytes=1024 * MIB,
+)  # fmt: skip
+
 STREAMS: tuple[StreamSpec, ...] = (
-    JOBS, DECISIONS, INVENTORY, TELEMETRY, HEALTH, QUOTA, METRICS, CONTROL, DEADLETTER, AGENTS, REPLICAS,
+    JOBS, DECISIONS, INVENTORY, TELEMETRY, HEALTH, QUOTA, METRICS, CONTROL, DEADLETTER, AGENTS, REPLICAS, AUDIT,
 )  # fmt: skip
 
 SUBJECTS: tuple[SubjectSpec, ...] = (
@@ -111,6 +116,7 @@ SUBJECTS: tuple[SubjectSpec, ...] = (
     ),
     SubjectSpec("agent.<node>.stop", "", "StopReplicas -> AgentReply", "scheduler (process executor)", "node agent"),
     SubjectSpec("agent.<node>.logs", "", "LogsRequest -> LogsChunk", "gateway (GET /v1/jobs/{id}/logs)", "node agent"),
+    SubjectSpec("audit.<resource>", "AUDIT", "AuditRecord", "gateway (every mutating call)", "gateway (GET /v1/audit)"),
 )
 
 JOBS_BUCKET = "jobs"
@@ -119,6 +125,13 @@ LEASES_BUCKET = "leases"
 """JetStream KV bucket (`<namespace>_leases`, entries expire): one key per elected role, e.g. `scheduler`."""
 QUOTA_BUCKET = "quota"
 """JetStream KV bucket (`<namespace>_quota`): key `config` holds the QuotaConfig (teams, pools, budgets)."""
+TOKENS_BUCKET = "tokens"
+"""JetStream KV bucket (`<namespace>_tokens`): API token id -> its role, teams and the SHA-256 of its secret."""
+IDEMPOTENCY_BUCKET = "idempotency"
+"""JetStream KV bucket (`<namespace>_idempotency`, entries expire after a day): submit key -> the job it made."""
+IDEMPOTENCY_TTL_S = DAY
+
+BUCKETS: tuple[str, ...] = (JOBS_BUCKET, QUOTA_BUCKET, TOKENS_BUCKET, IDEMPOTENCY_BUCKET, LEASES_BUCKET)
 
 
 class Names:
@@ -183,6 +196,8 @@ class Names:
     def agent_request(self, node: str, op: str) -> str:
         """A request to one node's agent: `launch`, `stop` or `logs` (core NATS request/reply, not stored)."""
         return f"{self.ns}.agent.{node}.{op}"
+    def audit(self, resource: str) -> str:
+        return f"{self.ns}.audit.{resource}"
 
     def redis_prefix(self) -> str:
         """Redis keys share one hash tag so a Redis Cluster keeps them in one slot (Lua needs that)."""

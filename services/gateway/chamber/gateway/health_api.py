@@ -1,20 +1,28 @@
 """Node and GPU health over HTTP: state and history from the health audit stream; cordon and release for
-operators (as commands to the health service, which owns every health cordon)."""
+operators (as commands to the health service, which owns every health cordon); simulated faults for demos."""
 
-from typing import Annotated
+from typing import Annotated, Any
 
 import msgspec
-from litestar import get, post
-from litestar.datastructures import State
-from litestar.exceptions import NotFoundException
+from litestar import Request, get, post
 from litestar.params import Body, FromPath, JSONBody
 from litestar.status_codes import HTTP_202_ACCEPTED
 
-from chamber.common.contracts import FaultInjection, GpuHealthVerdict, HealthCommand, HealthState
+from chamber.common.bus import PublishError
+from chamber.common.contracts import GpuHealthVerdict, HealthCommand, HealthState, Node
+from chamber.gateway.core.authz import Permission
+from chamber.gateway.core.requests import FaultRequest, OperatorOrder
 from chamber.gateway.core.views import NodeView, node_views
+from chamber.gateway.errors import BadRequest, FieldProblem, NotFound, Unavailable
+from chamber.gateway.http_edge import body
+from chamber.gateway.jobs_api import gateway
+from chamber.gateway.problems import responses
 from chamber.gateway.state import GatewayState
 
 HISTORY_S = 7 * 86400.0
+READ = {"permission": Permission.READ}
+OPERATE = {"permission": Permission.NODES_OPERATE}
+GPU_FAULTS = frozenset({"xid", "dbe", "row_remap_failure", "nvlink_replay", "thermal"})
 
 
 class GpuHealthView(msgspec.Struct, kw_only=True):
@@ -25,6 +33,7 @@ class GpuHealthView(msgspec.Struct, kw_only=True):
     state: HealthState
     reason: str = ""
     action: str = ""
+    """What an operator should do: `reset-gpu`, `reboot-node`, `rma`, or empty."""
     allocated_to: str | None = None
     history: list[GpuHealthVerdict] = msgspec.field(default_factory=list)
 
@@ -39,22 +48,16 @@ class NodeHealthView(msgspec.Struct, kw_only=True):
     """Every health decision about the node and its GPUs in the last 7 days, oldest first."""
 
 
-class OperatorOrder(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    reason: Annotated[str, msgspec.Meta(max_length=500)] = ""
-    gpu: Annotated[int, msgspec.Meta(ge=0)] | None = None
-    """One GPU of the node; the whole node when absent."""
-
-
-def _gw(state: State) -> GatewayState:
-    gw: GatewayState = state.gateway
-    return gw
+def _node(gw: GatewayState, name: str) -> Node:
+    node = gw.nodes.get(name)
+    if node is None:
+        raise NotFound(f"no node {name!r}", code="no-such-node")
+    return node
 
 
 async def _node_health(gw: GatewayState, name: str) -> NodeHealthView:
-    node = gw.nodes.get(name)
-    if node is None:
-        raise NotFoundException(f"no node {name!r}")
-    snap = await gw.ledger.snapshot()
+    node = _node(gw, name)
+    snap = await gw.ledger_snapshot()
     history = await gw.health_history(name, gw.clock.now() - HISTORY_S)
     latest: dict[int | None, GpuHealthVerdict] = {}
     for verdict in history:
@@ -80,56 +83,88 @@ async def _node_health(gw: GatewayState, name: str) -> NodeHealthView:
     )  # fmt: skip
 
 
-@get("/v1/nodes/{name:str}", summary="A node: its GPUs, their health, allocation and health history")
-async def get_node(name: FromPath[str], state: State) -> NodeHealthView:
-    return await _node_health(_gw(state), name)
+@get("/v1/nodes/{name:str}", summary="A node: its GPUs, their health, allocation and health history", opt=READ,
+     responses=responses(400, 401, 403, 404, 503))  # fmt: skip
+async def get_node(request: Request[Any, Any, Any], name: FromPath[str]) -> NodeHealthView:
+    return await _node_health(gateway(request), name)
 
 
-@get("/v1/gpus/{uuid:str}", summary="A GPU by UUID: health, allocation and history")
-async def get_gpu(uuid: FromPath[str], state: State) -> GpuHealthView:
-    gw = _gw(state)
+@get("/v1/gpus/{uuid:str}", summary="A GPU by UUID: health, allocation and history", opt=READ,
+     responses=responses(400, 401, 403, 404, 503))  # fmt: skip
+async def get_gpu(request: Request[Any, Any, Any], uuid: FromPath[str]) -> GpuHealthView:
+    gw = gateway(request)
     for node in gw.nodes.values():
         for g in node.gpus:
             if g.uuid == uuid:
                 view = await _node_health(gw, node.name)
                 return next(v for v in view.gpus if v.index == g.index)
-    raise NotFoundException(f"no GPU {uuid!r}")
+    raise NotFound(f"no GPU {uuid!r}", code="no-such-gpu")
 
 
-async def _order(gw: GatewayState, name: str, order: OperatorOrder, command: str) -> NodeHealthView:
-    node = gw.nodes.get(name)
-    if node is None:
-        raise NotFoundException(f"no node {name!r}")
-    if order.gpu is not None and order.gpu not in {g.index for g in node.gpus}:
-        raise NotFoundException(f"node {name} has no GPU {order.gpu}")
+def _check_gpu(node: Node, gpu: int | None) -> None:
+    indices = sorted(g.index for g in node.gpus)
+    if gpu is not None and gpu not in indices:
+        span = f"{indices[0]}-{indices[-1]}" if indices else "none"
+        raise BadRequest(f"node {node.name} has no GPU {gpu} (its GPUs: {span})", code="no-such-gpu",
+                         errors=[FieldProblem(field="$.gpu", message=f"out of range {span}")])  # fmt: skip
+
+
+async def _publish(gw: GatewayState, subject: str, event: msgspec.Struct) -> None:
+    gw.require_bus()
+    try:
+        await gw.bus.publish(subject, event)
+    except PublishError as exc:
+        raise Unavailable(f"the order was not stored: {exc}") from exc
+
+
+async def _order(request: Request[Any, Any, Any], name: str, command: str) -> NodeHealthView:
+    gw = gateway(request)
+    order: OperatorOrder = body(request) or OperatorOrder()
+    node = _node(gw, name)
+    _check_gpu(node, order.gpu)
     cmd = HealthCommand(node=name, gpu_index=order.gpu, command=command, reason=order.reason,  # type: ignore[arg-type]
                         issued_at=gw.clock.now())  # fmt: skip
-    await gw.bus.publish(gw.bus.names.health_command(name), cmd)
+    await _publish(gw, gw.bus.names.health_command(name), cmd)
+    gw.ledger_changed()
     return await _node_health(gw, name)
 
 
-@post("/v1/nodes/{name:str}/cordon", status_code=HTTP_202_ACCEPTED, summary="Take a node (or one GPU) out (admin)")
+@post("/v1/nodes/{name:str}/cordon", status_code=HTTP_202_ACCEPTED, opt=OPERATE,
+      summary="Take a node (or one GPU) out of scheduling (operators)",
+      responses=responses(400, 401, 403, 404, 413, 503))  # fmt: skip
 async def cordon_node(
-    name: FromPath[str], state: State, data: Annotated[OperatorOrder | None, Body()] = None
+    request: Request[Any, Any, Any], name: FromPath[str], data: Annotated[OperatorOrder | None, Body()] = None
 ) -> NodeHealthView:
-    return await _order(_gw(state), name, data or OperatorOrder(), "cordon")
+    return await _order(request, name, "cordon")
 
 
-@post("/v1/nodes/{name:str}/release", status_code=HTTP_202_ACCEPTED, summary="Bring a node (or GPU) back (admin)")
+@post("/v1/nodes/{name:str}/release", status_code=HTTP_202_ACCEPTED, opt=OPERATE,
+      summary="Bring a node (or GPU) back, also a repeat offender (operators)",
+      responses=responses(400, 401, 403, 404, 413, 503))  # fmt: skip
 async def release_node(
-    name: FromPath[str], state: State, data: Annotated[OperatorOrder | None, Body()] = None
+    request: Request[Any, Any, Any], name: FromPath[str], data: Annotated[OperatorOrder | None, Body()] = None
 ) -> NodeHealthView:
-    return await _order(_gw(state), name, data or OperatorOrder(), "release")
+    return await _order(request, name, "release")
 
 
-@post("/v1/sim/faults", status_code=HTTP_202_ACCEPTED, summary="Inject a fault into the simulated fleet")
-async def inject_fault(data: JSONBody[FaultInjection], state: State) -> FaultInjection:
-    """For demos and tests: the simulated collector makes the GPU (or node) show the fault in its telemetry."""
-    gw = _gw(state)
-    if data.node not in gw.nodes:
-        raise NotFoundException(f"no node {data.node!r}")
-    await gw.bus.publish(gw.bus.names.subject("control.sim.faults"), data)
-    return data
+@post("/v1/sim/faults", status_code=HTTP_202_ACCEPTED, opt=OPERATE,
+      summary="Inject a fault into the simulated fleet (operators)",
+      responses=responses(400, 401, 403, 404, 413, 503))  # fmt: skip
+async def inject_fault(request: Request[Any, Any, Any], data: JSONBody[FaultRequest]) -> FaultRequest:
+    """For demos and tests: the simulated collector makes the GPU (or node) show the fault in its telemetry.
+    GPU faults need `gpu`; `heartbeat_loss` silences the whole node; `clear` repairs (one GPU or the node)."""
+    gw = gateway(request)
+    fault: FaultRequest = body(request)
+    node = _node(gw, fault.node)
+    _check_gpu(node, fault.gpu)
+    if fault.fault in GPU_FAULTS and fault.gpu is None:
+        raise BadRequest(f"fault {fault.fault!r} is about one GPU: give `gpu`", code="invalid",
+                         errors=[FieldProblem(field="$.gpu", message="required for this fault")])  # fmt: skip
+    if fault.fault == "xid" and fault.value < 1:
+        raise BadRequest("an `xid` fault needs the XID number in `value` (e.g. 79)", code="invalid",
+                         errors=[FieldProblem(field="$.value", message="the XID number, >= 1")])  # fmt: skip
+    await _publish(gw, gw.bus.names.subject("control.sim.faults"), fault.to_event())
+    return fault
 
 
 ROUTES = [get_node, get_gpu, cordon_node, release_node, inject_fault]

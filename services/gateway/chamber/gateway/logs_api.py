@@ -9,20 +9,22 @@ from before them starts at the oldest byte kept (`X-Chamber-Offset` says where).
 
 import asyncio
 from collections.abc import AsyncIterator
-from typing import Annotated
+from typing import Annotated, Any
 
 import nats.errors
-from litestar import get
-from litestar.datastructures import State
-from litestar.exceptions import HTTPException, NotFoundException, ValidationException
+from litestar import Request, get
 from litestar.params import FromPath, QueryParameter
 from litestar.response import Response, Stream
-from litestar.status_codes import HTTP_503_SERVICE_UNAVAILABLE
 
 from chamber.common.codec import DecodeError, Decoder, encode
 from chamber.common.contracts import GpuRef, JobPlaced, JobRecord, LogsChunk, LogsRequest
 from chamber.common.contracts.agent import LOG_CHUNK_MAX
 from chamber.common.subjects import DECISIONS
+from chamber.gateway import jobs
+from chamber.gateway.core.authz import Permission
+from chamber.gateway.errors import BadRequest, NotFound, Unavailable
+from chamber.gateway.http_edge import principal
+from chamber.gateway.problems import responses
 from chamber.gateway.state import GatewayState
 
 FOLLOW_POLL_S = 0.5
@@ -30,8 +32,8 @@ REQUEST_TIMEOUT_S = 3.0
 TEXT = "text/plain; charset=utf-8"
 
 
-def _gw(state: State) -> GatewayState:
-    gw: GatewayState = state.gateway
+def _gw(request: Request[Any, Any, Any]) -> GatewayState:
+    gw: GatewayState = request.app.state.gateway
     return gw
 
 
@@ -39,7 +41,7 @@ async def _record(gw: GatewayState, job_id: str) -> JobRecord:
     assert gw.store is not None
     stored = await gw.store.get(job_id)
     if stored is None:
-        raise NotFoundException(f"no job {job_id!r}")
+        raise NotFound(f"no job {job_id!r}", code="no-such-job")
     return stored[0]
 
 
@@ -51,7 +53,7 @@ async def _placement(gw: GatewayState, record: JobRecord, attempt: int) -> list[
     for decision in placed:
         if decision.attempt == attempt:
             return decision.gpus
-    raise NotFoundException(f"job {record.id} has no attempt {attempt}")
+    raise NotFound(f"job {record.id} has no attempt {attempt}", code="no-such-attempt")
 
 
 async def _fetch(gw: GatewayState, node: str, request: LogsRequest) -> LogsChunk:
@@ -60,10 +62,9 @@ async def _fetch(gw: GatewayState, node: str, request: LogsRequest) -> LogsChunk
         msg = await gw.bus.nc.request(subject, encode(request), timeout=REQUEST_TIMEOUT_S)
         chunk: LogsChunk = Decoder(LogsChunk).decode(msg.data)
     except (nats.errors.Error, TimeoutError, DecodeError) as exc:
-        raise HTTPException(
-            detail=f"no node agent answers for {node} ({type(exc).__name__}); a job's output is kept by the agent "
-            "of the node it ran on (CHAMBER_EXECUTOR=process)",
-            status_code=HTTP_503_SERVICE_UNAVAILABLE,
+        raise Unavailable(
+            f"no node agent answers for {node} ({type(exc).__name__}); a job's output is kept by the agent of the "
+            "node it ran on (CHAMBER_EXECUTOR=process)"
         ) from exc
     return chunk
 
@@ -81,10 +82,11 @@ def _headers(chunk: LogsChunk) -> dict[str, str]:
 @get(
     "/v1/jobs/{job_id:str}/logs",
     summary="A replica's output (stdout and stderr together); `follow=true` streams it as it is written",
-)
+    opt={"permission": Permission.JOBS_READ}, responses=responses(400, 401, 403, 404, 503),
+)  # fmt: skip
 async def job_logs(
+    request: Request[Any, Any, Any],
     job_id: FromPath[str],
-    state: State,
     *,
     replica: Annotated[int, QueryParameter(name="replica", ge=0)] = 0,
     attempt: Annotated[int | None, QueryParameter(name="attempt", ge=1)] = None,
@@ -92,19 +94,21 @@ async def job_logs(
     limit: Annotated[int, QueryParameter(name="limit", ge=1, le=LOG_CHUNK_MAX)] = LOG_CHUNK_MAX,
     follow: Annotated[bool, QueryParameter(name="follow")] = False,
 ) -> Response[bytes] | Stream:
-    gw = _gw(state)
+    gw = _gw(request)
+    await jobs.get(gw, principal(request), job_id)  # 404 or 403 (another team's job) as for the job itself
     record = await _record(gw, job_id)
     if replica >= record.spec.replicas:
-        raise ValidationException(f"replica: job {job_id} has replicas 0 to {record.spec.replicas - 1}")
+        raise BadRequest(f"replica: job {job_id} has replicas 0 to {record.spec.replicas - 1}", code="no-such-replica")
     attempt = attempt or record.attempt
     if attempt == 0:
-        raise NotFoundException(f"job {job_id} has not been placed yet: no output")
+        raise NotFound(f"job {job_id} has not been placed yet: no output", code="no-output")
     gpus = await _placement(gw, record, attempt)
     node = gpus[replica * record.spec.gpus_per_replica].node
     request = LogsRequest(job_id=job_id, attempt=attempt, replica=replica, offset=offset, limit=limit)
     first = await _fetch(gw, node, request)
     if not first.found:
-        raise NotFoundException(f"no output kept for job {job_id}, attempt {attempt}, replica {replica} on {node}")
+        raise NotFound(f"no output kept for job {job_id}, attempt {attempt}, replica {replica} on {node}",
+                       code="no-output")  # fmt: skip
     if not follow:
         return Response(first.data, media_type=TEXT, headers=_headers(first))
 
@@ -120,7 +124,7 @@ async def job_logs(
             request_next = LogsRequest(job_id=job_id, attempt=attempt, replica=replica, offset=chunk.next_offset)
             try:
                 chunk = await _fetch(gw, node, request_next)
-            except HTTPException:
+            except Unavailable:
                 return
 
     return Stream(stream(), media_type=TEXT, headers=_headers(first))

@@ -1,47 +1,35 @@
-"""Teams and pools over HTTP: read the configuration with live usage, change it (validated, compare-and-set).
+"""Teams and pools over HTTP: read the configuration with live usage; create, replace (PUT), change some fields
+(PATCH) or delete them (admins), each validated and written with compare-and-set.
 
-An invalid change (unknown pool or organisation, guarantees above capacity, negative values, a cycle in the
-organisation tree) gets a 400 naming every problem, and the configuration in force is untouched.
+A change that leaves the configuration inconsistent (an unknown pool or organisation, guarantees above capacity)
+gets a 422 naming every problem; a malformed one a 400; a pool that teams still use cannot be deleted (409). The
+configuration in force is untouched in every case.
 """
 
+import re
 from collections.abc import Callable
-from typing import Annotated, Literal
+from typing import Any, Literal
 
 import msgspec
-from litestar import get, put
-from litestar.datastructures import State
-from litestar.exceptions import ClientException, NotFoundException, ValidationException
+from litestar import Request, delete, get, patch, put
 from litestar.params import FromPath, JSONBody
-from litestar.status_codes import HTTP_409_CONFLICT
+from litestar.status_codes import HTTP_204_NO_CONTENT
 
-from chamber.common.contracts import (
-    BudgetSpec,
-    OrgUsage,
-    PoolConfig,
-    QuotaConfig,
-    TeamConfig,
-    TeamQuota,
-    TeamUsage,
-)
-from chamber.common.contracts.quota import Gpus, Name
+from chamber.common.bus.errors import BusError
+from chamber.common.contracts import OrgUsage, PoolConfig, QuotaConfig, TeamConfig, TeamUsage
 from chamber.common.quota import ConfigError, validate
 from chamber.common.quotastore import StaleConfig
+from chamber.gateway.core.authz import Permission
+from chamber.gateway.core.requests import PoolBody, PoolPatch, TeamBody, TeamPatch
+from chamber.gateway.errors import BadRequest, Conflict, FieldProblem, NotFound, Unavailable, Unprocessable
+from chamber.gateway.http_edge import body
+from chamber.gateway.jobs_api import gateway
+from chamber.gateway.problems import responses
 from chamber.gateway.state import GatewayState
 
-
-class TeamBody(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    org: Name
-    cohort: Name = "default"
-    weight: Annotated[float, msgspec.Meta(gt=0, le=1000)] = 1.0
-    quotas: list[TeamQuota] = msgspec.field(default_factory=list)
-    budget: BudgetSpec | None = None
-
-
-class PoolBody(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    gpu_model: str
-    cluster: str = "local"
-    cost_per_gpu_hour: Annotated[float, msgspec.Meta(ge=0)] = 0.0
-    capacity: Gpus | None = None
+READ = {"permission": Permission.READ}
+WRITE = {"permission": Permission.QUOTA_WRITE}
+NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,63}$")
 
 
 class TeamView(msgspec.Struct, kw_only=True):
@@ -58,12 +46,14 @@ class PoolView(msgspec.Struct, kw_only=True):
     nominal_total: int
 
 
-def _gw(state: State) -> GatewayState:
-    gw: GatewayState = state.gateway
-    return gw
+def check_name(kind: str, name: str) -> None:
+    if not NAME.match(name):
+        raise BadRequest(f"invalid {kind} name {name!r}: 1-64 lower-case letters, digits and '-', starting with a "
+                         "letter or digit", code="invalid-name",
+                         errors=[FieldProblem(field="name", message="^[a-z0-9][a-z0-9-]{0,63}$")])  # fmt: skip
 
 
-def _team_view(gw: GatewayState, config: QuotaConfig, name: str) -> TeamView | None:
+def team_view(gw: GatewayState, config: QuotaConfig, name: str) -> TeamView | None:
     team = next((t for t in config.teams if t.name == name), None)
     usage = gw.quota_usage(name)
     if team is None and usage is None:
@@ -71,57 +61,140 @@ def _team_view(gw: GatewayState, config: QuotaConfig, name: str) -> TeamView | N
     return TeamView(name=name, config=team, usage=usage or TeamUsage(team=name))
 
 
-@get("/v1/teams", summary="Teams with their quota, usage, fair share and budget")
-async def list_teams(state: State) -> list[TeamView]:
-    gw = _gw(state)
-    config, _ = await gw.quota_store.get()
+async def current_config(gw: GatewayState) -> QuotaConfig:
+    gw.require_bus()
+    try:
+        config, _ = await gw.quota_store.get()
+    except BusError as exc:
+        raise Unavailable(str(exc)) from exc
+    return config
+
+
+async def all_teams(gw: GatewayState) -> list[TeamView]:
+    config = await current_config(gw)
     names = sorted({t.name for t in config.teams} | set(gw.quota_teams()))
-    return [v for n in names if (v := _team_view(gw, config, n)) is not None]
+    return [v for n in names if (v := team_view(gw, config, n)) is not None]
 
 
-@get("/v1/teams/{name:str}", summary="One team")
-async def get_team(name: FromPath[str], state: State) -> TeamView:
-    gw = _gw(state)
-    config, _ = await gw.quota_store.get()
-    view = _team_view(gw, config, name)
+async def one_team(gw: GatewayState, name: str) -> TeamView:
+    view = team_view(gw, await current_config(gw), name)
     if view is None:
-        raise NotFoundException(f"no team {name!r}")
+        raise NotFound(f"no team {name!r}", code="no-such-team")
     return view
 
 
-@put("/v1/teams/{name:str}", summary="Create or change a team (admin)")
-async def put_team(name: FromPath[str], data: JSONBody[TeamBody], state: State) -> TeamView:
-    team = msgspec.convert({**msgspec.structs.asdict(data), "name": name}, TeamConfig, from_attributes=True)
-    gw = _gw(state)
+@get("/v1/teams", summary="Teams with their quota, usage, fair share and budget", opt=READ,
+     responses=responses(401, 403, 503))  # fmt: skip
+async def list_teams(request: Request[Any, Any, Any]) -> list[TeamView]:
+    return await all_teams(gateway(request))
+
+
+@get("/v1/teams/{name:str}", summary="One team", opt=READ, responses=responses(400, 401, 403, 404, 503))
+async def get_team(request: Request[Any, Any, Any], name: FromPath[str]) -> TeamView:
+    return await one_team(gateway(request), name)
+
+
+def _team(config: QuotaConfig, name: str) -> TeamConfig:
+    team = next((t for t in config.teams if t.name == name), None)
+    if team is None:
+        raise NotFound(f"no team {name!r} in the configuration", code="no-such-team")
+    return team
+
+
+def _pool(config: QuotaConfig, name: str) -> PoolConfig:
+    pool = next((p for p in config.pools if p.name == name), None)
+    if pool is None:
+        raise NotFound(f"no pool {name!r}", code="no-such-pool")
+    return pool
+
+
+@put("/v1/teams/{name:str}", summary="Create or replace a team (admin; fields left out take their defaults)",
+     opt=WRITE, responses=responses(400, 401, 403, 409, 413, 422, 503))  # fmt: skip
+async def put_team(request: Request[Any, Any, Any], name: FromPath[str], data: JSONBody[TeamBody]) -> TeamView:
+    check_name("team", name)
+    team = (body(request) or data).to_config(name)
+    gw = gateway(request)
     config = await _change(gw, lambda c: _replace(c, "teams", team))
-    view = _team_view(gw, config, name)
-    assert view is not None
+    return _view_after(gw, config, name)
+
+
+@patch("/v1/teams/{name:str}", summary="Change some fields of a team (admin)", opt=WRITE,
+       responses=responses(400, 401, 403, 404, 409, 413, 422, 503))  # fmt: skip
+async def patch_team(request: Request[Any, Any, Any], name: FromPath[str], data: JSONBody[TeamPatch]) -> TeamView:
+    check_name("team", name)
+    change: TeamPatch = body(request) or data
+    gw = gateway(request)
+    config = await _change(gw, lambda c: _replace(c, "teams", change.apply(_team(c, name))))
+    return _view_after(gw, config, name)
+
+
+@delete("/v1/teams/{name:str}", status_code=HTTP_204_NO_CONTENT, summary="Delete a team (admin)", opt=WRITE,
+        responses=responses(400, 401, 403, 404, 409, 422, 503))  # fmt: skip
+async def delete_team(request: Request[Any, Any, Any], name: FromPath[str]) -> None:
+    check_name("team", name)
+
+    def remove(c: QuotaConfig) -> QuotaConfig:
+        _team(c, name)
+        return msgspec.structs.replace(c, teams=[t for t in c.teams if t.name != name])
+
+    await _change(gateway(request), remove)
+
+
+def _view_after(gw: GatewayState, config: QuotaConfig, name: str) -> TeamView:
+    view = team_view(gw, config, name)
+    if view is None:  # pragma: no cover - the team is in `config`
+        raise NotFound(f"no team {name!r}")
     return view
 
 
-@get("/v1/pools", summary="Capacity pools")
-async def list_pools(state: State) -> list[PoolView]:
-    gw = _gw(state)
-    config, _ = await gw.quota_store.get()
+@get("/v1/pools", summary="Capacity pools", opt=READ, responses=responses(401, 403, 503))
+async def list_pools(request: Request[Any, Any, Any]) -> list[PoolView]:
+    gw = gateway(request)
+    config = await current_config(gw)
     return [_pool_view(gw, config, p) for p in config.pools]
 
 
-@get("/v1/pools/{name:str}", summary="One capacity pool")
-async def get_pool(name: FromPath[str], state: State) -> PoolView:
-    gw = _gw(state)
-    config, _ = await gw.quota_store.get()
-    pool = next((p for p in config.pools if p.name == name), None)
-    if pool is None:
-        raise NotFoundException(f"no pool {name!r}")
-    return _pool_view(gw, config, pool)
+@get("/v1/pools/{name:str}", summary="One capacity pool", opt=READ, responses=responses(400, 401, 403, 404, 503))
+async def get_pool(request: Request[Any, Any, Any], name: FromPath[str]) -> PoolView:
+    gw = gateway(request)
+    config = await current_config(gw)
+    return _pool_view(gw, config, _pool(config, name))
 
 
-@put("/v1/pools/{name:str}", summary="Create or change a capacity pool (admin)")
-async def put_pool(name: FromPath[str], data: JSONBody[PoolBody], state: State) -> PoolView:
-    pool = msgspec.convert({**msgspec.structs.asdict(data), "name": name}, PoolConfig, from_attributes=True)
-    gw = _gw(state)
+@put("/v1/pools/{name:str}", summary="Create or replace a capacity pool (admin)", opt=WRITE,
+     responses=responses(400, 401, 403, 409, 413, 422, 503))  # fmt: skip
+async def put_pool(request: Request[Any, Any, Any], name: FromPath[str], data: JSONBody[PoolBody]) -> PoolView:
+    check_name("pool", name)
+    pool = (body(request) or data).to_config(name)
+    gw = gateway(request)
     config = await _change(gw, lambda c: _replace(c, "pools", pool))
     return _pool_view(gw, config, pool)
+
+
+@patch("/v1/pools/{name:str}", summary="Change some fields of a capacity pool (admin)", opt=WRITE,
+       responses=responses(400, 401, 403, 404, 409, 413, 422, 503))  # fmt: skip
+async def patch_pool(request: Request[Any, Any, Any], name: FromPath[str], data: JSONBody[PoolPatch]) -> PoolView:
+    check_name("pool", name)
+    change: PoolPatch = body(request) or data
+    gw = gateway(request)
+    config = await _change(gw, lambda c: _replace(c, "pools", change.apply(_pool(c, name))))
+    return _pool_view(gw, config, _pool(config, name))
+
+
+@delete("/v1/pools/{name:str}", status_code=HTTP_204_NO_CONTENT, summary="Delete a pool no team uses (admin)",
+        opt=WRITE, responses=responses(400, 401, 403, 404, 409, 422, 503))  # fmt: skip
+async def delete_pool(request: Request[Any, Any, Any], name: FromPath[str]) -> None:
+    check_name("pool", name)
+
+    def remove(c: QuotaConfig) -> QuotaConfig:
+        _pool(c, name)
+        users = sorted(t.name for t in c.teams if any(q.pool == name for q in t.quotas))
+        if users:
+            raise Conflict(f"pool {name!r} is in the quotas of {', '.join(users)}; change those first",
+                           code="pool-in-use")  # fmt: skip
+        return msgspec.structs.replace(c, pools=[p for p in c.pools if p.name != name])
+
+    await _change(gateway(request), remove)
 
 
 def _pool_view(gw: GatewayState, config: QuotaConfig, pool: PoolConfig) -> PoolView:
@@ -137,25 +210,37 @@ def _replace(config: QuotaConfig, field: Literal["teams", "pools"], item: TeamCo
 
 async def _change(gw: GatewayState, edit: Callable[[QuotaConfig], QuotaConfig]) -> QuotaConfig:
     """Apply `edit` to the stored configuration: validate, then compare-and-set (retried once if raced)."""
+    gw.require_bus()
     for _ in range(2):
-        current, revision = await gw.quota_store.get()
-        changed = edit(current)
+        try:
+            current, revision = await gw.quota_store.get()
+        except BusError as exc:
+            raise Unavailable(str(exc)) from exc
+        try:
+            changed = edit(current)
+        except msgspec.ValidationError as exc:
+            raise Unprocessable(f"invalid quota configuration: {exc}", code="invalid-configuration") from exc
         try:
             validate(changed, gw.pool_capacity())
         except ConfigError as exc:
-            raise ValidationException(f"invalid quota configuration: {exc}") from exc
+            raise Unprocessable(f"invalid quota configuration: {exc}", code="invalid-configuration") from exc
         try:
             await gw.quota_store.put(changed, revision)
         except StaleConfig:
             continue
+        except BusError as exc:
+            raise Unavailable(str(exc)) from exc
+        gw.quota_config = changed
         return changed
-    raise ClientException("the quota configuration changed meanwhile; try again", status_code=HTTP_409_CONFLICT)
+    raise Conflict("the quota configuration changed meanwhile; try again", code="changed-meanwhile")
 
 
-@get("/v1/orgs", summary="Organisations with the sums of the teams below them")
-async def list_orgs(state: State) -> list[OrgUsage]:
-    quota = _gw(state).quota_state
+@get("/v1/orgs", summary="Organisations with the sums of the teams below them", opt=READ,
+     responses=responses(401, 403, 503))  # fmt: skip
+async def list_orgs(request: Request[Any, Any, Any]) -> list[OrgUsage]:
+    quota = gateway(request).quota_state
     return [] if quota is None else list(quota.orgs.values())
 
 
-ROUTES = [list_teams, get_team, put_team, list_pools, get_pool, put_pool, list_orgs]
+ROUTES = [list_teams, get_team, put_team, patch_team, delete_team, list_pools, get_pool, put_pool, patch_pool,
+          delete_pool, list_orgs]  # fmt: skip

@@ -1,4 +1,4 @@
-"""The gateway process: the HTTP API served by uvicorn until asked to stop."""
+"""The gateway process: the HTTP API and the dashboard (uvicorn) and the gRPC API (grpc.aio), until asked to stop."""
 
 import asyncio
 import contextlib
@@ -9,6 +9,7 @@ import uvicorn
 from chamber.common.log import get_logger
 from chamber.common.runtime import Context
 from chamber.gateway.api import create_app
+from chamber.gateway.rpc.server import RpcServer
 from chamber.gateway.state import GatewayState
 
 log = get_logger(__name__)
@@ -22,15 +23,36 @@ class _Server(uvicorn.Server):
         yield
 
 
+def _http_impl() -> str:
+    """httptools (C parser) when installed: a large share of a cached read's cost is parsing."""
+    try:
+        import httptools  # noqa: F401
+    except ImportError:
+        return "h11"
+    return "httptools"
+
+
 async def main(ctx: Context, stop: asyncio.Event) -> None:
-    app = create_app(GatewayState(ctx))
+    gateway = GatewayState(ctx)
+    app = create_app(gateway)
     config = uvicorn.Config(
-        app, host=ctx.settings.http_host, port=ctx.settings.http_port, log_config=None, access_log=False
-    )
+        app, host=ctx.settings.http_host, port=ctx.settings.http_port, log_config=None, access_log=False,
+        http=_http_impl(), loop="none", timeout_graceful_shutdown=3, backlog=4096,
+    )  # fmt: skip
     server = _Server(config)
     serving = asyncio.create_task(server.serve())
+    while not server.started and not serving.done():  # noqa: ASYNC110 - uvicorn offers a flag, not an event
+        await asyncio.sleep(0.02)
+    if serving.done():
+        await serving
+        return
     log.info("gateway.listening", url=f"http://{ctx.settings.http_host}:{ctx.settings.http_port}")
-    stopped = asyncio.create_task(stop.wait())
-    await asyncio.wait([serving, stopped], return_when=asyncio.FIRST_COMPLETED)
-    server.should_exit = True
-    await serving
+    rpc = RpcServer(gateway, ctx.settings.http_host, ctx.settings.grpc_port)
+    await rpc.start()
+    try:
+        stopped = asyncio.create_task(stop.wait())
+        await asyncio.wait([serving, stopped], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        await rpc.stop()
+        server.should_exit = True
+        await serving

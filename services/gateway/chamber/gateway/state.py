@@ -1,8 +1,29 @@
-"""What the gateway reads from: the jobs KV (followed into memory), node inventory, and the ledger."""
+"""What the gateway knows and how it reaches the rest of Chamber: the bus, the ledger, the job records, inventory,
+quota configuration and state, fleet metrics, tokens, the audit trail and the live fan-out.
 
+Everything a hot read needs is followed into memory (jobs KV, inventory, quota, metrics, tokens). The ledger
+(GPU allocation and cordons) is re-read from Redis only after something that moves it was seen (a job record
+changed, a health verdict, new inventory) or after a second, and concurrent readers share one re-read: a read
+with nothing new does no I/O at all.
+"""
+
+import asyncio
+import contextlib
+import sys
+import time
 from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from typing import Any
+
+import msgspec
+import nats.errors
+import redis.exceptions
+from nats.aio.msg import Msg
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, KeyValueConfig, StorageType
+from nats.js.kv import KeyValue
 
 from chamber.common.bus import Bus
+from chamber.common.bus.errors import BusError
 from chamber.common.codec import DecodeError, Decoder
 from chamber.common.contracts import (
     FleetSnapshot,
@@ -11,18 +32,52 @@ from chamber.common.contracts import (
     JobSubmitted,
     Node,
     NodeInventory,
+    NodeTelemetry,
+    QuotaConfig,
     QuotaState,
     RollupPoint,
     TeamUsage,
 )
 from chamber.common.jobstore import JobStore
-from chamber.common.ledger import Ledger
+from chamber.common.ledger import Ledger, LedgerSnapshot
+from chamber.common.ledger.errors import LedgerUnavailable
+from chamber.common.log import get_logger
 from chamber.common.quotastore import QuotaStore
 from chamber.common.runtime import Context
-from chamber.common.subjects import HEALTH, JOBS, METRICS, QUOTA_BUCKET
-from chamber.gateway.core.views import JobView, job_view, submitted_view
+from chamber.common.subjects import (
+    HEALTH,
+    IDEMPOTENCY_BUCKET,
+    IDEMPOTENCY_TTL_S,
+    JOBS,
+    JOBS_BUCKET,
+    METRICS,
+    QUOTA_BUCKET,
+    TOKENS_BUCKET,
+    StreamSpec,
+)
+from chamber.gateway.access_log import AccessLog
+from chamber.gateway.audit import AuditLog
+from chamber.gateway.cache import ResponseCache
+from chamber.gateway.core.views import FleetView, JobView, fleet_view, job_view, node_views, submitted_view
+from chamber.gateway.errors import Unavailable
+from chamber.gateway.jobs_index import JobsIndex
+from chamber.gateway.live import Broadcaster
+from chamber.gateway.tokens import TokenStore
+
+log = get_logger(__name__)
 
 _submitted = Decoder(JobSubmitted)
+_telemetry = Decoder(NodeTelemetry)
+
+
+class _Kind(msgspec.Struct):
+    kind: str = ""
+
+
+_kind = msgspec.json.Decoder(_Kind)
+FLEET_TICK_S = 1.0
+LEDGER_TTL_S = 1.0
+"""The ledger is re-read at least this often even when no change was seen (a flush, a rebuild)."""
 
 
 class GatewayState:
@@ -30,16 +85,40 @@ class GatewayState:
 
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
+        self.settings = ctx.settings
         self.clock = ctx.clock
         self._bus: Bus | None = None
         self._ledger: Ledger | None = None
         self.store: JobStore | None = None
-        self.records: dict[str, JobRecord] = {}
+        self.jobs = JobsIndex()
         self.nodes: dict[str, Node] = {}
+        self.nodes_version = 0
         self.quota_state: QuotaState | None = None
+        self.quota_config: QuotaConfig | None = None
         self.metrics: FleetSnapshot | None = None
+        self.telemetry: dict[str, bytes] = {}
+        """node -> its latest NodeTelemetry, undecoded (decoded only when the heatmap is asked for)."""
         self._quota_store: QuotaStore | None = None
-        self._stop_follow: Callable[[], Awaitable[None]] | None = None
+        self._tokens: TokenStore | None = None
+        self._audit: AuditLog | None = None
+        self._idempotency: KeyValue | None = None
+        self.live = Broadcaster()
+        self.responses = ResponseCache()
+        self.access_log = AccessLog(ctx.settings.log_format)
+        self.announced_token: str | None = None
+        self._snap: LedgerSnapshot | None = None
+        self._snap_gen = -1
+        self._snap_at = 0.0
+        self._ledger_gen = 0
+        self._snap_check: asyncio.Future[LedgerSnapshot] | None = None
+        self._check_gen = -1
+        self.ledger_epoch = 0
+        """Counts the snapshots read: part of the key of every cached answer computed from one."""
+        self._stops: list[Callable[[], Awaitable[None]]] = []
+        self._tasks: list[asyncio.Task[None]] = []
+        self._dirty = True
+
+    # -- connections -------------------------------------------------------------------------------------------
 
     @property
     def bus(self) -> Bus:
@@ -47,25 +126,157 @@ class GatewayState:
         return self._bus
 
     @property
+    def ledger(self) -> Ledger:
+        assert self._ledger is not None, "gateway not started"
+        return self._ledger
+
+    @property
     def quota_store(self) -> QuotaStore:
         assert self._quota_store is not None, "gateway not started"
         return self._quota_store
 
-    def _on_metrics(self, snapshot: FleetSnapshot) -> None:
-        self.metrics = snapshot
+    @property
+    def tokens(self) -> TokenStore:
+        assert self._tokens is not None, "gateway not started"
+        return self._tokens
 
-    async def history(self, resolution: str, since: float) -> list[RollupPoint]:
-        subject = self.bus.names.subject(f"metrics.rollup.{resolution}")
-        points: list[RollupPoint] = await self.bus.read_since(METRICS, subject, since, Decoder(RollupPoint))
-        return [p for p in points if p.start >= since]
+    @property
+    def audit(self) -> AuditLog:
+        assert self._audit is not None, "gateway not started"
+        return self._audit
 
-    async def health_history(self, node: str, since: float) -> list[GpuHealthVerdict]:
-        subject = self.bus.names.subject(f"health.verdicts.{node}.>")
-        verdicts: list[GpuHealthVerdict] = await self.bus.read_since(HEALTH, subject, since, Decoder(GpuHealthVerdict))
-        return verdicts
+    @property
+    def idempotency(self) -> KeyValue:
+        assert self._idempotency is not None, "gateway not started"
+        return self._idempotency
+
+    @property
+    def records(self) -> dict[str, JobRecord]:
+        return self.jobs.records
+
+    def require_bus(self) -> None:
+        """Fail fast (503, Retry-After) instead of letting a request wait out NATS's reconnect timeouts."""
+        if self._bus is None or not self._bus.nc.is_connected:
+            raise Unavailable("NATS is not reachable; the gateway cannot read or write jobs right now")
+
+    async def start(self) -> None:
+        self._bus = await self.ctx.bus()
+        self._ledger = self.ctx.ledger()
+        self.store = JobStore(await self.bus.key_value(JOBS_BUCKET))
+        self._stops.append(await self.store.follow(self._on_record))
+        names = self.bus.names
+        await self.bus.watch_latest(names.subject("inventory.>"), Decoder(NodeInventory), self._on_inventory)
+        await self.bus.watch_latest(names.quota_state(), Decoder(QuotaState), self._on_quota)
+        await self.bus.watch_latest(names.subject("metrics.fleet"), Decoder(FleetSnapshot), self._on_metrics)
+        self._quota_store = QuotaStore(await self.bus.key_value(QUOTA_BUCKET))
+        self._stops.append(await self.quota_store.follow(self._on_quota_config))
+        self._tokens = TokenStore(await self.bus.key_value(TOKENS_BUCKET))
+        await self.tokens.start()
+        self._stops.append(self.tokens.stop)
+        self._audit = AuditLog(self.bus)
+        self._idempotency = await self._ttl_bucket(IDEMPOTENCY_BUCKET, IDEMPOTENCY_TTL_S)
+        await self.bus.nc.subscribe(names.subject("health.verdicts.>"), cb=self._on_verdict)
+        await self.bus.nc.subscribe(names.subject("telemetry.>"), cb=self._on_telemetry)
+        self._tasks.append(asyncio.create_task(self._fleet_ticker(), name="gateway-fleet-ticker"))
+        await self._bootstrap_admin()
+
+    async def stop(self) -> None:
+        self.access_log.flush()
+        self.live.close()
+        for task in self._tasks:
+            task.cancel()
+        for stop in self._stops:
+            with contextlib.suppress(Exception):
+                await stop()
+        if self._bus is not None:
+            await self._bus.close()
+        if self._ledger is not None:
+            await self._ledger.close()
+
+    async def _ttl_bucket(self, bucket: str, ttl_s: float) -> KeyValue:
+        name = self.bus.names.bucket(bucket)
+        try:
+            return await self.bus.js.key_value(name)
+        except nats.errors.Error:
+            pass
+        try:
+            return await self.bus.js.create_key_value(
+                KeyValueConfig(bucket=name, history=1, ttl=ttl_s, storage=StorageType.FILE)
+            )
+        except nats.errors.Error:
+            return await self.bus.js.key_value(name)
+
+    async def _bootstrap_admin(self) -> None:
+        s = self.settings
+        token = await self.tokens.bootstrap(s.admin_token, s.admin_token_file, self.clock.now())
+        self.announced_token = token
+        if token is None:
+            if s.admin_token_file and not s.admin_token:
+                print(f"chamber: development admin token in {s.admin_token_file}", file=sys.stderr, flush=True)
+            return
+        lines = ["an admin API token was made (shown once; keep it):", f"  {token}"]
+        if s.admin_token_file:
+            lines = [f"a DEVELOPMENT admin token was made and written to {s.admin_token_file}:", f"  {token}"]
+        lines.append("use it as 'Authorization: Bearer <token>', or: chamber login --token <token>")
+        print("\n".join(f"chamber: {line}" for line in lines), file=sys.stderr, flush=True)
+
+    # -- followed state ----------------------------------------------------------------------------------------
+
+    def _on_record(self, record: JobRecord) -> None:
+        if self.jobs.upsert(record):
+            self._dirty = True
+            self._ledger_gen += 1
+            if len(self.live):
+                self.live.publish("job", msgspec.json.encode(job_view(record)), team=record.spec.team)
+
+    def _on_inventory(self, inv: NodeInventory) -> None:
+        if self.nodes.get(inv.node.name) != inv.node:
+            self.nodes[inv.node.name] = inv.node
+            self.nodes_version += 1
+            self._dirty = True
+            self._ledger_gen += 1
 
     def _on_quota(self, state: QuotaState) -> None:
         self.quota_state = state
+
+    def _on_quota_config(self, config: QuotaConfig) -> None:
+        self.quota_config = config
+
+    def _on_metrics(self, snapshot: FleetSnapshot) -> None:
+        self.metrics = snapshot
+        self._dirty = True
+
+    async def _on_verdict(self, msg: Msg) -> None:
+        self._dirty = True
+        self._ledger_gen += 1
+        if len(self.live):
+            self.live.publish("health", msg.data)
+
+    async def _on_telemetry(self, msg: Msg) -> None:
+        try:
+            if _kind.decode(msg.data).kind == "NodeTelemetry":
+                self.telemetry[msg.subject.rsplit(".", 1)[-1]] = msg.data
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            return
+
+    def mark_dirty(self) -> None:
+        """Something the fleet totals depend on may have changed: live subscribers get them at the next tick."""
+        self._dirty = True
+
+    async def _fleet_ticker(self) -> None:
+        """Push the fleet totals to live subscribers, at most once a second and only when something changed."""
+        while True:
+            await asyncio.sleep(FLEET_TICK_S)
+            if not len(self.live) or not self._dirty:
+                continue
+            self._dirty = False
+            try:
+                view = await self.fleet()
+            except Unavailable:
+                continue
+            self.live.publish("fleet", msgspec.json.encode(view))
+
+    # -- reads -------------------------------------------------------------------------------------------------
 
     def quota_usage(self, team: str) -> TeamUsage | None:
         return None if self.quota_state is None else self.quota_state.teams.get(team)
@@ -79,59 +290,126 @@ class GatewayState:
             capacity[node.pool] = capacity.get(node.pool, 0) + len(node.gpus)
         return capacity
 
-    @property
-    def ledger(self) -> Ledger:
-        assert self._ledger is not None, "gateway not started"
-        return self._ledger
-
-    async def start(self) -> None:
-        self._bus = await self.ctx.bus()
-        self._ledger = self.ctx.ledger()
-        self.store = await JobStore.open(self.bus)
-        self._stop_follow = await self.store.follow(self._on_record)
-        await self.bus.watch_latest(self.bus.names.subject("inventory.>"), Decoder(NodeInventory), self._on_inventory)
-        await self.bus.watch_latest(self.bus.names.quota_state(), Decoder(QuotaState), self._on_quota)
-        await self.bus.watch_latest(self.bus.names.subject("metrics.fleet"), Decoder(FleetSnapshot), self._on_metrics)
-        self._quota_store = QuotaStore(await self.bus.key_value(QUOTA_BUCKET))
-
-    async def stop(self) -> None:
-        if self._stop_follow is not None:
-            await self._stop_follow()
-        if self._bus is not None:
-            await self._bus.close()
-        if self._ledger is not None:
-            await self._ledger.close()
-
-    def _on_record(self, record: JobRecord) -> None:
-        known = self.records.get(record.id)
-        if known is None or known.version <= record.version:
-            self.records[record.id] = record
-
-    def _on_inventory(self, inv: NodeInventory) -> None:
-        self.nodes[inv.node.name] = inv.node
-
     def largest_node_gpus(self) -> int:
         return max((len(n.gpus) for n in self.nodes.values()), default=0)
 
+    def latest_telemetry(self) -> dict[str, NodeTelemetry]:
+        out: dict[str, NodeTelemetry] = {}
+        for node, raw in list(self.telemetry.items()):
+            with contextlib.suppress(DecodeError):
+                out[node] = _telemetry.decode(raw)
+        return out
+
+    def ledger_changed(self) -> None:
+        """Something that moves the ledger happened (an operator order was sent): the next read re-reads it."""
+        self._ledger_gen += 1
+
+    async def ledger_snapshot(self) -> LedgerSnapshot:
+        """The ledger as of the latest change seen (see the module docstring)."""
+        want = self._ledger_gen
+        snap = self._snap
+        if snap is not None and self._snap_gen >= want and time.monotonic() - self._snap_at < LEDGER_TTL_S:
+            return snap
+        check = self._snap_check
+        if check is None or self._check_gen < want:
+            check = asyncio.ensure_future(self._read_ledger(want))
+            self._snap_check, self._check_gen = check, want
+            check.add_done_callback(self._check_done)
+        return await asyncio.shield(check)
+
+    def _check_done(self, done: "asyncio.Future[LedgerSnapshot]") -> None:
+        if self._snap_check is done:
+            self._snap_check = None
+
+    async def _read_ledger(self, generation: int) -> LedgerSnapshot:
+        started = time.monotonic()
+        try:
+            snap = await self.ledger.snapshot()
+        except (redis.exceptions.RedisError, LedgerUnavailable, OSError) as exc:
+            raise Unavailable(f"Redis (the GPU ledger) is not reachable: {exc}") from exc
+        if generation >= self._snap_gen:
+            self._snap, self._snap_gen, self._snap_at = snap, generation, started
+            self.ledger_epoch += 1
+        return snap
+
+    async def fleet(self, snap: LedgerSnapshot | None = None) -> FleetView:
+        snap = snap or await self.ledger_snapshot()
+        return fleet_view(node_views(self.nodes.values(), snap.owners, snap.cordoned), self.records.values(),
+                          self.metrics)  # fmt: skip
+
     async def job(self, job_id: str) -> JobView | None:
         """The freshest view of a job: its record, else its accepted submission, else None."""
+        record = await self.job_record(job_id)
+        if record is not None:
+            return job_view(record)
+        submitted = await self.submitted(job_id)
+        return None if submitted is None else submitted_view(submitted.job_id, submitted.spec, submitted.submitted_at)
+
+    async def job_record(self, job_id: str) -> JobRecord | None:
         assert self.store is not None
-        stored = await self.store.get(job_id)
-        if stored is not None:
-            self._on_record(stored[0])
-            return job_view(stored[0])
-        data = await self.bus.last_message(JOBS, self.bus.names.job_submit(job_id))
+        self.require_bus()
+        try:
+            stored = await self.store.get(job_id)
+        except BusError as exc:
+            raise Unavailable(str(exc)) from exc
+        if stored is None:
+            return None
+        self._on_record(stored[0])
+        return stored[0]
+
+    async def submitted(self, job_id: str) -> JobSubmitted | None:
+        """The job's submission as stored on the JOBS stream (before the scheduler made a record of it)."""
+        self.require_bus()
+        try:
+            data = await self.bus.last_message(JOBS, self.bus.names.job_submit(job_id))
+        except (nats.errors.Error, TimeoutError) as exc:
+            raise Unavailable(f"cannot read the JOBS stream: {exc}") from exc
         if data is None:
             return None
         try:
             event: JobSubmitted = _submitted.decode(data)
         except DecodeError:
             return None
-        return submitted_view(event.job_id, event.spec, event.submitted_at)
+        return event
+
+    async def history(self, resolution: str, since: float) -> list[RollupPoint]:
+        subject = self.bus.names.subject(f"metrics.rollup.{resolution}")
+        points: list[RollupPoint] = await self.read_stream(METRICS, subject, since, Decoder(RollupPoint))
+        return [p for p in points if p.start >= since]
+
+    async def health_history(self, node: str, since: float) -> list[GpuHealthVerdict]:
+        subject = self.bus.names.subject(f"health.verdicts.{node}.>")
+        verdicts: list[GpuHealthVerdict] = await self.read_stream(HEALTH, subject, since, Decoder(GpuHealthVerdict))
+        return verdicts
+
+    async def read_stream(self, stream: StreamSpec, subject: str, since: float, decoder: Decoder) -> list[Any]:
+        """Every message on `subject` stored at or after `since`, decoded (garbage skipped); no waiting when there
+        is none (the consumer says how many are pending)."""
+        self.require_bus()
+        js = self.bus.js
+        start = datetime.fromtimestamp(max(since, 0.0), UTC)
+        config = ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_TIME, opt_start_time=start,
+                                ack_policy=AckPolicy.NONE, inactive_threshold=30.0)  # fmt: skip
+        values: list[Any] = []
+        try:
+            psub = await js.pull_subscribe(subject, stream=self.bus.names.stream(stream), config=config)
+            try:
+                pending = (await psub.consumer_info()).num_pending or 0
+                while pending > 0:
+                    msgs = await psub.fetch(min(pending, 1024), timeout=2.0)
+                    pending -= len(msgs)
+                    for msg in msgs:
+                        with contextlib.suppress(DecodeError):
+                            values.append(decoder.decode(msg.data))
+            finally:
+                await psub.unsubscribe()
+        except (nats.errors.Error, TimeoutError) as exc:
+            raise Unavailable(f"cannot read {subject}: {exc}") from exc
+        return values
 
     async def problems(self) -> list[str]:
         problems = []
-        if not self.bus.nc.is_connected:
+        if self._bus is None or not self.bus.nc.is_connected:
             problems.append("NATS disconnected")
         try:
             await self.ledger.redis.ping()

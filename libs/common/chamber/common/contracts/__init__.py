@@ -19,6 +19,7 @@ from chamber.common.contracts.agent import (
     RunningReplica,
     StopReplicas,
 )
+from chamber.common.contracts.audit import AuditRecord
 from chamber.common.contracts.base import SCHEMA_VERSION, Contract, Event
 from chamber.common.contracts.decisions import Decision, JobPlaced, JobStateChanged
 from chamber.common.contracts.health import GpuHealthVerdict, HealthCommand, HealthState
@@ -65,6 +66,7 @@ from chamber.common.contracts.telemetry import (
 
 __all__ = [
     "SCHEMA_VERSION",
+    "AuditRecord",
     "TERMINAL_STATES",
     "AgentReply",
     "AgentStatus",

@@ -4,7 +4,16 @@ from collections.abc import Iterable, Mapping
 
 import msgspec
 
-from chamber.common.contracts import FleetSnapshot, GpuRef, JobRecord, JobSpec, JobState, Node, Placement
+from chamber.common.contracts import (
+    FleetSnapshot,
+    GpuRef,
+    JobRecord,
+    JobSpec,
+    JobState,
+    Node,
+    NodeTelemetry,
+    Placement,
+)
 
 
 class JobView(msgspec.Struct, kw_only=True):
@@ -151,3 +160,56 @@ def fleet_view(nodes: list[NodeView], records: Iterable[JobRecord], metrics: Fle
         spend_per_hour=None if metrics is None else metrics.spend_per_hour,
         metrics_at=None if metrics is None else metrics.at,
     )
+
+
+class GpuCell(msgspec.Struct, kw_only=True):
+    index: int
+    util: float | None = None
+    """Percent of time a kernel ran, from the node's latest telemetry (None: not reporting)."""
+    mem_util: float | None = None
+    temperature_c: float | None = None
+    power_w: float | None = None
+    allocated_to: str | None = None
+    unschedulable: str | None = None
+    """Why it may not be claimed (a quarantine, an operator cordon)."""
+
+
+class NodeHeat(msgspec.Struct, kw_only=True):
+    name: str
+    pool: str
+    rack: str
+    sampled_at: float | None
+    """When the node last reported (None: never, or it went silent)."""
+    gpus: list[GpuCell]
+
+
+def heatmap(
+    nodes: Iterable[Node],
+    telemetry: Mapping[str, NodeTelemetry],
+    owners: Mapping[str, str],
+    cordoned: Mapping[str, str],
+) -> list[NodeHeat]:
+    """Every GPU of every node with its latest reading, holder and schedulability, nodes by name."""
+    out = []
+    for node in sorted(nodes, key=lambda n: n.name):
+        batch = telemetry.get(node.name)
+        samples = {s.index: s for s in batch.gpus} if batch is not None else {}
+        cells = []
+        for g in node.gpus:
+            slot = f"{node.name}/{g.index}"
+            s = samples.get(g.index)
+            holder = owners.get(slot)
+            cells.append(
+                GpuCell(
+                    index=g.index,
+                    util=s.gpu_util if s else None,
+                    mem_util=s.mem_util if s else None,
+                    temperature_c=s.temperature_c if s else None,
+                    power_w=s.power_w if s else None,
+                    allocated_to=holder.rsplit("/", 1)[0] if holder else None,
+                    unschedulable=cordoned.get(slot),
+                )
+            )
+        out.append(NodeHeat(name=node.name, pool=node.pool, rack=node.topology.rack,
+                            sampled_at=batch.sampled_at if batch else None, gpus=cells))  # fmt: skip
+    return out

@@ -1,0 +1,113 @@
+"""A job's timeline, told from the durable logs: what the user asked (the JOBS stream) and what the scheduler did
+(the DECISIONS stream). Pure: events in, entries out, oldest first.
+
+Intent comes from JOBS (submitted, cancel requested); everything else from the scheduler's state changes, which
+are what actually happened after the state machine (an executor report about a stale attempt never shows).
+"""
+
+import re
+from collections.abc import Iterable
+from typing import Literal
+
+import msgspec
+
+from chamber.common.contracts import (
+    GpuRef,
+    JobCancelRequested,
+    JobPlaced,
+    JobState,
+    JobStateChanged,
+    JobSubmitted,
+)
+
+EntryKind = Literal[
+    "submitted",
+    "placed",
+    "started",
+    "resumed",
+    "preempting",
+    "interrupting",
+    "preempted",
+    "nominated",
+    "cancel-requested",
+    "succeeded",
+    "failed",
+    "cancelled",
+]
+
+_PREEMPTOR = re.compile(r"preempted by (\S+?)[\s;,)]")
+
+
+class TimelineEntry(msgspec.Struct, kw_only=True):
+    at: float
+    kind: EntryKind
+    detail: str = ""
+    attempt: int | None = None
+    gpus: list[GpuRef] | None = None
+    by: str | None = None
+    """The job that preempted this one, when the scheduler's reason names it."""
+
+
+def _preemptor(reason: str) -> str | None:
+    found = _PREEMPTOR.search(reason + " ")
+    return found.group(1) if found else None
+
+
+def _from_state_change(
+    event: JobStateChanged, previous_stopping: bool, previous_nominated: bool
+) -> list[TimelineEntry]:
+    r = event.record
+    out: list[TimelineEntry] = []
+    if r.stopping and not previous_stopping and r.state == JobState.RUNNING:
+        kind: EntryKind = "interrupting" if r.stop_kind == "interrupt" else "preempting"
+        by = _preemptor(r.stop_reason) if kind == "preempting" else None
+        out.append(TimelineEntry(at=event.at, kind=kind, detail=r.stop_reason, attempt=r.attempt, by=by))
+    if r.nominated and not previous_nominated:
+        out.append(TimelineEntry(at=event.at, kind="nominated", detail=r.reason, gpus=list(r.nominated)))
+    if event.previous == r.state.value:
+        return out
+    if r.state == JobState.RUNNING:
+        kind = "resumed" if r.preemptions or r.interruptions or r.attempt > 1 else "started"
+        out.append(TimelineEntry(at=r.started_at or event.at, kind=kind, detail=r.reason, attempt=r.attempt))
+    elif r.state == JobState.PREEMPTED:
+        out.append(TimelineEntry(at=event.at, kind="preempted", detail=r.reason, attempt=r.attempt,
+                                 by=_preemptor(r.reason)))  # fmt: skip
+    elif r.state in (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED):
+        kind = r.state.value  # type: ignore[assignment]  # the three terminal states are entry kinds
+        out.append(TimelineEntry(at=r.finished_at or event.at, kind=kind, detail=r.reason, attempt=r.attempt))
+    return out
+
+
+def timeline(
+    job_events: Iterable[JobSubmitted | JobCancelRequested], decisions: Iterable[JobPlaced | JobStateChanged]
+) -> list[TimelineEntry]:
+    """The job's story, oldest first. Duplicate deliveries (same attempt placed twice) are told once."""
+    entries: list[TimelineEntry] = []
+    for e in job_events:
+        if isinstance(e, JobSubmitted):
+            s = e.spec
+            entries.append(TimelineEntry(at=e.submitted_at, kind="submitted",
+                                         detail=f"team {s.team}, {s.replicas} x {s.gpus_per_replica} GPUs, "
+                                                f"priority {s.priority}"))  # fmt: skip
+        else:
+            entries.append(TimelineEntry(at=e.requested_at, kind="cancel-requested"))
+    placed: set[int] = set()
+    changes: list[JobStateChanged] = []
+    for d in decisions:
+        if isinstance(d, JobPlaced):
+            if d.attempt not in placed:
+                placed.add(d.attempt)
+                entries.append(TimelineEntry(at=d.decided_at, kind="placed", detail=d.reason, attempt=d.attempt,
+                                             gpus=list(d.gpus)))  # fmt: skip
+        else:
+            changes.append(d)
+    stopping = nominated = False
+    seen_versions: set[int] = set()
+    for change in sorted(changes, key=lambda c: c.record.version):
+        if change.record.version in seen_versions:
+            continue
+        seen_versions.add(change.record.version)
+        entries.extend(_from_state_change(change, stopping, nominated))
+        stopping, nominated = change.record.stopping, bool(change.record.nominated)
+    order = {"submitted": 0}
+    return sorted(entries, key=lambda x: (x.at, order.get(x.kind, 1)))

@@ -1,0 +1,1 @@
+"""gRPC: `chamber.proto`, its generated modules (at build time) and the server that serves them."""

@@ -1,0 +1,67 @@
+"""A live stream of changes as Server-Sent Events (`text/event-stream`): `job` (a job's new view, members: their
+teams' only), `fleet` (the fleet totals, at most once a second), `health` (every health verdict), `resync` (the
+client fell behind: re-read), and a comment every 15 s to keep proxies from closing the connection.
+
+    curl -N -H "Authorization: Bearer $TOKEN" localhost:8080/v1/stream?topics=job,fleet
+"""
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Annotated, Any
+
+from litestar import Request, get
+from litestar.params import QueryParameter
+from litestar.response import ServerSentEvent, ServerSentEventMessage
+
+from chamber.gateway.core.authz import Permission
+from chamber.gateway.errors import BadRequest, FieldProblem
+from chamber.gateway.http_edge import principal
+from chamber.gateway.jobs_api import gateway
+from chamber.gateway.live import TOPICS, Subscriber
+from chamber.gateway.problems import responses
+
+KEEPALIVE_S = 15.0
+TOPICS_HELP = "comma-separated: job, fleet, health"
+
+
+async def _events(request: Request[Any, Any, Any], sub: Subscriber) -> AsyncIterator[ServerSentEventMessage]:
+    gw = gateway(request)
+    yield ServerSentEventMessage(event="hello", data='{"topics": "' + ",".join(sorted(sub.topics)) + '"}')
+    try:
+        while True:
+            try:
+                item = await asyncio.wait_for(sub.queue.get(), timeout=KEEPALIVE_S)
+            except TimeoutError:
+                yield ServerSentEventMessage(comment="keepalive")
+                continue
+            if item is None:
+                return
+            topic, data = item
+            yield ServerSentEventMessage(event=topic, data=data.decode())
+            if sub.lagged and sub.queue.empty():
+                sub.lagged = False
+                yield ServerSentEventMessage(event="resync", data="{}")
+    finally:
+        gw.live.unsubscribe(sub)
+
+
+@get("/v1/stream", summary="Live changes as Server-Sent Events (job, fleet, health)",
+     opt={"permission": Permission.READ}, responses=responses(400, 401, 403, 503))  # fmt: skip
+async def stream(
+    request: Request[Any, Any, Any],
+    topics: Annotated[str, QueryParameter(name="topics", max_length=64, description=TOPICS_HELP)] = ",".join(TOPICS),
+) -> ServerSentEvent:
+    gw = gateway(request)
+    wanted = frozenset(t.strip() for t in topics.split(",") if t.strip())
+    unknown = wanted - set(TOPICS)
+    if unknown or not wanted:
+        raise BadRequest(f"unknown topics {sorted(unknown)}; use some of {', '.join(TOPICS)}", code="invalid",
+                         errors=[FieldProblem(field="topics", message=f"some of {', '.join(TOPICS)}")])  # fmt: skip
+    gw.require_bus()
+    who = principal(request)
+    sub = gw.live.subscribe(wanted, who.team_scope)
+    gw.mark_dirty()
+    return ServerSentEvent(_events(request, sub), headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
+
+
+ROUTES = [stream]

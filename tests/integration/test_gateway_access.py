@@ -1,0 +1,111 @@
+"""Tokens at first start (bootstrap), the audit trail of mutating calls, and the access log."""
+
+import contextlib
+import os
+import stat
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+
+from chamber.common.runtime import make_context
+from chamber.common.settings import Settings
+from chamber.gateway.state import GatewayState
+from chamber.gateway.tokens import BOOTSTRAP_ID, FILE_HEADER, read_token_file
+from tests.support.gateway import bearer, gateway_client
+
+pytestmark = pytest.mark.integration
+
+JOB = {"name": "a", "team": "ml", "gpus_per_replica": 1}
+
+
+@contextlib.asynccontextmanager
+async def started(settings: Settings) -> Any:
+    gw = GatewayState(make_context(settings, "gateway"))
+    await gw.start()
+    try:
+        yield gw
+    finally:
+        await gw.stop()
+
+
+async def test_the_first_start_mints_one_admin_token_and_announces_it(
+    settings: Settings, cleanup: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bare = msgspec.structs.replace(settings, admin_token="")
+    async with started(bare) as gw:
+        token = gw.announced_token
+        assert token is not None
+        assert token.startswith("chm_")
+        principal = gw.tokens.authenticate(token)
+        assert principal is not None
+        assert principal.role == "admin"
+        stored = gw.tokens.get(BOOTSTRAP_ID)
+        assert stored is not None
+        assert token not in msgspec.json.encode(stored).decode(), "only the hash is stored"
+    assert token in capsys.readouterr().err, "printed once"
+    async with started(bare) as gw:
+        assert gw.announced_token is None, "not minted (nor printed) again"
+        assert gw.tokens.authenticate(token) is not None
+
+
+async def test_a_development_token_file_is_written_once_and_then_used(
+    settings: Settings, cleanup: None, tmp_path: Path
+) -> None:
+    path = tmp_path / ".chamber" / "dev-admin-token"
+    dev = msgspec.structs.replace(settings, admin_token="", admin_token_file=str(path))
+    async with started(dev) as gw:
+        token = gw.announced_token
+        assert token is not None
+    assert path.read_text().startswith(FILE_HEADER), "clearly labelled"
+    assert read_token_file(str(path)) == token
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    async with started(dev) as gw:
+        assert gw.announced_token is None
+        assert gw.tokens.authenticate(token) is not None
+
+
+async def test_admin_token_from_the_environment_replaces_the_bootstrap_one(settings: Settings, cleanup: None) -> None:
+    async with started(msgspec.structs.replace(settings, admin_token="first")) as gw:
+        assert gw.tokens.authenticate("first") is not None
+    async with started(msgspec.structs.replace(settings, admin_token="second")) as gw:
+        assert gw.tokens.authenticate("second") is not None
+        assert gw.tokens.authenticate("first") is None
+
+
+async def test_every_mutating_call_is_audited_with_who_what_and_the_result(
+    settings: Settings, cleanup: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    async with gateway_client(settings) as admin:
+        viewer = (await admin.post("/v1/tokens", json={"name": "eve", "role": "viewer"})).json()
+        ok = await admin.post("/v1/jobs", json=JOB)
+        assert ok.status_code == 201
+        assert (await admin.post("/v1/jobs", json={**JOB, "gpus_per_replica": "4"})).status_code == 400
+        assert (await admin.post("/v1/jobs", json=JOB, headers=bearer(viewer["token"]))).status_code == 403
+        assert (await admin.delete("/v1/jobs/j1", headers={"authorization": ""})).status_code == 401
+        assert (await admin.get("/v1/fleet")).status_code == 200, "reads are not audited"
+        records = (await admin.get("/v1/audit")).json()
+        got = [(r["actor"], r["action"], r["status"], r["outcome"]) for r in records]
+        assert got == [
+            ("anonymous", "DELETE /v1/jobs/{job_id}", 401, "denied"),
+            (viewer["id"], "POST /v1/jobs", 403, "denied"),
+            ("admin", "POST /v1/jobs", 400, "rejected"),
+            ("admin", "POST /v1/jobs", 201, "ok"),
+            ("admin", "POST /v1/tokens", 201, "ok"),
+        ]
+        assert records[3]["detail"] == f"job {ok.json()['id']}"
+        assert "gpus_per_replica" in records[2]["detail"]
+        assert records[1]["actor_name"] == "eve"
+        assert records[1]["role"] == "viewer"
+        assert records[0]["target"] == "/v1/jobs/j1"
+        assert all(r["at"] > 0 and r["request_id"] for r in records)
+        denied = (await admin.get("/v1/audit", params={"outcome": "denied", "limit": 1})).json()
+        assert [r["status"] for r in denied] == [401]
+        mine = (await admin.get("/v1/audit", params={"actor": viewer["id"]})).json()
+        assert [r["status"] for r in mine] == [403]
+        assert (await admin.get("/v1/audit", headers=bearer(viewer["token"]))).status_code == 403
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if " http " in line]
+    assert any("method=POST" in line and "path=/v1/jobs" in line and "status=201" in line for line in lines)
+    assert any("path=/v1/fleet" in line and "status=200" in line for line in lines), "reads are logged too"

@@ -1,0 +1,41 @@
+"""The API's shapes cannot drift from the contracts they carry: the submit body is a JobSpec, its priority enum is
+the priority classes, the fault kinds are the simulated fleet's, and the gRPC messages have the views' fields."""
+
+import typing
+
+import msgspec
+
+from chamber.common.contracts import FaultInjection, JobSpec
+from chamber.common.priorities import DEFAULT_CLASSES
+from chamber.gateway.core.requests import FaultKind, Priority, SubmitJobRequest
+from chamber.gateway.core.views import FleetView, JobView, NodeView
+from chamber.gateway.rpc import chamber_pb2 as pb
+
+
+def fields(struct: type[msgspec.Struct]) -> set[str]:
+    return set(struct.__struct_fields__)
+
+
+def proto_fields(message: typing.Any) -> set[str]:
+    return set(message.DESCRIPTOR.fields_by_name)
+
+
+def test_the_submit_body_is_a_job_spec() -> None:
+    assert issubclass(SubmitJobRequest, JobSpec)
+    assert fields(SubmitJobRequest) == fields(JobSpec)
+    body = msgspec.convert({"name": "a", "team": "t", "gpus_per_replica": 2, "topology": {"level": "rack"}},
+                           SubmitJobRequest)  # fmt: skip
+    assert type(body.to_spec()) is JobSpec
+
+
+def test_priorities_and_fault_kinds_are_the_contracts_own() -> None:
+    assert list(typing.get_args(Priority)) == list(DEFAULT_CLASSES)
+    injection = FaultInjection.__annotations__["fault"]
+    assert set(typing.get_args(FaultKind)) == set(typing.get_args(injection))
+
+
+def test_grpc_messages_carry_the_same_fields_as_the_http_views() -> None:
+    assert proto_fields(pb.SubmitJobRequest) == fields(JobSpec) | {"idempotency_key"}
+    assert proto_fields(pb.Job) == fields(JobView)
+    assert proto_fields(pb.FleetSummary) == fields(FleetView)
+    assert proto_fields(pb.Node) == fields(NodeView)
