@@ -14,8 +14,6 @@ from chamber.common.jobstore import JobStore
 from chamber.common.runtime import make_context
 from chamber.common.settings import Settings
 from chamber.common.subjects import Names
-from chamber.gateway.api import create_app
-from chamber.gateway.state import GatewayState
 from chamber.scheduler import service as scheduler
 from tests.support.gateway import gateway_client
 from tests.support.services import eventually, running

@@ -196,6 +196,7 @@ class Names:
     def agent_request(self, node: str, op: str) -> str:
         """A request to one node's agent: `launch`, `stop` or `logs` (core NATS request/reply, not stored)."""
         return f"{self.ns}.agent.{node}.{op}"
+
     def audit(self, resource: str) -> str:
         return f"{self.ns}.audit.{resource}"
 

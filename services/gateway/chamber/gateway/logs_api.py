@@ -104,8 +104,8 @@ async def job_logs(
         raise NotFound(f"job {job_id} has not been placed yet: no output", code="no-output")
     gpus = await _placement(gw, record, attempt)
     node = gpus[replica * record.spec.gpus_per_replica].node
-    request = LogsRequest(job_id=job_id, attempt=attempt, replica=replica, offset=offset, limit=limit)
-    first = await _fetch(gw, node, request)
+    asked = LogsRequest(job_id=job_id, attempt=attempt, replica=replica, offset=offset, limit=limit)
+    first = await _fetch(gw, node, asked)
     if not first.found:
         raise NotFound(f"no output kept for job {job_id}, attempt {attempt}, replica {replica} on {node}",
                        code="no-output")  # fmt: skip

@@ -49,7 +49,6 @@ from chamber.common.subjects import (
     IDEMPOTENCY_BUCKET,
     IDEMPOTENCY_TTL_S,
     JOBS,
-    JOBS_BUCKET,
     METRICS,
     QUOTA_BUCKET,
     TOKENS_BUCKET,
@@ -162,7 +161,7 @@ class GatewayState:
     async def start(self) -> None:
         self._bus = await self.ctx.bus()
         self._ledger = self.ctx.ledger()
-        self.store = JobStore(await self.bus.key_value(JOBS_BUCKET))
+        self.store = await JobStore.open(self.bus)
         self._stops.append(await self.store.follow(self._on_record))
         names = self.bus.names
         await self.bus.watch_latest(names.subject("inventory.>"), Decoder(NodeInventory), self._on_inventory)
