@@ -168,6 +168,9 @@ def main(argv: list[str] | None = None) -> int:
     except SettingsError as exc:
         print(f"chamber: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C before the supervisor took over the signals (e.g. starting NATS)
+        print("chamber: interrupted", file=sys.stderr)
+        return 130
     return code
 
 
