@@ -42,7 +42,7 @@ pytest: $(STAMP) ## the test suite on real NATS and Redis
 chaos: $(STAMP) ## 2,000 jobs while services are SIGKILLed 50 times, NATS restarted, Redis flushed; prints JSON
 	$(BIN)/python -m tests.chaos $(CHAOS_ARGS)
 
-fuzz: $(STAMP) ## the fuzz tests with a large budget (2,000 examples each)
+fuzz: $(STAMP) ## the fuzz tests with a large budget (1,000 examples each)
 	HYPOTHESIS_PROFILE=fuzz $(BIN)/pytest tests/fuzz -q --hypothesis-show-statistics
 
 fmt: $(STAMP) ## format and fix what ruff can

@@ -136,6 +136,7 @@ class Checker:
         invariants.append(recovery_inv)
         report: dict[str, Any] = {
             "ok": all(inv.count == 0 for inv in invariants),
+            "started_at_epoch": self.ev.started_at,
             "jobs": len(self.jobs),
             "accepted": len(self.ev.accepted),
             "final_states": _counts(r.state.value for r in self.ev.records.values()),
@@ -346,7 +347,7 @@ class Checker:
         if not before:
             return {}
         fault = max(before, key=lambda f: f.at)
-        return {"last_fault": f"{fault.kind} {fault.target}".strip(), "fault_to_submit_s": _r(at - fault.at)}
+        return {"last_fault": f"{fault.kind} {fault.target}".strip(), "submit_minus_fault_s": _r(at - fault.at)}
 
     def no_dead_letters(self) -> Invariant:
         inv = Invariant("no_dead_letters", "no consumer dead-lettered a message (every message here is well-formed)")
