@@ -39,11 +39,17 @@ imports: $(STAMP) ## import-linter: pure cores stay pure, services stay independ
 pytest: $(STAMP) ## the test suite on real NATS and Redis
 	$(BIN)/pytest
 
+chaos: $(STAMP) ## 2,000 jobs while services are SIGKILLed 50 times, NATS restarted, Redis flushed; prints JSON
+	$(BIN)/python -m tests.chaos $(CHAOS_ARGS)
+
+fuzz: $(STAMP) ## the fuzz tests with a large budget (1,000 examples each)
+	HYPOTHESIS_PROFILE=fuzz $(BIN)/pytest tests/fuzz -q --hypothesis-show-statistics
+
 fmt: $(STAMP) ## format and fix what ruff can
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
 clean: ## remove the virtual environment and caches
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis build *.egg-info
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis build *.egg-info chaos-out
 
-.PHONY: help install up test lint typecheck imports pytest fmt clean
+.PHONY: help install up test lint typecheck imports pytest chaos fuzz fmt clean

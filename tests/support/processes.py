@@ -50,3 +50,47 @@ class ServiceProcesses:
 
     def logs(self) -> str:
         return "\n".join(f"--- {p.name}\n{p.read_text()[-3000:]}" for p in sorted(self.log_dir.glob("*.log")))
+
+
+def children(pid: int) -> list[int]:
+    """The direct children of a process (Linux: /proc/<pid>/task/*/children)."""
+    out: list[int] = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            out += [int(p) for p in (task / "children").read_text().split()]
+        except (OSError, ValueError):
+            continue
+    return out
+
+
+def descendants(pid: int) -> list[int]:
+    found: list[int] = []
+    todo = children(pid)
+    while todo:
+        child = todo.pop()
+        found.append(child)
+        todo += children(child)
+    return found
+
+
+def alive(pid: int) -> bool:
+    """True while `pid` exists and is not a zombie."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def service_pids(supervisor_pid: int) -> dict[str, int]:
+    """The pid of each service a `chamber up` runs, by name (from their command lines)."""
+    pids: dict[str, int] = {}
+    for pid in children(supervisor_pid):
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
+        except OSError:
+            continue
+        argv = [a for a in argv if a]
+        if len(argv) >= 2 and argv[-2] == "service" and alive(pid):
+            pids[argv[-1]] = pid
+    return pids

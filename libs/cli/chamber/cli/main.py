@@ -28,26 +28,32 @@ def _service(args: argparse.Namespace) -> int:
 
 
 def _up(args: argparse.Namespace) -> int:
+    from chamber.cli import preflight
     from chamber.cli.gpus import local_defaults
     from chamber.cli.infra import InfraError, resolve
     from chamber.cli.supervisor import supervise
 
     started = time.monotonic()
     settings = Settings.from_env()
+    problems = preflight.problems(settings)
+    if problems:
+        for problem in problems:
+            print(f"chamber: {problem}", file=sys.stderr)
+        print("chamber: nothing was started", file=sys.stderr)
+        return 2
     try:
         infra = resolve()
     except InfraError as exc:
         print(f"chamber: {exc}", file=sys.stderr)
         return 1
     try:
-        nats_from, redis_from = infra.origin["nats"], infra.origin["redis"]
-        print(f"chamber: NATS {infra.nats_url} ({nats_from}), Redis {infra.redis_url} ({redis_from})")
+        print(f"chamber: {infra.describe()}")
         url = f"http://{settings.http_host}:{settings.http_port}"
         print(f"chamber: starting services; API will be at {url} (OpenAPI at {url}/openapi.json)", flush=True)
         local = local_defaults(os.environ)
         if local:
             print("chamber: NVIDIA GPUs found: jobs run as processes on them (node agent, CHAMBER_EXECUTOR=process)")
-        return supervise(infra, local, url, started, out=lambda line: print(line, flush=True))
+        return supervise(infra, url, started, out=lambda line: print(line, flush=True), env_overrides=local)
     finally:
         infra.stop()
 
@@ -206,6 +212,9 @@ def main(argv: list[str] | None = None) -> int:
     except SettingsError as exc:
         print(f"chamber: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C before the supervisor took over the signals (e.g. starting NATS)
+        print("chamber: interrupted", file=sys.stderr)
+        return 130
     return code
 
 

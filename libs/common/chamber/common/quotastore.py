@@ -16,7 +16,7 @@ import yaml
 from nats.js.kv import KeyValue
 
 from chamber.common.bus.errors import BusError
-from chamber.common.codec import DecodeError, Decoder, encode
+from chamber.common.codec import DecodeError, Decoder, encode, unknown_fields
 from chamber.common.contracts import QuotaConfig
 from chamber.common.log import get_logger
 from chamber.common.quota import ConfigError
@@ -33,13 +33,16 @@ class StaleConfig(BusError):
 
 
 def load_yaml(path: str | Path) -> QuotaConfig:
-    """A configuration from YAML, with a clear error for a malformed file."""
+    """A configuration from YAML, with a clear error for a malformed file or a key that means nothing."""
     try:
-        raw = yaml.safe_load(Path(path).read_text())
-    except (OSError, yaml.YAMLError) as exc:
+        raw = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+    except (OSError, UnicodeDecodeError, yaml.YAMLError, RecursionError) as exc:
         raise ConfigError(f"cannot read quota file {path}: {exc}") from exc
+    unknown = unknown_fields(raw, QuotaConfig)
+    if unknown:
+        raise ConfigError(f"quota file {path}: unknown field{'s' * (len(unknown) > 1)} {', '.join(unknown)}")
     try:
-        return msgspec.convert(raw or {}, QuotaConfig)
+        return msgspec.convert(raw, QuotaConfig)
     except msgspec.ValidationError as exc:
         raise ConfigError(f"quota file {path}: {exc}") from exc
 

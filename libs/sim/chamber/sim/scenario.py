@@ -1,6 +1,7 @@
 """Scenario files (YAML) and traces (CSV), validated with clear errors."""
 
 import csv
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -88,14 +89,19 @@ class TraceJob:
 def load(path: str | Path, overrides: list[str] | None = None) -> tuple[Scenario, Path]:
     p = Path(path)
     try:
-        raw = yaml.safe_load(p.read_text())
-    except (OSError, yaml.YAMLError) as exc:
+        raw = yaml.safe_load(p.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError, RecursionError) as exc:
         raise ScenarioError(f"cannot read scenario {p}: {exc}") from exc
     for item in overrides or []:
         key, sep, value = item.partition("=")
         if not sep:
             raise ScenarioError(f"--set {item!r}: use key.path=value")
-        _set(raw, key.split("."), yaml.safe_load(value))
+        try:
+            _set(raw, key.split("."), yaml.safe_load(value))
+        except yaml.YAMLError as exc:
+            raise ScenarioError(f"--set {item!r}: the value is not YAML: {exc}") from exc
+        except (AttributeError, TypeError) as exc:
+            raise ScenarioError(f"--set {item!r}: scenario {p} has no mapping at {key!r}") from exc
     try:
         return msgspec.convert(raw, Scenario), p.parent
     except msgspec.ValidationError as exc:
@@ -132,19 +138,34 @@ def read_trace(scenario: Scenario, base: Path) -> list[TraceJob]:
                     if priority.lstrip("-").isdigit():
                         priority = _class_for(int(priority))
                     preemptible = row.get("preemptible")
-                    jobs.append(TraceJob(
+                    job = TraceJob(
                         id=row["job_id"], submit_s=submit - w.start_s, duration_s=max(1.0, float(row["duration_s"])),
                         gpus=int(row["num_gpus"]), team=row["user_or_team"], priority=priority,
                         preemptible=d.preemptible if preemptible in (None, "") else preemptible.lower() == "true",
-                    ))  # fmt: skip
-                except (KeyError, ValueError) as exc:
-                    raise ScenarioError(f"trace {path}, line {n}: {exc}") from exc
+                    )  # fmt: skip
+                except (KeyError, ValueError, TypeError, AttributeError) as exc:
+                    raise ScenarioError(f"trace {path}, line {n}: {exc or type(exc).__name__}") from exc
+                problem = _trace_problem(job)
+                if problem:
+                    raise ScenarioError(f"trace {path}, line {n}: {problem}")
+                jobs.append(job)
                 if w.limit and len(jobs) >= w.limit:
                     break
-    except OSError as exc:
+    except (OSError, UnicodeDecodeError, csv.Error) as exc:
         raise ScenarioError(f"cannot read trace {path}: {exc}") from exc
     jobs.sort(key=lambda j: (j.submit_s, j.id))
     return jobs
+
+
+def _trace_problem(job: TraceJob) -> str | None:
+    """Why a parsed trace row cannot be simulated, or None."""
+    if not (math.isfinite(job.submit_s) and math.isfinite(job.duration_s)):
+        return "submit_time_s and duration_s must be finite numbers"
+    if job.gpus < 1:
+        return f"num_gpus must be at least 1, not {job.gpus}"
+    if job.priority not in DEFAULT_CLASSES:
+        return f"unknown priority {job.priority!r}; use one of {', '.join(DEFAULT_CLASSES)} or a number"
+    return None
 
 
 def _class_for(value: int) -> str:

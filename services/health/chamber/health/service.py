@@ -149,12 +149,15 @@ def load_rules(path: str) -> tuple[Rule, ...]:
     if not path:
         return DEFAULT_RULES
     try:
-        raw = yaml.safe_load(Path(path).read_text()) or []
-    except (OSError, yaml.YAMLError) as exc:
+        raw = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or []
+    except (OSError, UnicodeDecodeError, yaml.YAMLError, RecursionError) as exc:
         raise RuleError(f"cannot read health rules {path}: {exc}") from exc
     if not isinstance(raw, list):
         raise RuleError(f"health rules {path}: expected a list of rules")
-    return merge_rules(raw)
+    try:
+        return merge_rules(raw)
+    except RuleError as exc:
+        raise RuleError(f"health rules {path}: {exc}") from exc
 
 
 async def main(ctx: Context, stop: asyncio.Event) -> None:

@@ -95,16 +95,31 @@ class RuleError(ValueError):
     """A rules file that cannot be used; the message names the rule and the field."""
 
 
-def merge_rules(extra: list[dict[str, object]], base: tuple[Rule, ...] = DEFAULT_RULES) -> tuple[Rule, ...]:
-    """The default rules, with `extra` (plain dicts, e.g. from YAML) added or replacing those of the same name."""
+def merge_rules(extra: list[object], base: tuple[Rule, ...] = DEFAULT_RULES) -> tuple[Rule, ...]:
+    """The default rules, with `extra` (plain dicts, e.g. from YAML) added or replacing those of the same name.
+
+    Strict: a key a rule does not have (`treshold`) is an error, not silently dropped; a count below 1 or a
+    negative window is an error too.
+    """
     import msgspec
+
+    from chamber.common.codec import unknown_fields
 
     rules = {r.name: r for r in base}
     for i, raw in enumerate(extra):
+        name = raw.get("name", "?") if isinstance(raw, dict) else "?"
+        where = f"health rule #{i + 1} ({name})"
+        if not isinstance(raw, dict):
+            raise RuleError(f"{where}: expected a mapping of rule fields, got {type(raw).__name__}")
+        unknown = unknown_fields(raw, Rule)
+        if unknown:
+            raise RuleError(f"{where}: unknown field{'s' * (len(unknown) > 1)} {', '.join(unknown)}")
         try:
-            rule = msgspec.convert({**raw, "xids": tuple(raw.get("xids", ()))}, Rule)  # type: ignore[arg-type]
+            rule = msgspec.convert(raw, Rule)
         except msgspec.ValidationError as exc:
-            raise RuleError(f"health rule #{i + 1} ({raw.get('name', '?')}): {exc}") from exc
+            raise RuleError(f"{where}: {exc}") from exc
+        if rule.count < 1 or rule.window_s < 0:
+            raise RuleError(f"{where}: count must be at least 1 and window_s at least 0")
         rules[rule.name] = rule
     return tuple(rules.values())
 
