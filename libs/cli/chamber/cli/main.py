@@ -67,7 +67,7 @@ def _bench_scheduler(args: argparse.Namespace) -> int:
 def _bench_quota(args: argparse.Namespace) -> int:
     from chamber.quota.bench import run
 
-    result = run(teams=args.teams, pools=args.pools, seed=args.seed)
+    result = run(teams=args.teams, pools=args.pools, seed=args.seed, demand=args.demand, jobs=args.jobs)
     return _emit(result, args.json)
 
 
@@ -137,6 +137,8 @@ def build_parser() -> argparse.ArgumentParser:
     quota.add_argument("--teams", type=int, default=1000)
     quota.add_argument("--pools", type=int, default=8)
     quota.add_argument("--seed", type=int, default=1)
+    quota.add_argument("--demand", type=float, default=3.0, help="demand as a multiple of each pool's capacity")
+    quota.add_argument("--jobs", type=int, default=100_000, help="job records in the quota service's accounting")
     quota.add_argument("--json", action="store_true", help="one line of JSON")
     quota.set_defaults(func=_bench_quota)
     tele = bench.add_parser("telemetry", help="node batches through real NATS into the fleet-metrics aggregator")
