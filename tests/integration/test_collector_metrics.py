@@ -35,7 +35,7 @@ async def test_fleet_metrics_history_and_prometheus(client: AsyncTestClient[Any]
     ledger = ctx.ledger()
     aggregator = Aggregator(ctx, bus, ledger, JobStore(await bus.key_value(JOBS_BUCKET)))
     await aggregator.start()
-    sim = Collector(ctx, bus, ledger, simulated_source(ctx))
+    sim = Collector(ctx, bus, simulated_source(ctx), ledger=ledger)
     try:
         async with running(settings, ("scheduler", scheduler.main)):
             await sim.tick()

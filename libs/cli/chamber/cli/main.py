@@ -53,6 +53,16 @@ def _emit(result: object, one_line: bool) -> int:
     return 0
 
 
+def _bench_logging() -> None:
+    """Warnings of the services a benchmark runs go to the process's stderr: stdout is the JSON."""
+    import structlog
+
+    from chamber.common.log import setup_logging
+
+    setup_logging("WARNING")
+    structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.__stderr__))
+
+
 def _bench_scheduler(args: argparse.Namespace) -> int:
     from chamber.scheduler.bench import BenchConfig, run
 
@@ -74,12 +84,16 @@ def _bench_quota(args: argparse.Namespace) -> int:
 def _bench_telemetry(args: argparse.Namespace) -> int:
     from chamber.collector.bench import run
 
-    result = run(gpus=args.gpus, rounds=args.rounds, lag_gpus=args.lag_gpus, lag_seconds=args.lag_seconds)
+    _bench_logging()
+
+    result = run(gpus=args.gpus, rounds=args.rounds, interval_s=args.interval, seconds=args.seconds)
     return _emit(result, args.json)
 
 
 def _bench_health(args: argparse.Namespace) -> int:
     from chamber.health.bench import run
+
+    _bench_logging()
 
     result = run(gpus=args.gpus, quiet_s=args.quiet_seconds, faults=args.faults)
     return _emit(result, args.json)
@@ -143,9 +157,9 @@ def build_parser() -> argparse.ArgumentParser:
     quota.set_defaults(func=_bench_quota)
     tele = bench.add_parser("telemetry", help="node batches through real NATS into the fleet-metrics aggregator")
     tele.add_argument("--gpus", type=int, default=100_000)
-    tele.add_argument("--rounds", type=int, default=5)
-    tele.add_argument("--lag-gpus", type=int, default=10_000)
-    tele.add_argument("--lag-seconds", type=float, default=10.0)
+    tele.add_argument("--rounds", type=int, default=5, help="batches per node in the throughput phase")
+    tele.add_argument("--interval", type=float, default=1.0, help="seconds between a node's batches (lag phase)")
+    tele.add_argument("--seconds", type=float, default=15.0, help="length of the lag phase")
     tele.add_argument("--json", action="store_true", help="one line of JSON")
     tele.set_defaults(func=_bench_telemetry)
     hb = bench.add_parser("health", help="fault detection to quarantine, on the real health service")

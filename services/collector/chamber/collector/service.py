@@ -6,7 +6,8 @@
 - `all` (default, what `chamber up` runs): `sim` and `aggregator` together.
 
 A source publishes each node's inventory at start and every `inventory_interval_s` (a heartbeat), and one
-telemetry batch per node every `telemetry_interval_s`.
+telemetry batch per node every `telemetry_interval_s`. Only the simulated fleet reads the ledger (its GPUs are
+busy when a job holds them); a node agent reads its GPUs and nothing else, so 12,500 agents put no load on Redis.
 """
 
 import asyncio
@@ -29,7 +30,8 @@ log = get_logger(__name__)
 
 
 class Collector:
-    def __init__(self, ctx: Context, bus: Bus, ledger: Ledger, source: TelemetrySource) -> None:
+    def __init__(self, ctx: Context, bus: Bus, source: TelemetrySource, *, ledger: Ledger | None = None) -> None:
+        """`ledger`: where a simulated source learns which GPUs jobs hold; None for a real node agent."""
         self.ctx = ctx
         self.bus = bus
         self.ledger = ledger
@@ -46,11 +48,13 @@ class Collector:
         now = self.ctx.clock.now()
         if now - self._last_inventory_at >= self.ctx.settings.inventory_interval_s:
             await self.publish_inventory()
-        try:
-            owners = (await self.ledger.snapshot()).owners
-        except LedgerUnavailable:
-            owners = {}
-        allocation = {slot: holder.rsplit("/", 1)[0] for slot, holder in owners.items()}
+        allocation: dict[str, str] = {}
+        if self.ledger is not None:
+            try:
+                owners = (await self.ledger.snapshot()).owners
+            except LedgerUnavailable:
+                owners = {}
+            allocation = {slot: holder.rsplit("/", 1)[0] for slot, holder in owners.items()}
         for batch in self.source.sample(now, allocation):
             await self.bus.publish_nowait(self.bus.names.telemetry(batch.node), batch)
 
@@ -101,7 +105,7 @@ def simulated_source(ctx: Context) -> SimulatedFleet:
     return SimulatedFleet(shape, seed=s.seed)
 
 
-async def _agent(ctx: Context, bus: Bus, ledger: Ledger, stop: asyncio.Event) -> None:
+async def _agent(ctx: Context, bus: Bus, stop: asyncio.Event) -> None:
     import pynvml
 
     from chamber.collector.nvml import NvmlReader, NvmlSource, XidWatcher
@@ -125,7 +129,7 @@ async def _agent(ctx: Context, bus: Bus, ledger: Ledger, stop: asyncio.Event) ->
     watcher = XidWatcher(pynvml, reader.handles, on_xid)
     watcher.start(asyncio.get_running_loop())
     try:
-        await Collector(ctx, bus, ledger, source).run(stop)
+        await Collector(ctx, bus, source).run(stop)
     finally:
         watcher.stop()
         reader.close()
@@ -136,23 +140,24 @@ async def main(ctx: Context, stop: asyncio.Event) -> None:
     if role not in ("all", "agent", "sim", "aggregator"):
         raise ValueError(f"CHAMBER_COLLECTOR_ROLE={role!r}: use all, agent, sim or aggregator")
     bus = await ctx.bus()
-    ledger = ctx.ledger()
+    ledger = ctx.ledger() if role != "agent" else None
     aggregator = None
     tasks = []
     try:
-        if role in ("all", "aggregator"):
+        if ledger is not None and role in ("all", "aggregator"):
             aggregator = Aggregator(ctx, bus, ledger, JobStore(await bus.key_value(JOBS_BUCKET)))
             await aggregator.start()
             tasks.append(asyncio.create_task(aggregator.run(stop)))
-        if role in ("all", "sim"):
+        if ledger is not None and role in ("all", "sim"):
             fleet = simulated_source(ctx)
             await follow_faults(ctx, bus, fleet)
-            tasks.append(asyncio.create_task(Collector(ctx, bus, ledger, fleet).run(stop)))
+            tasks.append(asyncio.create_task(Collector(ctx, bus, fleet, ledger=ledger).run(stop)))
         if role == "agent":
-            tasks.append(asyncio.create_task(_agent(ctx, bus, ledger, stop)))
+            tasks.append(asyncio.create_task(_agent(ctx, bus, stop)))
         await asyncio.gather(*tasks)
     finally:
         if aggregator is not None:
             await aggregator.close()
         await bus.close()
-        await ledger.close()
+        if ledger is not None:
+            await ledger.close()

@@ -38,11 +38,15 @@ from chamber.common.contracts.quota import (
 )
 from chamber.common.contracts.telemetry import (
     FaultInjection,
+    GpuActivityView,
     GpuProcess,
     GpuSample,
     GpuXidEvent,
+    NodeActivityView,
     NodeTelemetry,
+    TelemetryActivityView,
     TelemetryEvent,
+    XidEventView,
 )
 
 __all__ = [
@@ -55,6 +59,7 @@ __all__ = [
     "FleetSnapshot",
     "GpuDevice",
     "GpuHealthVerdict",
+    "GpuActivityView",
     "GpuRef",
     "GpuProcess",
     "GpuSample",
@@ -73,6 +78,7 @@ __all__ = [
     "JobStopped",
     "JobSubmitted",
     "Node",
+    "NodeActivityView",
     "NodeInventory",
     "NodeTelemetry",
     "Placement",
@@ -87,7 +93,9 @@ __all__ = [
     "TeamConfig",
     "TeamQuota",
     "TeamUsage",
+    "TelemetryActivityView",
     "TelemetryEvent",
     "Topology",
     "TopologyLabels",
+    "XidEventView",
 ]

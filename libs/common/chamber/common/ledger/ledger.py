@@ -162,6 +162,14 @@ class Ledger:
             claims[job] = Claim(job, int(attempt), tuple(slots.split(",")))
         return LedgerSnapshot(bool(ready), int(version or 0), owners, cordoned, claims)
 
+    async def cordons(self) -> dict[str, str]:
+        """slot -> reason, without reading the claims (what a reader of cordons alone needs, at any fleet size)."""
+        try:
+            result = await self.redis.hgetall(self.k_cordon)
+        except redis.exceptions.ConnectionError as exc:
+            raise LedgerUnavailable(str(exc)) from exc
+        return {str(k): str(v) for k, v in result.items()}
+
     async def _run(self, script: Any, keys: list[str], args: list[str]) -> list[Any]:
         try:
             result: list[Any] = await script(keys=keys, args=args)
