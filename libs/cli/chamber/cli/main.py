@@ -95,7 +95,13 @@ def _bench_health(args: argparse.Namespace) -> int:
 
     _bench_logging()
 
-    result = run(gpus=args.gpus, quiet_s=args.quiet_seconds, faults=args.faults)
+    result = run(
+        gpus=args.gpus,
+        per_family=args.per_family,
+        quiet_s=args.quiet_seconds,
+        interval_s=args.interval,
+        week=not args.no_week,
+    )
     return _emit(result, args.json)
 
 
@@ -164,8 +170,10 @@ def build_parser() -> argparse.ArgumentParser:
     tele.set_defaults(func=_bench_telemetry)
     hb = bench.add_parser("health", help="fault detection to quarantine, on the real health service")
     hb.add_argument("--gpus", type=int, default=10_000)
-    hb.add_argument("--quiet-seconds", type=float, default=15.0)
-    hb.add_argument("--faults", type=int, default=40)
+    hb.add_argument("--quiet-seconds", type=float, default=20.0, help="noise only, before the faults")
+    hb.add_argument("--per-family", type=int, default=3, help="faults injected per rule family")
+    hb.add_argument("--interval", type=float, default=1.0, help="telemetry interval of every node")
+    hb.add_argument("--no-week", action="store_true", help="skip the simulated week of noise")
     hb.add_argument("--json", action="store_true", help="one line of JSON")
     hb.set_defaults(func=_bench_health)
     return parser

@@ -31,7 +31,8 @@ from chamber.health.core.rules import DEFAULT_RULES, Rule, RuleError, as_batch, 
 log = get_logger(__name__)
 
 RECONCILE_INTERVAL_S = 5.0
-TICK_S = 1.0
+TICK_S = 0.25
+"""Time-driven transitions (a silent node) are noticed within this of their moment."""
 OWNED = ("fatal: health", "degraded: health")
 
 

@@ -3,10 +3,11 @@
 The defaults follow NVIDIA's XID catalog, DCGM's health watches and NVSentinel: hardware XIDs are fatal,
 application XIDs (13, 31, 43, 45, 68: a bad kernel, not a bad GPU) are ignored; a volatile double-bit ECC error,
 a failed row remap or a GPU off the bus take the GPU out at once; pending remaps and retired-page limits (pre-Ampere)
-call for a reset; NVLink and PCIe error *rates* above budget degrade; thermal and power throttling are warnings
-with flap suppression; a node silent for three intervals, or one reporting fewer GPUs than it has, is taken out
-whole. Operators extend or override the list with a YAML file of rules (`CHAMBER_HEALTH_RULES_FILE`; a rule
-with a default's name replaces it).
+call for a reset; correctable ECC, NVLink and PCIe error *rates* above budget, seen 3 times within a minute,
+degrade (isolated correctable errors are normal and never reach them); thermal and power throttling are warnings
+with flap suppression, and thermal throttling held for a whole minute degrades; a node silent for three intervals
+(and at least 30 s), or one reporting fewer GPUs than it has, is taken out whole. Operators extend or override
+the list with a YAML file of rules (`CHAMBER_HEALTH_RULES_FILE`; a rule with a default's name replaces it).
 """
 
 from collections.abc import Mapping
@@ -29,6 +30,7 @@ class Severity(StrEnum):
 Signal = Literal[
     "xid",
     "ecc_dbe_volatile",
+    "ecc_sbe_rate",
     "remapped_rows_failure",
     "remapped_rows_pending",
     "retired_pages_total",
@@ -54,6 +56,8 @@ class Rule:
     """...this many times..."""
     window_s: float = 0.0
     """...within this window (0: a single occurrence is enough)."""
+    sustain_s: float = 0.0
+    """Instead of a count: the signal is above threshold in every sample for this long (0: not used)."""
     scope: Literal["gpu", "node"] = "gpu"
     action: Literal["", "reset-gpu", "reboot-node", "rma"] = ""
     xids: tuple[int, ...] = ()
@@ -73,11 +77,14 @@ DEFAULT_RULES: tuple[Rule, ...] = (
     Rule("row-remap-pending", "remapped_rows_pending", Severity.DEGRADED, action="reset-gpu"),
     Rule("retired-pages-limit", "retired_pages_total", Severity.FATAL, threshold=59, action="rma"),
     Rule("retired-pages-pending", "retired_pages_pending", Severity.DEGRADED, action="reset-gpu"),
+    Rule("ecc-sbe-rate", "ecc_sbe_rate", Severity.DEGRADED, threshold=10.0, count=3, window_s=60,
+         action="reset-gpu"),
     Rule("nvlink-error-rate", "nvlink_error_rate", Severity.DEGRADED, threshold=10.0, count=3, window_s=60,
          action="reset-gpu"),
     Rule("pcie-replay-rate", "pcie_replay_rate", Severity.DEGRADED, threshold=8.0, count=3, window_s=60,
          action="reboot-node"),
     Rule("thermal-throttle", "thermal_throttle", Severity.WARNING, count=3, window_s=60),
+    Rule("thermal-throttle-sustained", "thermal_throttle", Severity.DEGRADED, sustain_s=60),
     Rule("power-throttle", "power_throttle", Severity.WARNING, count=3, window_s=60),
     Rule("nvml-recovery-action", "recovery_action", Severity.DEGRADED, action="reset-gpu"),
     Rule("heartbeat-loss", "heartbeat_loss", Severity.FATAL, scope="node", action="reboot-node"),
@@ -139,6 +146,9 @@ def gpu_signals(sample: GpuSample, history: CounterHistory, node: str, at: float
     if sample.retired_pages_pending is not None:
         out["retired_pages_pending"] = float(sample.retired_pages_pending)
     key = f"{node}/{sample.index}"
+    rate = history.rate(f"{key}:sbe", sample.ecc_sbe_volatile, at)
+    if rate is not None:
+        out["ecc_sbe_rate"] = rate
     nvlink = None
     if sample.nvlink_replay_errors is not None or sample.nvlink_crc_errors is not None:
         nvlink = (
