@@ -148,6 +148,7 @@ def test_thermal_warnings_mark_suspect_then_clear() -> None:
 def test_a_node_is_lost_after_three_intervals_and_at_least_thirty_seconds(interval: float, limit: float) -> None:
     e = engine()
     e.observe(batch(0.0, node="n1", interval=interval), 0.0)
+    e.observe(batch(limit + 0.4, node="n2", interval=interval), limit + 0.4)  # the rest of the fleet reports
     assert e.tick(limit - 0.5) == [], "a late sample or an agent restart is not a lost node"
     (v,) = e.tick(limit + 0.5)
     assert (v.node, v.gpu_index, v.state, v.rule) == ("n1", None, HealthState.QUARANTINED, "heartbeat-loss")
@@ -156,12 +157,38 @@ def test_a_node_is_lost_after_three_intervals_and_at_least_thirty_seconds(interv
 def test_a_silent_node_and_a_missing_gpu_take_the_node_out() -> None:
     e = engine()
     e.observe(batch(0.0, node="n1", interval=5.0), 0.0)
+    e.observe(batch(30.5, node="n3", interval=5.0), 30.5)
     assert e.tick(29.0) == []
     (v,) = e.tick(31.0)
     assert (v.node, v.gpu_index, v.state, v.rule) == ("n1", None, HealthState.QUARANTINED, "heartbeat-loss")
     e.set_inventory("n2", 2, 0.0)
     (v,) = [x for x in e.observe(batch(20.0, sample(0), node="n2"), 20.0) if x.gpu_index is None]
     assert v.rule == "gpu-count-drop"
+
+
+def test_a_lagging_health_service_or_a_stalled_telemetry_path_loses_no_node() -> None:
+    """Silence is judged against the newest sample read from anyone: reading a backlog 60 s late, or hearing from
+    nobody at all, is not every node dying."""
+    e = engine(nodes=3)
+    for t in range(10):
+        for n in ("n1", "n2", "n3"):
+            e.observe(batch(float(t), node=n), 60.0 + t)  # read a minute after they were sampled
+        assert e.tick(60.0 + t) == []
+    assert e.tick(600.0) == [], "nobody reports at all: the telemetry path is down, not the fleet"
+
+
+def test_the_breaker_alerts_once_per_window_not_every_tick() -> None:
+    e = engine(nodes=4)
+    for t in range(3):
+        for n in ("n1", "n2", "n3", "n4"):
+            e.observe(batch(float(t), node=n), float(t))
+    alerts = []
+    for t in range(40, 300):  # n1..n3 fell silent; n4 reports; all within one breaker window
+        e.observe(batch(float(t), node="n4"), float(t))
+        alerts += [v for v in e.tick(float(t)) if v.breaker_open]
+    quarantined = [k for k, ent in e.entities.items() if ent.state == HealthState.QUARANTINED]
+    assert len(quarantined) == 2, "half of four nodes, not more"
+    assert len(alerts) == 1, "the held-back node is alerted once per breaker window, not at every tick"
 
 
 def test_quarantine_recovers_after_clean_probation() -> None:

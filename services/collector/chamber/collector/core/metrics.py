@@ -104,19 +104,22 @@ class FleetMetrics:
     def ingest(self, batch: NodeActivityView | NodeTelemetry, raw: bytes | None = None) -> None:
         """Take a node's batch; `raw`: the bytes it was decoded from (kept for `/metrics` instead of the batch)."""
         table = self.slots
-        nid = table.node_id(batch.node)
+        nid = table.nodes.ids.get(batch.node)
+        if nid is None:
+            nid = table.node_id(batch.node)
         slots = table.node_slots[nid]
+        known = len(slots)
         cols = table.cols
         act, seen = cols.activity, cols.seen_at
         at = batch.sampled_at
         for s in batch.gpus:
             i = s.index
-            slot = slots[i] if 0 <= i < len(slots) else NONE
+            slot = slots[i] if 0 <= i < known else NONE
             if slot == NONE:
                 if not 0 <= i < MAX_GPUS_PER_NODE:
                     continue
                 slot = table.slot(batch.node, i)
-                act, seen = cols.activity, cols.seen_at
+                act, seen, known = cols.activity, cols.seen_at, len(slots)
             act[slot] = activity(s)
             seen[slot] = at
         cols.node_interval[nid] = batch.interval_s

@@ -23,8 +23,8 @@ from chamber.health.bench.live import job_of, quarantined_at, reference_of, run_
 from chamber.health.bench.week import simulate_week
 from chamber.health.core.engine import HealthConfig
 
-LIVE_NOISE = 2000.0
-"""The live run's noise is this many times a week's rate (a two-minute run sees about four hours' worth)."""
+LIVE_NOISE = 200.0
+"""The live run's noise is this many times a week's rate (a three-minute run sees ten hours' worth)."""
 
 
 def _p(values: list[float], q: float) -> float:

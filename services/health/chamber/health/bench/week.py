@@ -7,7 +7,9 @@ time, so each node is fed exactly the samples around its noise: the one before e
 between consecutive samples), the event's own samples, and the one after (which ends a streak). Each node has its
 own `HealthEngine` (no rule spans nodes; the circuit breaker only ever holds quarantines back), which is ticked
 as the service ticks (every 0.25 s) through every silence (agent restarts) and at the last moment before every
-late sample arrives, so heartbeat loss is judged on every gap the node really has.
+late sample arrives, so heartbeat loss is judged on every gap the node really has. A witness node stands for the
+rest of the fleet, which goes on reporting meanwhile (the engine judges silence against the newest sample it
+has read from anyone).
 """
 
 import math
@@ -20,6 +22,9 @@ from chamber.health.bench.fleet import GPUS_PER_NODE, THERMAL, WEEK_S, Noise
 from chamber.health.core.engine import HealthEngine
 
 TICK_S = 0.25
+WITNESS = "the-rest-of-the-fleet"
+WITNESS_INTERVAL_S = 1e9
+"""The witness reports only when the node under test is watched in a gap; it is never due."""
 
 
 @dataclass
@@ -94,6 +99,7 @@ def _node_week(name: str, rng: random.Random, noise: Noise, interval: float, *, 
 
     engine = HealthEngine()
     engine.set_inventory(name, GPUS_PER_NODE, 0.0)
+    engine.set_inventory(WITNESS, 1, 0.0)
     sbe, nvlink, pcie = [0] * GPUS_PER_NODE, [0] * GPUS_PER_NODE, [0] * GPUS_PER_NODE
     throttled_until = [-1] * GPUS_PER_NODE
     resumes = {back for _, back in silences}
@@ -115,12 +121,10 @@ def _node_week(name: str, rng: random.Random, noise: Noise, interval: float, *, 
         if last_at is not None and k in resumes:
             t = last_at + TICK_S  # the service ticks through the silence
             while t < at:
-                _count(engine.tick(t), out)
-                out.ticks += 1
+                _tick(engine, t, out)
                 t += TICK_S
         elif last_at is not None and k in late and last_k == k - 1:
-            _count(engine.tick(at + noise.late_s - 1e-6), out)  # just before the late sample arrives
-            out.ticks += 1
+            _tick(engine, at + noise.late_s - 1e-6, out)  # just before the late sample arrives
         gpus = [
             GpuSample(index=i, uuid=f"GPU-{name}-{i}", gpu_util=85.0, power_w=520.0, power_limit_w=700.0,
                       ecc_dbe_volatile=0, ecc_sbe_volatile=sbe[i], clock_event_reasons=THERMAL if k < throttled_until[i]
@@ -133,6 +137,15 @@ def _node_week(name: str, rng: random.Random, noise: Noise, interval: float, *, 
         _count(engine.tick(at), out)
         out.samples_fed += GPUS_PER_NODE
         last_at, last_k = at, k
+
+
+def _tick(engine: HealthEngine, at: float, out: WeekResult) -> None:
+    """A service tick at `at`, the rest of the fleet having reported until then."""
+    witness = NodeTelemetry(node=WITNESS, sampled_at=at, interval_s=WITNESS_INTERVAL_S,
+                            gpus=[GpuSample(index=0, uuid="GPU-witness")])  # fmt: skip
+    _count(engine.observe(witness, at), out)
+    _count(engine.tick(at), out)
+    out.ticks += 1
 
 
 def _count(verdicts: list[GpuHealthVerdict], out: WeekResult) -> None:

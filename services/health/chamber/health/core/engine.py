@@ -5,14 +5,16 @@
   hits (flap suppression). Windows and streaks are measured in the samples' own time, so a consumer that catches
   up on a backlog judges it as it happened.
 - A node is silent when its last sample is older than `heartbeat_intervals` of its interval and at least
-  `heartbeat_min_s`: a late sample or an agent restart is not a dead node.
+  `heartbeat_min_s`: a late sample or an agent restart is not a dead node. "Older" is measured against the clock,
+  but never beyond `watermark_slack_s` past the newest sample seen from any node: a health service that falls
+  behind its telemetry, or a telemetry path that stops for everyone, does not make every node look dead.
 - A quarantined entity recovers after `probation_s` without any rule firing (the fault is gone: a reset cleared
   the volatile counter, the node came back), and returns to healthy after a second clean probation.
 - A repeat offender (`repeat_count` fatal events within `repeat_window_s`) and anything an operator cordoned stay
   out until an operator releases them.
 - Circuit breaker: if quarantining would put more than `breaker_share` of the nodes into quarantine within
   `breaker_window_s` (a bad rule, a bad driver rollout), nothing more is quarantined: the verdict is an alert
-  (`breaker_open`), and scheduling goes on.
+  (`breaker_open`, once per entity per breaker window), and scheduling goes on.
 
 Pure: observations and the time in, verdicts out. The shell turns quarantines into ledger cordons.
 """
@@ -34,6 +36,7 @@ class HealthConfig:
     suspect_clear_s: float = 300.0
     heartbeat_intervals: int = 3
     heartbeat_min_s: float = 30.0
+    watermark_slack_s: float = 5.0
     repeat_count: int = 5
     repeat_window_s: float = 86400.0
     breaker_share: float = 0.5
@@ -69,6 +72,7 @@ class Entity:
     hits: dict[str, deque[float]] = field(default_factory=dict)
     fatal_events: deque[float] = field(default_factory=deque)
     streaks: dict[str, float] = field(default_factory=dict)
+    breaker_alerted: float = float("-inf")
     """Sustained rule -> the sample time its signal started holding."""
     uuid: str = ""
 
@@ -83,6 +87,8 @@ class HealthEngine:
         self.last_seen: dict[str, tuple[float, float]] = {}
         self.quarantines: deque[tuple[float, str]] = deque()
         self.history = CounterHistory()
+        self.watermark = float("-inf")
+        """The newest sample time seen from any node: how far the telemetry has been read."""
         self.unwell: set[Key] = set()
         """Entities not healthy: the only ones whose time-driven transitions `tick` has to look at."""
 
@@ -95,6 +101,8 @@ class HealthEngine:
     def observe(self, batch: NodeTelemetry, now: float) -> list[GpuHealthVerdict]:
         node = batch.node
         self.last_seen[node] = (batch.sampled_at, batch.interval_s)
+        if batch.interval_s and batch.sampled_at > self.watermark:
+            self.watermark = batch.sampled_at
         verdicts: list[GpuHealthVerdict] = []
         node_hits: list[tuple[Rule, float]] = []
         expected = self.node_gpus.get(node, 0)
@@ -138,9 +146,10 @@ class HealthEngine:
     def tick(self, now: float) -> list[GpuHealthVerdict]:
         """Time-driven transitions: heartbeat loss, and recovery of entities that stayed clean."""
         verdicts: list[GpuHealthVerdict] = []
+        horizon = min(now, self.watermark + self.config.watermark_slack_s)
         for node, (seen, interval) in list(self.last_seen.items()):
-            if interval and now - seen > self.silence_limit(interval):
-                rules = [(r, now - seen) for r in self.rules if r.signal == "heartbeat_loss"]
+            if interval and horizon - seen > self.silence_limit(interval):
+                rules = [(r, horizon - seen) for r in self.rules if r.signal == "heartbeat_loss"]
                 verdicts += self._judge(self._entity(node, None), rules, now, now)
         c = self.config
         for key in list(self.unwell):
@@ -222,6 +231,9 @@ class HealthEngine:
     ) -> list[GpuHealthVerdict]:
         if state == HealthState.QUARANTINED and entity.state not in (HealthState.QUARANTINED, HealthState.RECOVERING):
             if not force and self._breaker_trips(entity.node, now):
+                if now - entity.breaker_alerted < self.config.breaker_window_s:
+                    return []  # alerted already
+                entity.breaker_alerted = now
                 share = f"{self.config.breaker_share:.0%}"
                 held_back = Finding(finding.severity, finding.rule,
                                     f"circuit breaker open: would quarantine more than {share} of nodes; "
