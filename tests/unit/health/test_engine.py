@@ -3,6 +3,8 @@
 from dataclasses import dataclass
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from chamber.common.contracts import GpuSample, HealthCommand, HealthState, NodeTelemetry
 from chamber.health.core.engine import HealthConfig, HealthEngine
@@ -267,3 +269,26 @@ def test_operators_extend_and_override_rules() -> None:
     assert (v.state, v.severity) == (HealthState.QUARANTINED, "degraded")
     with pytest.raises(RuleError, match="severity"):
         merge_rules([{"name": "x", "signal": "xid", "severity": "apocalyptic"}])
+
+
+SIGNALS = ["ecc_dbe_volatile", "ecc_sbe_rate", "nvlink_error_rate", "pcie_replay_rate", "thermal_throttle",
+           "remapped_rows_pending", "recovery_action", "retired_pages_total"]  # fmt: skip
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    signals=st.dictionaries(st.sampled_from(SIGNALS), st.one_of(st.just(0.0), st.floats(-5, 100))),
+    xids=st.lists(st.sampled_from([13, 48, 74, 79, 119, 123, 999])),
+    negative=st.booleans(),
+)
+def test_the_rule_index_finds_exactly_what_every_rule_finds(signals: dict[str, float], xids: list[int],
+                                                            negative: bool) -> None:  # fmt: skip
+    from chamber.health.core.rules import DEFAULT_RULES, RuleIndex, matching, merge_rules
+
+    rules = DEFAULT_RULES
+    if negative:
+        rules = merge_rules([{"name": "any-pcie", "signal": "pcie_replay_rate", "severity": "warning",
+                              "threshold": -1.0}])  # fmt: skip
+    gpu_rules = tuple(r for r in rules if r.signal not in ("heartbeat_loss", "gpu_count_drop"))
+    fast = RuleIndex(gpu_rules).match(signals, xids)
+    assert sorted((r.name, v) for r, v in fast) == sorted((r.name, v) for r, v in matching(gpu_rules, signals, xids))

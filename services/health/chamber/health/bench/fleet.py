@@ -33,7 +33,7 @@ class Noise:
     throttles: float = 10.0
     throttle_s: tuple[float, float] = (1.0, 8.0)
     restarts_per_node: float = 1.0
-    restart_silence_s: tuple[float, float] = (5.0, 25.0)
+    restart_silence_s: tuple[float, float] = (5.0, 20.0)
     late_share: float = 0.001
     """Share of samples that arrive late, by up to `late_s`."""
     late_s: float = 3.0

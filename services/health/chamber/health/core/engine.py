@@ -24,7 +24,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from chamber.common.contracts import GpuHealthVerdict, HealthCommand, HealthState, NodeTelemetry
-from chamber.health.core.rules import DEFAULT_RULES, CounterHistory, Rule, Severity, gpu_signals, matching
+from chamber.health.core.rules import DEFAULT_RULES, CounterHistory, Rule, RuleIndex, Severity, gpu_signals
 
 Key = tuple[str, int | None]
 """(node, GPU index); None for the node as a whole."""
@@ -81,6 +81,7 @@ class HealthEngine:
     def __init__(self, rules: Iterable[Rule] = DEFAULT_RULES, config: HealthConfig | None = None) -> None:
         self.rules = tuple(rules)
         self.gpu_rules = tuple(r for r in self.rules if r.signal not in ("heartbeat_loss", "gpu_count_drop"))
+        self.index = RuleIndex(self.gpu_rules)
         self.config = config or HealthConfig()
         self.entities: dict[Key, Entity] = {}
         self.node_gpus: dict[str, int] = {}
@@ -111,7 +112,7 @@ class HealthEngine:
         at = batch.sampled_at
         for sample in batch.gpus:
             signals = gpu_signals(sample, self.history, node, at)
-            hits = matching(self.gpu_rules, signals, sample.xids)
+            hits = self.index.match(signals, sample.xids)
             gpu_hits = [(r, v) for r, v in hits if r.scope == "gpu"]
             node_hits += [(r, v) for r, v in hits if r.scope == "node"]
             entity = self._entity(node, sample.index)

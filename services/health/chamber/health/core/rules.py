@@ -116,20 +116,31 @@ def merge_rules(extra: list[dict[str, object]], base: tuple[Rule, ...] = DEFAULT
     return tuple(rules.values())
 
 
+Counters = tuple[float, int | None, int | None, int | None]
+"""A GPU's sample time and its correctable ECC, NVLink and PCIe counters."""
+
+
 @dataclass
 class CounterHistory:
-    """Previous counter values per GPU, to turn cumulative counters into rates."""
+    """Each GPU's previous counters, to turn cumulative counters into rates (one entry per GPU)."""
 
-    last: dict[str, tuple[float, float]] = field(default_factory=dict)
+    last: dict[tuple[str, int], Counters] = field(default_factory=dict)
 
-    def rate(self, key: str, value: int | None, at: float) -> float | None:
-        if value is None:
-            return None
+    def rates(self, key: tuple[str, int], now: Counters) -> tuple[float | None, float | None, float | None]:
+        """Per counter: its increase per second since the GPU's previous sample (None: no previous value)."""
         prev = self.last.get(key)
-        self.last[key] = (at, float(value))
-        if prev is None or at <= prev[0]:
-            return None
-        return max(0.0, (value - prev[1]) / (at - prev[0]))
+        self.last[key] = now
+        if prev is None or now[0] <= prev[0]:
+            return None, None, None
+        dt = now[0] - prev[0]
+        return _rate(prev[1], now[1], dt), _rate(prev[2], now[2], dt), _rate(prev[3], now[3], dt)
+
+
+def _rate(before: int | None, after: int | None, dt: float) -> float | None:
+    """A counter that went down was reset (a GPU reset clears volatile counters): no errors, not negative ones."""
+    if before is None or after is None:
+        return None
+    return max(0.0, (after - before) / dt)
 
 
 def gpu_signals(sample: GpuSample, history: CounterHistory, node: str, at: float) -> Mapping[str, float]:
@@ -145,21 +156,20 @@ def gpu_signals(sample: GpuSample, history: CounterHistory, node: str, at: float
         out["retired_pages_total"] = float((sample.retired_pages_dbe or 0) + (sample.retired_pages_sbe or 0))
     if sample.retired_pages_pending is not None:
         out["retired_pages_pending"] = float(sample.retired_pages_pending)
-    key = f"{node}/{sample.index}"
-    rate = history.rate(f"{key}:sbe", sample.ecc_sbe_volatile, at)
-    if rate is not None:
-        out["ecc_sbe_rate"] = rate
     nvlink = None
     if sample.nvlink_replay_errors is not None or sample.nvlink_crc_errors is not None:
         nvlink = (
             (sample.nvlink_replay_errors or 0) + (sample.nvlink_recovery_errors or 0) + (sample.nvlink_crc_errors or 0)
         )
-    rate = history.rate(f"{key}:nvlink", nvlink, at)
-    if rate is not None:
-        out["nvlink_error_rate"] = rate
-    rate = history.rate(f"{key}:pcie", sample.pcie_replay_count, at)
-    if rate is not None:
-        out["pcie_replay_rate"] = rate
+    sbe, nvl, pcie = history.rates(
+        (node, sample.index), (at, sample.ecc_sbe_volatile, nvlink, sample.pcie_replay_count)
+    )
+    if sbe is not None:
+        out["ecc_sbe_rate"] = sbe
+    if nvl is not None:
+        out["nvlink_error_rate"] = nvl
+    if pcie is not None:
+        out["pcie_replay_rate"] = pcie
     if sample.clock_event_reasons is not None:
         out["thermal_throttle"] = float(bool(sample.clock_event_reasons & THERMAL_MASK))
         out["power_throttle"] = float(bool(sample.clock_event_reasons & POWER_MASK))
@@ -168,8 +178,36 @@ def gpu_signals(sample: GpuSample, history: CounterHistory, node: str, at: float
     return out
 
 
+class RuleIndex:
+    """The rules by signal, so that a sample is checked against the rules of the signals it carries only."""
+
+    def __init__(self, rules: tuple[Rule, ...]) -> None:
+        self.by_signal: dict[str, list[Rule]] = {}
+        self.xid_rules = [r for r in rules if r.signal == "xid"]
+        self.zero_is_quiet = all(r.threshold >= 0 for r in rules)
+        """No rule fires on a zero (the usual value of every signal): zeros need no lookup."""
+        for rule in rules:
+            if rule.signal != "xid":
+                self.by_signal.setdefault(rule.signal, []).append(rule)
+
+    def match(self, signals: Mapping[str, float], xids: list[int]) -> list[tuple[Rule, float]]:
+        """Like `matching`, with the same hits in the same order for any one signal."""
+        hits = []
+        if xids:
+            hits = [(rule, float(x)) for rule in self.xid_rules for x in [next((x for x in xids if x in rule.xids), -1)]
+                    if x >= 0]  # fmt: skip
+        for signal, value in signals.items():
+            if value == 0.0 and self.zero_is_quiet:
+                continue
+            for rule in self.by_signal.get(signal, ()):
+                if value > rule.threshold:
+                    hits.append((rule, value))
+        return hits
+
+
 def matching(rules: tuple[Rule, ...], signals: Mapping[str, float], xids: list[int]) -> list[tuple[Rule, float]]:
-    """The rules whose signal is above threshold in this observation, with the value seen."""
+    """The rules whose signal is above threshold in this observation, with the value seen (the definition that
+    `RuleIndex.match` implements faster)."""
     hits = []
     for rule in rules:
         if rule.signal == "xid":
