@@ -108,6 +108,8 @@ async def _live(settings: Settings, nodes: int, noise: Noise, quiet_s: float, pe
         "false_quarantines_live": len(false_live),
         "false_quarantine_rules_live": sorted({v.rule for v in false_live}),
         "suspect_verdicts_live": sum(v.state == HealthState.SUSPECT for _, v in seen.verdicts),
+        "telemetry_round_p99_s": _p(seen.rounds_s, 0.99) if seen.rounds_s else -1,
+        "telemetry_round_max_s": round(max(seen.rounds_s), 2) if seen.rounds_s else -1,
         "families": families,
         "median_quarantine_ms": round(statistics.median(every_q), 1) if every_q else -1,
     }

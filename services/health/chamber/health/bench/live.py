@@ -39,12 +39,15 @@ from chamber.health.bench.fleet import FAMILIES, GPUS_PER_NODE, Fault, Noise, No
 from chamber.health.core.engine import HealthConfig
 
 JOB_SHARE = 0.9
+STALL_S = 20.0
 QUARANTINED = HealthState.QUARANTINED
 
 
 @dataclass
 class Observed:
     verdicts: list[tuple[float, GpuHealthVerdict]] = field(default_factory=list)
+    rounds_s: list[float] = field(default_factory=list)
+    """How long each round of telemetry (every node once) took to send: a starved bench shows here."""
     stopped: dict[str, float] = field(default_factory=dict)
     """job -> when its first stop was reported."""
 
@@ -67,7 +70,7 @@ async def _inventory(bus: Bus, fleet: NoisyFleet) -> None:
     await bus.nc.flush(timeout=30)
 
 
-async def _telemetry(bus: Bus, fleet: NoisyFleet, stop: asyncio.Event) -> None:
+async def _telemetry(bus: Bus, fleet: NoisyFleet, stop: asyncio.Event, seen: Observed) -> None:
     """Every node once per interval, spread over it; a few samples arrive late."""
     loop = asyncio.get_running_loop()
     pending: set[asyncio.Task[None]] = set()
@@ -92,6 +95,7 @@ async def _telemetry(bus: Bus, fleet: NoisyFleet, stop: asyncio.Event) -> None:
                 loop.call_later(late, later, bus.names.telemetry(node.name), batch)
             else:
                 await bus.publish_nowait(bus.names.telemetry(node.name), batch)
+        seen.rounds_s.append(time.time() - start)
         await asyncio.sleep(max(0.0, start + fleet.interval_s - time.time()))
 
 
@@ -121,10 +125,16 @@ async def _start_jobs(bus: Bus, ledger: Any, nodes: int, timeout_s: float = 600)
         await bus.publish(bus.names.job_submit(job_id), JobSubmitted(job_id=job_id, spec=spec, submitted_at=now),
                           msg_id=job_id)  # fmt: skip
     deadline = time.monotonic() + timeout_s
-    while len((await ledger.snapshot()).owners) < jobs * GPUS_PER_NODE:
-        if time.monotonic() > deadline:
-            raise TimeoutError("the scheduler did not place the bench's jobs")
+    placed, progress_at = 0, time.monotonic()
+    while placed < jobs * GPUS_PER_NODE:
         await asyncio.sleep(0.5)
+        now_placed = len((await ledger.snapshot()).owners)
+        if now_placed > placed:
+            placed, progress_at = now_placed, time.monotonic()
+        elif placed and time.monotonic() - progress_at > STALL_S:
+            return  # what could be placed is placed (a node the noise got quarantined holds no job)
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the scheduler placed {placed // GPUS_PER_NODE} of the bench's {jobs} jobs")
 
 
 def _pick(owners: dict[str, str], fleet: NoisyFleet, per_family: int, rng: random.Random) -> list[tuple[str, int]]:
@@ -152,7 +162,7 @@ async def run_live(
     try:
         await _inventory(bus, fleet)
         procs = [_service("health", settings), _service("scheduler", settings)]
-        feeder = asyncio.create_task(_telemetry(bus, fleet, stop))
+        feeder = asyncio.create_task(_telemetry(bus, fleet, stop, seen))
         await _start_jobs(bus, ledger, nodes)
         await asyncio.sleep(quiet_s)
         owners = (await ledger.snapshot()).owners
