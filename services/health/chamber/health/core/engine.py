@@ -36,7 +36,7 @@ class HealthConfig:
     suspect_clear_s: float = 300.0
     heartbeat_intervals: int = 3
     heartbeat_min_s: float = 30.0
-    watermark_slack_s: float = 5.0
+    watermark_slack_s: float = 1.0
     repeat_count: int = 5
     repeat_window_s: float = 86400.0
     breaker_share: float = 0.5
