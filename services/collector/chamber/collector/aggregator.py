@@ -5,7 +5,7 @@ a restart rebuilds within one interval, so it needs no durable consumer. Each ba
 `NodeActivityView` (only the fields fleet metrics use) and applied at once; the bytes are kept for `/metrics`.
 Inventory and job records are applied as they change (who holds which GPU comes from the records' placements, the
 same claims the ledger holds); every `metrics_interval_s` a `FleetSnapshot` is published, with the rollup
-buckets it closed; the cordons are read from the ledger every 2 s.
+buckets it closed; the cordons are read from the ledger every 5 s.
 """
 
 import asyncio
@@ -32,7 +32,7 @@ from chamber.common.runtime import Context, wait_event
 
 log = get_logger(__name__)
 _telemetry = Decoder(TelemetryActivityView)
-CORDONS_REFRESH_S = 2.0
+CORDONS_REFRESH_S = 5.0
 """Cordons are read from the ledger this often, not at every tick: parsing them costs more than a snapshot, and
 health itself re-asserts them only every 5 s."""
 
@@ -52,6 +52,8 @@ class Aggregator:
         """Sample time to the first snapshot that includes it, per GPU sample."""
         self.snapshot_ms: deque[float] = deque(maxlen=10_000)
         """How long each tick took to build its snapshot (the last 10,000)."""
+        self.snapshot_cpu_ms: deque[float] = deque(maxlen=10_000)
+        """The same in CPU time (what it costs, however busy the machine is)."""
         self._subs: list[Any] = []
         self._stop_follow: Callable[[], Any] | None = None
         self._http: Any = None
@@ -105,12 +107,13 @@ class Aggregator:
                 self._cordons_at = now
             except LedgerUnavailable as exc:
                 log.warning("collector.ledger_unavailable", error=str(exc))
-        started = time.perf_counter()
+        started, started_cpu = time.perf_counter(), time.thread_time()
         fleet = self.metrics.snapshot(now)
         reported = self.metrics.take_reported()
         self.latest = fleet
         closed = self.rollups.add(now, {k: getattr(fleet, k) for k in METRICS})
         self.snapshot_ms.append((time.perf_counter() - started) * 1000)
+        self.snapshot_cpu_ms.append((time.thread_time() - started_cpu) * 1000)
         try:
             await self.bus.publish(self.bus.names.subject("metrics.fleet"), fleet)
             for point in closed:
