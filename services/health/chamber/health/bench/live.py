@@ -145,7 +145,7 @@ def _pick(owners: dict[str, str], fleet: NoisyFleet, per_family: int, rng: rando
 
 
 async def run_live(
-    settings: Settings, *, nodes: int, noise: Noise, quiet_s: float, per_family: int, wait_s: float = 100.0
+    settings: Settings, *, nodes: int, noise: Noise, quiet_s: float, per_family: int, wait_s: float = 240.0
 ) -> tuple[list[Fault], Observed, dict[str, str], float]:
     """Faults, what was seen, the ledger's owners at injection (slot -> job/attempt), when injection began."""
     ctx = make_context(settings, "bench")
