@@ -34,7 +34,7 @@ async def test_fleet_metrics_history_and_prometheus(client: AsyncTestClient[Any]
     ledger = ctx.ledger()
     aggregator = Aggregator(ctx, bus, ledger, await JobStore.open(bus))
     await aggregator.start()
-    sim = Collector(ctx, bus, ledger, simulated_source(ctx))
+    sim = Collector(ctx, bus, simulated_source(ctx), ledger=ledger)
     try:
         async with running(settings, ("scheduler", scheduler.main)):
             await sim.tick()

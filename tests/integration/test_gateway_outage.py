@@ -7,7 +7,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from chamber.cli.infra import start_embedded_nats
+from chamber.cli.infra import embedded_nats
 from chamber.common.settings import Settings
 from tests.support.gateway import gateway_client
 
@@ -17,13 +17,14 @@ JOB = {"name": "a", "team": "ml", "gpus_per_replica": 1}
 
 
 async def test_nats_down_is_a_fast_503_with_retry_after(settings: Settings, tmp_path: Path) -> None:
-    url, nats = start_embedded_nats(str(tmp_path))
+    nats = embedded_nats(tmp_path)
+    nats.start()
+    url = nats.url
     try:
         async with gateway_client(msgspec.structs.replace(settings, nats_url=url)) as client:
             job = await client.post("/v1/jobs", json=JOB)
             assert job.status_code == 201
             nats.kill()
-            nats.wait(timeout=10)
             deadline = time.monotonic() + 5
             while (await client.get("/healthz")).status_code != 503:
                 assert time.monotonic() < deadline, "the gateway did not notice NATS went away"
@@ -40,5 +41,4 @@ async def test_nats_down_is_a_fast_503_with_retry_after(settings: Settings, tmp_
                 assert "NATS" in resp.json()["detail"]
                 assert took < 1.0, f"{method} {path} took {took:.1f} s"
     finally:
-        if nats.poll() is None:
-            nats.kill()
+        nats.kill()

@@ -1,10 +1,21 @@
 """Fleet metrics and rollups from samples, allocation, health and prices (definitions in docs/metrics.md)."""
 
+import msgspec
 import pytest
 
-from chamber.collector.core.metrics import FleetMetrics, PoolPrice, activity
+from chamber.collector.core.lag import LagHistogram
+from chamber.collector.core.metrics import JOBS_REPORTED, FleetMetrics, PoolPrice, activity
 from chamber.collector.core.rollups import Rollups
-from chamber.common.contracts import GpuSample, NodeTelemetry
+from chamber.common.codec import encode
+from chamber.common.contracts import (
+    GpuSample,
+    JobRecord,
+    JobState,
+    NodeActivityView,
+    NodeTelemetry,
+    TelemetryActivityView,
+)
+from tests.support.builders import make_job
 
 PRICES = {"h100": PoolPrice("h100", "aws", 4.0), "a100": PoolPrice("a100", "onprem", 1.0)}
 
@@ -32,14 +43,34 @@ def test_activity(sample: GpuSample, expected: float) -> None:
     assert activity(sample) == pytest.approx(expected)
 
 
-def test_fleet_numbers() -> None:
+def fleet(inventory: dict[str, tuple[str, int]]) -> FleetMetrics:
+    """node -> (pool, GPUs), with the two pools' prices."""
     m = FleetMetrics()
+    for price in PRICES.values():
+        m.set_price(price)
+    for node, (pool, gpus) in inventory.items():
+        m.set_inventory(node, pool, range(gpus))
+    return m
+
+
+def holding(job: str, team: str, *gpus: tuple[str, int]) -> JobRecord:
+    return make_job(job).team(team).running_on(*gpus).build()
+
+
+def waiting(job: str, team: str, priority: str) -> JobRecord:
+    return make_job(job).team(team).priority(priority).build()
+
+
+def test_fleet_numbers() -> None:
+    m = fleet({"n1": ("h100", 4), "n2": ("a100", 2), "n3": ("a100", 1)})
     m.ingest(batch("n1", [90, 0, 50, 10], power=[600, 40, 400, 300]))
     m.ingest(batch("n2", [0, 0]))
-    inventory = [(f"n1/{i}", "h100") for i in range(4)] + [("n2/0", "a100"), ("n2/1", "a100"), ("n3/0", "a100")]
-    allocation = {"n1/0": ("j1", "nlp"), "n1/1": ("j2", "vision"), "n1/2": ("j1", "nlp")}
-    snap = m.snapshot(100.5, inventory=inventory, allocation=allocation, cordoned=["n1/3"], prices=PRICES,
-                      queue=[("nlp", "train"), ("nlp", "research"), ("cv", "train")])  # fmt: skip
+    m.on_record(holding("j1", "nlp", ("n1", 0), ("n1", 2)))
+    m.on_record(holding("j2", "vision", ("n1", 1)))
+    for record in (waiting("q1", "nlp", "train"), waiting("q2", "nlp", "research"), waiting("q3", "cv", "train")):
+        m.on_record(record)
+    m.set_cordoned(["n1/3"])
+    snap = m.snapshot(100.5)
     assert snap.gpus_total == 7
     assert snap.gpus_reporting == 6, "n3 never reported"
     assert snap.gpus_healthy == 5, "n1/3 is cordoned, n3/0 is silent"
@@ -51,19 +82,91 @@ def test_fleet_numbers() -> None:
     assert snap.spend_per_hour == pytest.approx(12.0)
     assert snap.idle_cost_per_hour == pytest.approx(4.0 + 1.0 + 1.0)
     assert snap.spend_per_hour_by_cloud == {"aws": 12.0}
+    assert snap.spend_per_hour_by_pool == {"h100": 12.0}
+    assert snap.idle_spend_per_hour_by_pool == {"h100": 4.0, "a100": 2.0}
     assert snap.queue_depth == 3
     assert snap.queue_by_team == {"nlp": 2, "cv": 1}
+    assert snap.queue_by_priority == {"train": 2, "research": 1}
+
+
+def test_placements_queue_and_cordons_follow_their_changes() -> None:
+    m = fleet({"n1": ("h100", 2)})
+    m.ingest(batch("n1", [90, 90]))
+    m.on_record(waiting("j", "nlp", "train"))
+    assert (m.snapshot(100.0).queue_depth, m.snapshot(100.0).gpus_allocated) == (1, 0)
+    m.on_record(holding("j", "nlp", ("n1", 0), ("n1", 1)))
+    snap = m.snapshot(100.0)
+    assert (snap.queue_depth, snap.gpus_allocated, snap.queue_by_team) == (0, 2, {})
+    m.on_record(msgspec.structs.replace(holding("j", "nlp", ("n1", 0)), state=JobState.SUCCEEDED))
+    assert m.snapshot(100.0).gpus_allocated == 0, "a finished job holds nothing, whatever its placement says"
+    m.set_cordoned(["n1/0"])
+    assert m.snapshot(100.0).gpus_healthy == 1
+    m.set_cordoned([])
+    assert m.snapshot(100.0).gpus_healthy == 2
+
+
+def test_a_sample_goes_stale_after_three_intervals() -> None:
+    m = fleet({"n1": ("h100", 1)})
+    m.ingest(batch("n1", [50.0], at=100.0))
+    assert m.snapshot(103.0).gpus_reporting == 1
+    assert m.snapshot(103.5).gpus_reporting == 0
 
 
 def test_allocated_but_idle_gpu_hours_accumulate_per_team_and_job() -> None:
-    m = FleetMetrics()
-    inventory = [("n1/0", "h100")]
-    allocation = {"n1/0": ("notebook", "lab")}
+    m = fleet({"n1": ("h100", 1)})
+    m.on_record(holding("notebook", "lab", ("n1", 0)))
     for t in range(0, 3601, 60):
         m.ingest(batch("n1", [0.0], at=float(t)))
-        snap = m.snapshot(float(t), inventory=inventory, allocation=allocation, cordoned=[], prices=PRICES, queue=[])
+        snap = m.snapshot(float(t))
     assert snap.allocated_idle_gpu_hours_by_team["lab"] == pytest.approx(1.0)
     assert snap.allocated_idle_gpu_hours_by_job["notebook"] == pytest.approx(1.0)
+
+
+def test_the_per_job_idle_hours_stay_bounded() -> None:
+    """Only jobs holding GPUs now are listed, at most JOBS_REPORTED of them, the idlest first."""
+    gpus = JOBS_REPORTED + 50
+    m = fleet({"n1": ("h100", gpus)})
+    for i in range(gpus):
+        m.on_record(holding(f"j{i:03d}", "lab", ("n1", i)))
+    for t in (0.0, 10.0):
+        m.ingest(batch("n1", [0.0] * gpus, at=t))
+        m.snapshot(t)
+    m.ingest(batch("n1", [0.0] * 10 + [90.0] * (gpus - 10), at=20.0))
+    snap = m.snapshot(20.0)
+    listed = snap.allocated_idle_gpu_hours_by_job
+    assert len(listed) == JOBS_REPORTED
+    assert set(list(listed)[:10]) == {f"j{i:03d}" for i in range(10)}, "idle for 20 s, the others for 10 s"
+    for i in range(10):
+        m.on_record(msgspec.structs.replace(holding(f"j{i:03d}", "lab", ("n1", i)), state=JobState.SUCCEEDED))
+    m.ingest(batch("n1", [0.0] * gpus, at=30.0))
+    listed = m.snapshot(30.0).allocated_idle_gpu_hours_by_job
+    assert not {f"j{i:03d}" for i in range(10)} & set(listed), "finished jobs leave the list"
+    assert m.snapshot(30.0).allocated_idle_gpu_hours_by_team["lab"] > 0, "the team keeps its total"
+    assert len(m.jobs.ids) == gpus - 10
+
+
+def test_garbage_gpu_indices_are_ignored() -> None:
+    m = fleet({"n1": ("h100", 1)})
+    m.ingest(NodeTelemetry(node="n1", sampled_at=100.0, interval_s=1.0,
+                           gpus=[GpuSample(index=-1, uuid="x"), GpuSample(index=10**9, uuid="y")]))  # fmt: skip
+    assert len(m.slots) == 1
+
+
+def test_the_lean_view_reads_what_the_full_sample_says() -> None:
+    full = batch("n1", [90, 0, 50], power=[600, 40, 400])
+    view = msgspec.json.decode(encode(full), type=TelemetryActivityView)
+    assert isinstance(view, NodeActivityView)
+    assert [activity(s) for s in view.gpus] == [activity(s) for s in full.gpus]
+    assert (view.node, view.sampled_at, view.interval_s) == (full.node, full.sampled_at, full.interval_s)
+
+
+def test_lag_quantiles() -> None:
+    lag = LagHistogram()
+    lag.add([5.2, 250.0, 999.0], [98, 1, 1])
+    assert lag.total == 100
+    assert lag.quantile(0.5) == 6.0
+    assert lag.quantile(0.99) == 251.0
+    assert lag.quantile(1.0) == 1000.0
 
 
 def test_rollups_average_each_bucket() -> None:
@@ -104,7 +207,7 @@ def test_gpu_usage_and_unallocated_processes_are_exported_per_gpu() -> None:
     rogue = GpuSample(index=0, uuid="GPU-a", usage=71.25, unallocated_processes=2)
     unknown = GpuSample(index=1, uuid="GPU-b")
     metrics.ingest(NodeTelemetry(node="n1", sampled_at=1.0, interval_s=1.0, gpus=[rogue, unknown]))
-    families = {f.name: f for f in ChamberCollector(metrics, lambda slot: "H100", lambda: None).collect()}
+    families = {f.name: f for f in ChamberCollector(metrics, lambda node, index: "H100", lambda: None).collect()}
     (sample,) = families["chamber_gpu_unallocated_processes"].samples
     assert sample.value == 2.0
     assert sample.labels["UUID"] == "GPU-a", "a GPU whose source cannot tell has no value (not 0)"

@@ -3,6 +3,8 @@
 from dataclasses import dataclass
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from chamber.common.contracts import GpuSample, HealthCommand, HealthState, NodeTelemetry
 from chamber.health.core.engine import HealthConfig, HealthEngine
@@ -84,6 +86,52 @@ def test_nvlink_errors_degrade_at_a_sustained_rate_only() -> None:
     assert states == [HealthState.SUSPECT, HealthState.QUARANTINED]
 
 
+@pytest.mark.parametrize("interval", [1.0, 5.0])
+def test_correctable_ecc_degrades_at_a_sustained_rate_not_for_isolated_errors(interval: float) -> None:
+    e = engine()
+    sbe, states = 0, []
+    for k in range(200):
+        sbe += 40 if k % 50 == 10 else 0  # an isolated burst now and then: one hit each, far apart
+        states += [v.state for v in e.observe(batch(k * interval, sample(ecc_sbe_volatile=sbe), interval=interval),
+                                              k * interval)]  # fmt: skip
+    assert HealthState.QUARANTINED not in states
+    t0 = 200 * interval
+    for k in range(3):
+        sbe += int(50 * interval)  # 50 errors a second, sample after sample
+        states += [v.state for v in e.observe(batch(t0 + k * interval, sample(ecc_sbe_volatile=sbe),
+                                                    interval=interval), t0 + k * interval)]  # fmt: skip
+    assert states[-1] == HealthState.QUARANTINED
+    assert e.entities[("n1", 0)].rule == "ecc-sbe-rate"
+
+
+def test_brief_throttles_never_degrade_and_a_minute_of_throttling_does() -> None:
+    e = engine()
+    got = []
+    for t in range(300):
+        throttled = t % 40 < 5  # five seconds of throttling every forty
+        reasons = 0x20 if throttled else 0
+        got += e.observe(batch(float(t), sample(clock_event_reasons=reasons)), float(t))
+    assert HealthState.QUARANTINED not in [v.state for v in got]
+    for t in range(300, 361):
+        got += e.observe(batch(float(t), sample(clock_event_reasons=0x40)), float(t))
+    assert got[-1].state == HealthState.QUARANTINED
+    assert (got[-1].rule, got[-1].severity) == ("thermal-throttle-sustained", "degraded")
+    assert [v.state for v in got].count(HealthState.QUARANTINED) == 1
+    assert e.entities[("n1", 0)].streaks["thermal-throttle-sustained"] == 300.0, "held since its first sample"
+
+
+def test_windows_are_measured_in_sample_time() -> None:
+    """Three NVLink hits a minute apart in sample time stay apart, however fast a backlog is read."""
+    e = engine()
+    states = []
+    for k in range(6):
+        at = 61.0 * k
+        states += [v.state for v in e.observe(batch(at, sample(nvlink_replay_errors=0)), 1000.0)]
+        states += [v.state for v in e.observe(batch(at + 1, sample(nvlink_replay_errors=100)), 1000.0)]
+        states += [v.state for v in e.observe(batch(at + 2, sample(nvlink_replay_errors=100)), 1000.0)]
+    assert HealthState.QUARANTINED not in states
+
+
 def test_thermal_warnings_mark_suspect_then_clear() -> None:
     e = engine()
     got = []
@@ -96,15 +144,53 @@ def test_thermal_warnings_mark_suspect_then_clear() -> None:
     assert got[-1].state == HealthState.HEALTHY
 
 
+@pytest.mark.parametrize(
+    ("interval", "limit"), [(1.0, 30.0), (5.0, 30.0), (20.0, 60.0)], ids=["1s-agent", "5s-agent", "20s-agent"]
+)
+def test_a_node_is_lost_after_three_intervals_and_at_least_thirty_seconds(interval: float, limit: float) -> None:
+    e = engine()
+    e.observe(batch(0.0, node="n1", interval=interval), 0.0)
+    e.observe(batch(limit + 0.4, node="n2", interval=interval), limit + 0.4)  # the rest of the fleet reports
+    assert e.tick(limit - 0.5) == [], "a late sample or an agent restart is not a lost node"
+    (v,) = e.tick(limit + 0.5)
+    assert (v.node, v.gpu_index, v.state, v.rule) == ("n1", None, HealthState.QUARANTINED, "heartbeat-loss")
+
+
 def test_a_silent_node_and_a_missing_gpu_take_the_node_out() -> None:
     e = engine()
     e.observe(batch(0.0, node="n1", interval=5.0), 0.0)
-    assert e.tick(14.0) == []
-    (v,) = e.tick(16.0)
+    e.observe(batch(30.5, node="n3", interval=5.0), 30.5)
+    assert e.tick(29.0) == []
+    (v,) = e.tick(31.0)
     assert (v.node, v.gpu_index, v.state, v.rule) == ("n1", None, HealthState.QUARANTINED, "heartbeat-loss")
     e.set_inventory("n2", 2, 0.0)
     (v,) = [x for x in e.observe(batch(20.0, sample(0), node="n2"), 20.0) if x.gpu_index is None]
     assert v.rule == "gpu-count-drop"
+
+
+def test_a_lagging_health_service_or_a_stalled_telemetry_path_loses_no_node() -> None:
+    """Silence is judged against the newest sample read from anyone: reading a backlog 60 s late, or hearing from
+    nobody at all, is not every node dying."""
+    e = engine(nodes=3)
+    for t in range(10):
+        for n in ("n1", "n2", "n3"):
+            e.observe(batch(float(t), node=n), 60.0 + t)  # read a minute after they were sampled
+        assert e.tick(60.0 + t) == []
+    assert e.tick(600.0) == [], "nobody reports at all: the telemetry path is down, not the fleet"
+
+
+def test_the_breaker_alerts_once_per_window_not_every_tick() -> None:
+    e = engine(nodes=4)
+    for t in range(3):
+        for n in ("n1", "n2", "n3", "n4"):
+            e.observe(batch(float(t), node=n), float(t))
+    alerts = []
+    for t in range(40, 300):  # n1..n3 fell silent; n4 reports; all within one breaker window
+        e.observe(batch(float(t), node="n4"), float(t))
+        alerts += [v for v in e.tick(float(t)) if v.breaker_open]
+    quarantined = [k for k, ent in e.entities.items() if ent.state == HealthState.QUARANTINED]
+    assert len(quarantined) == 2, "half of four nodes, not more"
+    assert len(alerts) == 1, "the held-back node is alerted once per breaker window, not at every tick"
 
 
 def test_quarantine_recovers_after_clean_probation() -> None:
@@ -183,3 +269,26 @@ def test_operators_extend_and_override_rules() -> None:
     assert (v.state, v.severity) == (HealthState.QUARANTINED, "degraded")
     with pytest.raises(RuleError, match="severity"):
         merge_rules([{"name": "x", "signal": "xid", "severity": "apocalyptic"}])
+
+
+SIGNALS = ["ecc_dbe_volatile", "ecc_sbe_rate", "nvlink_error_rate", "pcie_replay_rate", "thermal_throttle",
+           "remapped_rows_pending", "recovery_action", "retired_pages_total"]  # fmt: skip
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    signals=st.dictionaries(st.sampled_from(SIGNALS), st.one_of(st.just(0.0), st.floats(-5, 100))),
+    xids=st.lists(st.sampled_from([13, 48, 74, 79, 119, 123, 999])),
+    negative=st.booleans(),
+)
+def test_the_rule_index_finds_exactly_what_every_rule_finds(signals: dict[str, float], xids: list[int],
+                                                            negative: bool) -> None:  # fmt: skip
+    from chamber.health.core.rules import DEFAULT_RULES, RuleIndex, matching, merge_rules
+
+    rules = DEFAULT_RULES
+    if negative:
+        rules = merge_rules([{"name": "any-pcie", "signal": "pcie_replay_rate", "severity": "warning",
+                              "threshold": -1.0}])  # fmt: skip
+    gpu_rules = tuple(r for r in rules if r.signal not in ("heartbeat_loss", "gpu_count_drop"))
+    fast = RuleIndex(gpu_rules).match(signals, xids)
+    assert sorted((r.name, v) for r, v in fast) == sorted((r.name, v) for r, v in matching(gpu_rules, signals, xids))

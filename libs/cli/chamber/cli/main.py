@@ -65,6 +65,16 @@ def _emit(result: object, one_line: bool) -> int:
     return 0
 
 
+def _bench_logging() -> None:
+    """Warnings of the services a benchmark runs go to the process's stderr: stdout is the JSON."""
+    import structlog
+
+    from chamber.common.log import setup_logging
+
+    setup_logging("WARNING")
+    structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.__stderr__))
+
+
 def _bench_scheduler(args: argparse.Namespace) -> int:
     from chamber.scheduler.bench import BenchConfig, run
 
@@ -92,21 +102,31 @@ def _bench_e2e(args: argparse.Namespace) -> int:
 def _bench_quota(args: argparse.Namespace) -> int:
     from chamber.quota.bench import run
 
-    result = run(teams=args.teams, pools=args.pools, seed=args.seed)
+    result = run(teams=args.teams, pools=args.pools, seed=args.seed, demand=args.demand, jobs=args.jobs)
     return _emit(result, args.json)
 
 
 def _bench_telemetry(args: argparse.Namespace) -> int:
     from chamber.collector.bench import run
 
-    result = run(gpus=args.gpus, rounds=args.rounds, lag_gpus=args.lag_gpus, lag_seconds=args.lag_seconds)
+    _bench_logging()
+
+    result = run(gpus=args.gpus, rounds=args.rounds, interval_s=args.interval, seconds=args.seconds)
     return _emit(result, args.json)
 
 
 def _bench_health(args: argparse.Namespace) -> int:
     from chamber.health.bench import run
 
-    result = run(gpus=args.gpus, quiet_s=args.quiet_seconds, faults=args.faults)
+    _bench_logging()
+
+    result = run(
+        gpus=args.gpus,
+        per_family=args.per_family,
+        quiet_s=args.quiet_seconds,
+        interval_s=args.interval,
+        week=not args.no_week,
+    )
     return _emit(result, args.json)
 
 
@@ -182,19 +202,23 @@ def build_parser() -> argparse.ArgumentParser:
     quota.add_argument("--teams", type=int, default=1000)
     quota.add_argument("--pools", type=int, default=8)
     quota.add_argument("--seed", type=int, default=1)
+    quota.add_argument("--demand", type=float, default=3.0, help="demand as a multiple of each pool's capacity")
+    quota.add_argument("--jobs", type=int, default=100_000, help="job records in the quota service's accounting")
     quota.add_argument("--json", action="store_true", help="one line of JSON")
     quota.set_defaults(func=_bench_quota)
     tele = bench.add_parser("telemetry", help="node batches through real NATS into the fleet-metrics aggregator")
     tele.add_argument("--gpus", type=int, default=100_000)
-    tele.add_argument("--rounds", type=int, default=5)
-    tele.add_argument("--lag-gpus", type=int, default=10_000)
-    tele.add_argument("--lag-seconds", type=float, default=10.0)
+    tele.add_argument("--rounds", type=int, default=5, help="batches per node in the throughput phase")
+    tele.add_argument("--interval", type=float, default=1.0, help="seconds between a node's batches (lag phase)")
+    tele.add_argument("--seconds", type=float, default=15.0, help="length of the lag phase")
     tele.add_argument("--json", action="store_true", help="one line of JSON")
     tele.set_defaults(func=_bench_telemetry)
     hb = bench.add_parser("health", help="fault detection to quarantine, on the real health service")
     hb.add_argument("--gpus", type=int, default=10_000)
-    hb.add_argument("--quiet-seconds", type=float, default=15.0)
-    hb.add_argument("--faults", type=int, default=40)
+    hb.add_argument("--quiet-seconds", type=float, default=20.0, help="noise only, before the faults")
+    hb.add_argument("--per-family", type=int, default=3, help="faults injected per rule family")
+    hb.add_argument("--interval", type=float, default=1.0, help="telemetry interval of every node")
+    hb.add_argument("--no-week", action="store_true", help="skip the simulated week of noise")
     hb.add_argument("--json", action="store_true", help="one line of JSON")
     hb.set_defaults(func=_bench_health)
     check = sub.add_parser("device-check", help="on a GPU machine: NVML, GPM samples and a real job, as JSON")

@@ -1,24 +1,29 @@
 """The fleet metrics aggregator: every node's telemetry in, fleet metrics, rollups and `/metrics` out.
 
-It listens to telemetry on plain NATS subscriptions (no acks, lowest latency): its state is a rolling view that a
-restart rebuilds within one interval, so it needs no durable consumer. Every `metrics_interval_s` it joins the
-latest samples with the ledger (who holds which GPU) and the job records (teams, the queue) and publishes a
-`FleetSnapshot`; finished rollup buckets are published for the history API.
+It listens to telemetry on a plain NATS subscription (no acks, lowest latency): its state is a rolling view that
+a restart rebuilds within one interval, so it needs no durable consumer. Each batch is decoded into the lean
+`NodeActivityView` (only the fields fleet metrics use) and applied at once; the bytes are kept for `/metrics`.
+Inventory and job records are applied as they change (who holds which GPU comes from the records' placements, the
+same claims the ledger holds); every `metrics_interval_s` a `FleetSnapshot` is published, with the rollup
+buckets it closed; the cordons are read from the ledger every 5 s.
 """
 
 import asyncio
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 from prometheus_client import CollectorRegistry, start_http_server
 
+from chamber.collector.core.lag import LagHistogram
 from chamber.collector.core.metrics import FleetMetrics, PoolPrice
 from chamber.collector.core.rollups import Rollups
 from chamber.collector.prometheus import ChamberCollector
 from chamber.common.bus import Bus, PublishError
 from chamber.common.codec import DecodeError, Decoder
-from chamber.common.contracts import FleetSnapshot, JobRecord, JobState, NodeInventory, NodeTelemetry, TelemetryEvent
+from chamber.common.contracts import FleetSnapshot, JobRecord, NodeActivityView, NodeInventory, TelemetryActivityView
 from chamber.common.jobstore import JobStore
 from chamber.common.ledger import Ledger, LedgerUnavailable
 from chamber.common.log import get_logger
@@ -26,7 +31,10 @@ from chamber.common.metrics_names import METRICS
 from chamber.common.runtime import Context, wait_event
 
 log = get_logger(__name__)
-_telemetry = Decoder(TelemetryEvent)
+_telemetry = Decoder(TelemetryActivityView)
+CORDONS_REFRESH_S = 5.0
+"""Cordons are read from the ledger this often, not at every tick: parsing them costs more than a snapshot, and
+health itself re-asserts them only every 5 s."""
 
 
 class Aggregator:
@@ -38,15 +46,18 @@ class Aggregator:
         self.metrics = FleetMetrics()
         self.rollups = Rollups()
         self.inventory: dict[str, NodeInventory] = {}
-        self.records: dict[str, JobRecord] = {}
         self.latest: FleetSnapshot | None = None
         self.rejected = 0
-        self.lags_ms: list[float] = []
-        """Sample time to the snapshot that first reflects it, per batch (for the benchmark)."""
-        self._pending_times: list[float] = []
+        self.lag = LagHistogram()
+        """Sample time to the first snapshot that includes it, per GPU sample."""
+        self.snapshot_ms: deque[float] = deque(maxlen=10_000)
+        """How long each tick took to build its snapshot (the last 10,000)."""
+        self.snapshot_cpu_ms: deque[float] = deque(maxlen=10_000)
+        """The same in CPU time (what it costs, however busy the machine is)."""
         self._subs: list[Any] = []
         self._stop_follow: Callable[[], Any] | None = None
         self._http: Any = None
+        self._cordons_at = float("-inf")
 
     async def start(self, *, serve_metrics: bool = True) -> None:
         self._subs.append(await self.bus.nc.subscribe(
@@ -71,61 +82,47 @@ class Aggregator:
         except DecodeError:
             self.rejected += 1
             return
-        if isinstance(event, NodeTelemetry):
-            self.metrics.ingest(event)
-            self._pending_times.append(event.sampled_at)
+        if isinstance(event, NodeActivityView):
+            self.metrics.ingest(event, msg.data)
 
     def _on_inventory(self, inv: NodeInventory) -> None:
         self.inventory[inv.node.name] = inv
+        self.metrics.set_price(PoolPrice(inv.pool.name, inv.pool.cluster, inv.pool.cost_per_gpu_hour))
+        self.metrics.set_inventory(inv.node.name, inv.node.pool, [g.index for g in inv.node.gpus])
 
     def _on_record(self, record: JobRecord) -> None:
-        self.records[record.id] = record
+        self.metrics.on_record(record)
 
-    def _model_of(self, slot: str) -> str:
-        node, _, index = slot.rpartition("/")
+    def _model_of(self, node: str, index: int) -> str:
         inv = self.inventory.get(node)
         if inv is None:
             return ""
-        return next((g.model for g in inv.node.gpus if str(g.index) == index), "")
+        return next((g.model for g in inv.node.gpus if g.index == index), "")
 
     async def tick(self) -> FleetSnapshot:
-        try:
-            snap = await self.ledger.snapshot()
-            owners, cordoned = snap.owners, list(snap.cordoned)
-        except LedgerUnavailable:
-            owners, cordoned = {}, []
-        allocation = {}
-        for slot, holder in owners.items():
-            job = holder.rsplit("/", 1)[0]
-            record = self.records.get(job)
-            allocation[slot] = (job, record.spec.team if record else "")
-        inventory = [
-            (f"{name}/{g.index}", inv.node.pool) for name, inv in self.inventory.items() for g in inv.node.gpus
-        ]
-        prices = {
-            inv.pool.name: PoolPrice(inv.pool.name, inv.pool.cluster, inv.pool.cost_per_gpu_hour)
-            for inv in self.inventory.values()
-        }
-        queue = [
-            (r.spec.team, r.spec.priority)
-            for r in self.records.values()
-            if r.state in (JobState.PENDING, JobState.PREEMPTED) and r.placement is None
-        ]
         now = self.ctx.clock.now()
-        fleet = self.metrics.snapshot(
-            now, inventory=inventory, allocation=allocation, cordoned=cordoned, prices=prices, queue=queue
-        )
-        wall = time.time()
-        self.lags_ms.extend((wall - t) * 1000 for t in self._pending_times)
-        self._pending_times.clear()
+        if now - self._cordons_at >= CORDONS_REFRESH_S:
+            try:
+                self.metrics.set_cordoned(await self.ledger.cordons())
+                self._cordons_at = now
+            except LedgerUnavailable as exc:
+                log.warning("collector.ledger_unavailable", error=str(exc))
+        started, started_cpu = time.perf_counter(), time.thread_time()
+        fleet = self.metrics.snapshot(now)
+        reported = self.metrics.take_reported()
         self.latest = fleet
         closed = self.rollups.add(now, {k: getattr(fleet, k) for k in METRICS})
+        self.snapshot_ms.append((time.perf_counter() - started) * 1000)
+        self.snapshot_cpu_ms.append((time.thread_time() - started_cpu) * 1000)
         try:
             await self.bus.publish(self.bus.names.subject("metrics.fleet"), fleet)
             for point in closed:
                 await self.bus.publish(self.bus.names.subject(f"metrics.rollup.{point.resolution}"), point)
         except PublishError as exc:
             log.warning("collector.metrics_publish_failed", error=str(exc))
+        if reported:
+            times = np.array(reported)
+            self.lag.add((time.time() - times[:, 0]) * 1000, times[:, 1])
         return fleet
 
     async def run(self, stop: asyncio.Event) -> None:

@@ -1,138 +1,179 @@
-"""`chamber bench telemetry`: node batches through real NATS into the fleet-metrics aggregator.
+"""`chamber bench telemetry`: 100,000 distinct GPUs through real NATS into the fleet-metrics aggregator.
 
-- `samples_per_s`: GPU samples ingested per second by one aggregator process, fed as fast as a separate publisher
-  process can send pre-encoded node batches (8 GPUs each) for `--gpus` GPUs, several rounds;
-- `metrics_lag_p99_ms`: with 10,000 GPUs reporting every second, from a batch's publish to the first fleet
-  snapshot that includes it.
+The aggregator runs as in production: its tick publishing a snapshot every `metrics_interval_s`, an inventory
+of `gpus / 8` nodes, 90% of the GPUs held by running jobs (job records in the KV, claims in the ledger) and 1%
+cordoned. A separate load-generator process (`chamber.collector.loadgen`) plays the node agents, one distinct
+node name per 8 GPUs.
+
+- `samples_per_s`: GPU samples ingested per second while every node sends `rounds` batches as fast as the
+  server takes them; `samples_per_cpu_s`: the same per second of the aggregator process's CPU time (what one
+  dedicated core would do, whatever else the machine runs);
+- `snapshot_ms_p50` / `_p99`: building one fleet snapshot over all GPUs, during both phases (`snapshot_cpu_ms_p99`:
+  its CPU time);
+- `sample_to_metric_p50_ms` / `_p99_ms`: every node reporting once per `--interval`, from each sample's own time
+  to the publication of the first fleet snapshot that includes it (per GPU sample).
 """
 
 import asyncio
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
-from pathlib import Path
 
 import msgspec
 
 from chamber.collector.aggregator import Aggregator
+from chamber.collector.loadgen import GPUS_PER_NODE, node_name
 from chamber.common.bus import Bus
 from chamber.common.cleanup import delete_namespace
-from chamber.common.codec import encode
-from chamber.common.contracts import GpuSample, NodeTelemetry
+from chamber.common.contracts import (
+    Cordon,
+    GpuDevice,
+    GpuRef,
+    JobRecord,
+    JobSpec,
+    JobState,
+    Node,
+    NodeInventory,
+    Placement,
+    Pool,
+)
 from chamber.common.jobstore import JobStore
-from chamber.common.runtime import make_context
+from chamber.common.ledger import Claim
+from chamber.common.runtime import Context, make_context
 from chamber.common.settings import Settings
 
-GPUS_PER_NODE = 8
-
-PUBLISHER = """
-import asyncio, sys, nats
-async def main():
-    url, prefix, nodes, rounds, payload = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
-    data = open(payload, "rb").read()
-    nc = await nats.connect(url, pending_size=256 * 1024 * 1024)
-    for _ in range(rounds):
-        for n in range(nodes):
-            await nc.publish(f"{prefix}.node-{n:06d}", data)
-    await nc.flush(timeout=60)
-    await nc.close()
-asyncio.run(main())
-"""
+ALLOCATED_SHARE = 0.9
+CORDONED_SHARE = 0.01
+TEAMS = 50
 
 
-def _batch(node: str, at: float) -> NodeTelemetry:
-    gpus = [
-        GpuSample(index=i, uuid=f"GPU-{node}-{i}", gpu_util=80.0, mem_util=40.0, mem_used_mb=60_000.0,
-                  mem_total_mb=81_559.0, temperature_c=60.0, power_w=500.0, power_limit_w=700.0,
-                  ecc_dbe_volatile=0, ecc_sbe_volatile=0, clock_event_reasons=0)
-        for i in range(GPUS_PER_NODE)
-    ]  # fmt: skip
-    return NodeTelemetry(node=node, sampled_at=at, interval_s=1.0, gpus=gpus)
+def _loadgen(*args: object) -> subprocess.Popen[bytes]:
+    return subprocess.Popen([sys.executable, "-m", "chamber.collector.loadgen", *map(str, args)])
 
 
-def _start_publisher(url: str, prefix: str, nodes: int, rounds: int) -> tuple[Path, subprocess.Popen[bytes]]:
-    """A separate process sends pre-encoded batches, so the publisher's CPU does not count against the consumer."""
-    payload = Path(tempfile.gettempdir(), f"chamber-bench-{uuid.uuid4().hex}.json")
-    payload.write_bytes(encode(_batch("node-x", time.time())))
-    cmd = [sys.executable, "-c", PUBLISHER, url, prefix, str(nodes), str(rounds), str(payload)]
-    return payload, subprocess.Popen(cmd)
+async def _populate(ctx: Context, bus: Bus, nodes: int) -> int:
+    """Inventory for every node, running jobs on 90% of them (records and ledger claims), 1% of GPUs cordoned."""
+    pool = Pool(name="h100", gpu_model="H100", cost_per_gpu_hour=2.5)
+    for n in range(nodes):
+        name = node_name(n)
+        gpus = [GpuDevice(index=i, uuid=f"GPU-{name}-{i:02d}", model="H100") for i in range(GPUS_PER_NODE)]
+        node = Node(name=name, pool="h100", gpus=gpus)
+        await bus.publish_nowait(ctx.names.inventory(name), NodeInventory(node=node, pool=pool, observed_at=0.0))
+    await bus.nc.flush(timeout=60)
+    store = await JobStore.open(bus)
+    now = time.time()
+    records = []
+    for n in range(int(nodes * ALLOCATED_SHARE)):
+        spec = JobSpec(name=f"job-{n}", team=f"team-{n % TEAMS}", gpus_per_replica=GPUS_PER_NODE)
+        placement = Placement(attempt=1, gpus=[GpuRef(node_name(n), i) for i in range(GPUS_PER_NODE)])
+        records.append(JobRecord(id=f"job-{n}", spec=spec, state=JobState.RUNNING, submitted_at=now, updated_at=now,
+                                 attempt=1, placement=placement, started_at=now))  # fmt: skip
+    for i in range(0, len(records), 500):
+        await asyncio.gather(*(store.create(r) for r in records[i : i + 500]))
+    ledger = ctx.ledger()
+    try:
+        await ledger.rebuild(
+            Claim(r.id, 1, tuple(f"{g.node}/{g.index}" for g in r.placement.gpus)) for r in records if r.placement
+        )
+        cordoned = [f"{node_name(n)}/0" for n in range(0, nodes, int(1 / CORDONED_SHARE / GPUS_PER_NODE) or 1)]
+        await ledger.cordon(cordoned, Cordon(severity="degraded", reason="bench"))
+    finally:
+        await ledger.close()
+    return len(records)
 
 
-async def _throughput(settings: Settings, gpus: int, rounds: int) -> dict[str, float]:
-    ctx = make_context(settings, "bench")
-    bus = await Bus.connect(settings.nats_url, ctx.names, "bench")
-    await bus.ensure_streams()
-    agg = Aggregator(ctx, bus, ctx.ledger(), await JobStore.open(bus))
-    await agg.start(serve_metrics=False)
-    nodes = gpus // GPUS_PER_NODE
-    expected = nodes * rounds * GPUS_PER_NODE
-    payload, proc = _start_publisher(settings.nats_url, ctx.names.subject("telemetry"), nodes, rounds)
-    first = None
-    deadline = time.monotonic() + 300
-    while agg.metrics.samples < expected and time.monotonic() < deadline:
-        if first is None and agg.metrics.samples:
-            first = (time.perf_counter(), agg.metrics.samples)
+async def _ready(agg: Aggregator, nodes: int, jobs: int, timeout_s: float = 120) -> None:
+    deadline = time.monotonic() + timeout_s
+    while len(agg.inventory) < nodes or len(agg.metrics.job_slots) < jobs:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"aggregator saw {len(agg.inventory)} nodes and {len(agg.metrics.job_slots)} jobs")
+        await asyncio.sleep(0.1)
+
+
+async def _flood(agg: Aggregator, settings: Settings, prefix: str, nodes: int, rounds: int) -> dict[str, float]:
+    expected = agg.metrics.samples + nodes * rounds * GPUS_PER_NODE
+    proc = _loadgen("flood", settings.nats_url, prefix, nodes, rounds)
+    first: tuple[float, float, int] | None = None
+    last = (time.perf_counter(), time.process_time(), agg.metrics.samples)
+    idle_since = time.monotonic()
+    while agg.metrics.samples < expected:
         await asyncio.sleep(0.005)
-    end = time.perf_counter()
+        samples = agg.metrics.samples
+        if samples != last[2]:
+            if first is None:
+                first = last
+            last = (time.perf_counter(), time.process_time(), samples)
+            idle_since = time.monotonic()
+        elif proc.poll() is not None and time.monotonic() - idle_since > 3:
+            break  # the publisher is done and nothing more arrives
     await asyncio.to_thread(proc.wait, 60)
-    payload.unlink()
-    got = agg.metrics.samples
-    await agg.close()
-    await bus.close()
     if first is None:
-        return {"samples_per_s": 0.0, "samples_ingested": float(got)}
+        return {"samples_per_s": 0.0}
+    got = last[2] - first[2]
     return {
-        "samples_per_s": round((got - first[1]) / max(1e-9, end - first[0])),
-        "samples_ingested": got,
-        "samples_expected": expected,
+        "samples_per_s": round(got / max(1e-9, last[0] - first[0])),
+        "samples_per_cpu_s": round(got / max(1e-9, last[1] - first[1])),
+        "flood_samples": got,
+        "flood_samples_lost": expected - agg.metrics.samples,
     }
 
 
-async def _lag(settings: Settings, gpus: int, seconds: float) -> dict[str, float]:
-    settings = msgspec.structs.replace(settings, metrics_interval_s=0.25)
+async def _steady(
+    agg: Aggregator, settings: Settings, prefix: str, nodes: int, *, interval_s: float, seconds: float
+) -> dict[str, float]:
+    agg.metrics.take_reported()
+    agg.lag.reset()
+    proc = _loadgen("steady", settings.nats_url, prefix, nodes, interval_s, seconds)
+    await asyncio.to_thread(proc.wait, seconds + 120)
+    await asyncio.sleep(2 * settings.metrics_interval_s)
+    return {
+        "interval_s": interval_s,
+        "lag_samples": agg.lag.total,
+        "sample_to_metric_p50_ms": agg.lag.quantile(0.5),
+        "sample_to_metric_p99_ms": agg.lag.quantile(0.99),
+    }
+
+
+async def _bench(settings: Settings, gpus: int, rounds: int, interval_s: float, seconds: float) -> dict[str, float]:
     ctx = make_context(settings, "bench")
     bus = await Bus.connect(settings.nats_url, ctx.names, "bench")
     await bus.ensure_streams()
-    agg = Aggregator(ctx, bus, ctx.ledger(), await JobStore.open(bus))
-    await agg.start(serve_metrics=False)
-    stop = asyncio.Event()
-    runner = asyncio.create_task(agg.run(stop))
     nodes = gpus // GPUS_PER_NODE
-    start = time.monotonic()
-    sent = 0
-    while time.monotonic() - start < seconds:
-        second = time.monotonic()
-        for n in range(nodes):
-            # Spread each node's report over the second, as independent agents would.
-            target = second + n / nodes
-            delay = target - time.monotonic()
-            if delay > 0.002:
-                await asyncio.sleep(delay)
-            await bus.publish_nowait(ctx.names.telemetry(f"node-{n:05d}"), _batch(f"node-{n:05d}", time.time()))
-            sent += 1
-        await asyncio.sleep(max(0.0, second + 1 - time.monotonic()))
-    await asyncio.sleep(1.0)
-    stop.set()
-    await runner
-    lags = sorted(agg.lags_ms)
-    await agg.close()
-    await bus.close()
-    return {
-        "lag_gpus": gpus,
-        "lag_batches": len(lags),
-        "metrics_lag_p50_ms": round(statistics.median(lags), 1) if lags else -1,
-        "metrics_lag_p99_ms": round(lags[min(len(lags) - 1, int(0.99 * len(lags)))], 1) if lags else -1,
-    }
+    prefix = ctx.names.subject("telemetry")
+    agg = Aggregator(ctx, bus, ctx.ledger(), await JobStore.open(bus))
+    try:
+        jobs = await _populate(ctx, bus, nodes)
+        await agg.start(serve_metrics=False)
+        await _ready(agg, nodes, jobs)
+        stop = asyncio.Event()
+        runner = asyncio.create_task(agg.run(stop))
+        result: dict[str, float] = {"gpus": nodes * GPUS_PER_NODE, "nodes": nodes, "jobs": jobs}
+        result.update(await _flood(agg, settings, prefix, nodes, rounds))
+        result.update(await _steady(agg, settings, prefix, nodes, interval_s=interval_s, seconds=seconds))
+        stop.set()
+        await runner
+        snaps, cpu = sorted(agg.snapshot_ms), sorted(agg.snapshot_cpu_ms)
+        last = agg.latest
+        result.update({
+            "snapshots": len(snaps),
+            "snapshot_ms_p50": round(statistics.median(snaps), 2),
+            "snapshot_ms_p99": round(snaps[int(0.99 * (len(snaps) - 1))], 2),
+            "snapshot_cpu_ms_p99": round(cpu[int(0.99 * (len(cpu) - 1))], 2),
+            "snapshot_gpus_total": last.gpus_total if last else 0,
+            "snapshot_gpus_allocated": last.gpus_allocated if last else 0,
+            "snapshot_gpus_healthy": last.gpus_healthy if last else 0,
+            "snapshot_bytes": len(msgspec.json.encode(last)) if last else 0,
+        })  # fmt: skip
+        return result
+    finally:
+        await agg.close()
+        await agg.ledger.close()
+        await bus.close()
 
 
-async def _cleanup(settings: Settings) -> None:
-    await delete_namespace(settings.nats_url, settings.redis_url, settings.namespace)
-
-
-def run(gpus: int = 100_000, rounds: int = 5, lag_gpus: int = 10_000, lag_seconds: float = 10.0) -> dict[str, float]:
+def run(*, gpus: int = 100_000, rounds: int = 5, interval_s: float = 1.0, seconds: float = 15.0) -> dict[str, float]:
     from chamber.cli.infra import resolve
 
     infra = resolve()
@@ -142,14 +183,12 @@ def run(gpus: int = 100_000, rounds: int = 5, lag_gpus: int = 10_000, lag_second
             metrics_port=0,
         )  # fmt: skip
 
-        async def both() -> dict[str, float]:
+        async def go() -> dict[str, float]:
             try:
-                result = {"gpus": gpus, **await _throughput(settings, gpus, rounds)}
-                result.update(await _lag(settings, lag_gpus, lag_seconds))
-                return result
+                return await _bench(settings, gpus, rounds, interval_s, seconds)
             finally:
-                await _cleanup(settings)
+                await delete_namespace(settings.nats_url, settings.redis_url, settings.namespace)
 
-        return asyncio.run(both())
+        return asyncio.run(go())
     finally:
         infra.stop()

@@ -6,7 +6,8 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from chamber.collector.core.metrics import FleetMetrics
-from chamber.common.contracts import FleetSnapshot, GpuSample
+from chamber.common.codec import DecodeError, Decoder
+from chamber.common.contracts import FleetSnapshot, GpuSample, NodeTelemetry
 
 MIB = 1.0
 
@@ -67,26 +68,39 @@ def _flag(value: bool | None) -> float | None:
     return None if value is None else float(value)
 
 
-class ChamberCollector(Collector):
-    """Reads the aggregator's state at scrape time (no copy kept per scrape in between)."""
+_batch = Decoder(NodeTelemetry)
 
-    def __init__(self, metrics: FleetMetrics, models: Callable[[str], str], latest: Callable[[], FleetSnapshot | None]):
+
+class ChamberCollector(Collector):
+    """Reads the aggregator's state at scrape time: each node's latest batch is decoded in full only here."""
+
+    def __init__(
+        self, metrics: FleetMetrics, models: Callable[[str, int], str], latest: Callable[[], FleetSnapshot | None]
+    ):
         self.metrics = metrics
         self.models = models
         self.latest = latest
 
+    def _batches(self) -> Iterator[NodeTelemetry]:
+        for kept in list(self.metrics.latest):
+            if isinstance(kept, NodeTelemetry):
+                yield kept
+            elif isinstance(kept, bytes):
+                try:
+                    yield _batch.decode(kept)
+                except DecodeError:
+                    continue
+
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        readings = list(self.metrics.readings.items())
+        samples = [(batch.node, s) for batch in self._batches() for s in batch.gpus]
         for name, help_text, read in DCGM_FIELDS:
             family = GaugeMetricFamily(name, help_text, labels=LABELS)
-            for slot, reading in readings:
-                value = read(reading.sample)
+            for node, s in samples:
+                value = read(s)
                 if value is None:
                     continue
-                s = reading.sample
-                family.add_metric(
-                    [str(s.index), s.uuid, f"nvidia{s.index}", self.models(slot), reading.node], float(value)
-                )
+                family.add_metric([str(s.index), s.uuid, f"nvidia{s.index}", self.models(node, s.index), node],
+                                  float(value))  # fmt: skip
             yield family
         snap = self.latest()
         if snap is None:

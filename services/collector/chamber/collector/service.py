@@ -9,7 +9,8 @@
   each simulated node gets a local job runner, so jobs run as real processes on this machine.
 
 A source publishes each node's inventory at start and every `inventory_interval_s` (a heartbeat), and one
-telemetry batch per node every `telemetry_interval_s`.
+telemetry batch per node every `telemetry_interval_s`. Only the simulated fleet reads the ledger (its GPUs are
+busy when a job holds them); a node agent reads its GPUs and nothing else, so 12,500 agents put no load on Redis.
 """
 
 import asyncio
@@ -33,7 +34,8 @@ log = get_logger(__name__)
 
 
 class Collector:
-    def __init__(self, ctx: Context, bus: Bus, ledger: Ledger, source: TelemetrySource) -> None:
+    def __init__(self, ctx: Context, bus: Bus, source: TelemetrySource, *, ledger: Ledger | None = None) -> None:
+        """`ledger`: where a simulated source learns which GPUs jobs hold; None for a real node agent."""
         self.ctx = ctx
         self.bus = bus
         self.ledger = ledger
@@ -50,11 +52,13 @@ class Collector:
         now = self.ctx.clock.now()
         if now - self._last_inventory_at >= self.ctx.settings.inventory_interval_s:
             await self.publish_inventory()
-        try:
-            owners = (await self.ledger.snapshot()).owners
-        except LedgerUnavailable:
-            owners = {}
-        allocation = {slot: holder.rsplit("/", 1)[0] for slot, holder in owners.items()}
+        allocation: dict[str, str] = {}
+        if self.ledger is not None:
+            try:
+                owners = (await self.ledger.snapshot()).owners
+            except LedgerUnavailable:
+                owners = {}
+            allocation = {slot: holder.rsplit("/", 1)[0] for slot, holder in owners.items()}
         for batch in self.source.sample(now, allocation):
             await self.bus.publish_nowait(self.bus.names.telemetry(batch.node), batch)
 
@@ -106,7 +110,7 @@ def simulated_source(ctx: Context) -> SimulatedFleet:
     return SimulatedFleet(shape, seed=s.seed)
 
 
-async def _agent(ctx: Context, bus: Bus, ledger: Ledger, stop: asyncio.Event) -> None:
+async def _agent(ctx: Context, bus: Bus, stop: asyncio.Event) -> None:
     from chamber.collector.nvml import NvmlReader, NvmlSource, XidWatcher, load_nvml
 
     s = ctx.settings
@@ -132,7 +136,7 @@ async def _agent(ctx: Context, bus: Bus, ledger: Ledger, stop: asyncio.Event) ->
     watcher = XidWatcher(nvml, reader.physical, on_xid, resolve=reader.xid_targets)
     watcher.start(asyncio.get_running_loop())
     try:
-        await Collector(ctx, bus, ledger, source).run(stop)
+        await Collector(ctx, bus, source).run(stop)
     finally:
         watcher.stop()
         for runner in runners:
@@ -152,22 +156,22 @@ async def main(ctx: Context, stop: asyncio.Event) -> None:
     if role not in ("all", "agent", "local", "sim", "aggregator"):
         raise ValueError(f"CHAMBER_COLLECTOR_ROLE={role!r}: use all, agent, local, sim or aggregator")
     bus = await ctx.bus()
-    ledger = ctx.ledger()
+    ledger = ctx.ledger() if role != "agent" else None
     aggregator = None
     tasks = []
     runners: list[AgentServer] = []
     try:
-        if role in ("all", "aggregator", "local"):
+        if ledger is not None and role in ("all", "aggregator", "local"):
             aggregator = Aggregator(ctx, bus, ledger, await JobStore.open(bus))
             await aggregator.start()
             tasks.append(asyncio.create_task(aggregator.run(stop)))
-        if role in ("all", "sim"):
+        if ledger is not None and role in ("all", "sim"):
             fleet = simulated_source(ctx)
             await follow_faults(ctx, bus, fleet)
             runners = await _runners(ctx, bus, [inv.node for inv in fleet.inventory(ctx.clock.now())], local=True)
-            tasks.append(asyncio.create_task(Collector(ctx, bus, ledger, fleet).run(stop)))
+            tasks.append(asyncio.create_task(Collector(ctx, bus, fleet, ledger=ledger).run(stop)))
         if role in ("agent", "local"):
-            tasks.append(asyncio.create_task(_agent(ctx, bus, ledger, stop)))
+            tasks.append(asyncio.create_task(_agent(ctx, bus, stop)))
         await asyncio.gather(*tasks)
     finally:
         for runner in runners:
@@ -175,4 +179,5 @@ async def main(ctx: Context, stop: asyncio.Event) -> None:
         if aggregator is not None:
             await aggregator.close()
         await bus.close()
-        await ledger.close()
+        if ledger is not None:
+            await ledger.close()

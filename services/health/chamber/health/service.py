@@ -32,7 +32,8 @@ from chamber.health.core.rules import DEFAULT_RULES, Rule, RuleError, as_batch, 
 log = get_logger(__name__)
 
 RECONCILE_INTERVAL_S = 5.0
-TICK_S = 1.0
+TICK_S = 0.25
+"""Time-driven transitions (a silent node) are noticed within this of their moment."""
 OWNER = "health"
 
 
@@ -88,6 +89,7 @@ class Health:
             await self.apply(self.engine.command(cmd, self.ctx.clock.now()))
 
     async def apply(self, verdicts: list[GpuHealthVerdict]) -> None:
+        """Cordons first (the ledger is the truth the scheduler reads), then every verdict, published together."""
         for verdict in verdicts:
             entity = self.engine.entities[(verdict.node, verdict.gpu_index)]
             slots = self._slots(verdict.node, verdict.gpu_index)
@@ -96,13 +98,16 @@ class Health:
             elif verdict.state == HealthState.HEALTHY:
                 keep = self._wanted_cordons()
                 await self.ledger.uncordon([s for s in slots if s not in keep])
-            await self.bus.publish(
-                self.bus.names.health_verdict(verdict.node, verdict.gpu_index),
-                verdict,
-                msg_id=f"{verdict.node}/{verdict.gpu_index}:{verdict.state}:{verdict.observed_at}",
-            )
-            log.warning("health.verdict", node=verdict.node, gpu=verdict.gpu_index, state=verdict.state,
-                        reason=verdict.reason, breaker=verdict.breaker_open)  # fmt: skip
+        await asyncio.gather(*(self._publish(v) for v in verdicts))
+
+    async def _publish(self, verdict: GpuHealthVerdict) -> None:
+        await self.bus.publish(
+            self.bus.names.health_verdict(verdict.node, verdict.gpu_index),
+            verdict,
+            msg_id=f"{verdict.node}/{verdict.gpu_index}:{verdict.state}:{verdict.observed_at}",
+        )
+        log.warning("health.verdict", node=verdict.node, gpu=verdict.gpu_index, state=verdict.state,
+                    reason=verdict.reason, breaker=verdict.breaker_open)  # fmt: skip
 
     def _slots(self, node: str, gpu: int | None) -> list[str]:
         if gpu is not None:

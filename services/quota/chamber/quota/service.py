@@ -2,7 +2,8 @@
 
 At start the configuration is seeded from `CHAMBER_QUOTA_FILE` into the quota KV bucket if none is stored yet;
 afterwards the KV is the truth (admins change it through the gateway). Usage and spend come from the job records,
-so a restart recomputes them exactly.
+so a restart recomputes them exactly: at start from all records, then one state change at a time
+(`chamber.quota.core.accounting`); a new configuration or a node changing pool rebuilds the sums once.
 """
 
 import asyncio
@@ -18,7 +19,8 @@ from chamber.common.quota import ConfigError, QuotaBook, validate
 from chamber.common.quotastore import QuotaStore, load_yaml
 from chamber.common.runtime import Context, wait_event
 from chamber.common.subjects import DECISIONS, QUOTA_BUCKET
-from chamber.quota.core.report import compute, org_totals
+from chamber.quota.core.accounting import Accounting
+from chamber.quota.core.report import org_totals
 
 log = get_logger(__name__)
 
@@ -32,8 +34,10 @@ class Quota:
         self.bus = bus
         self.store = store
         self.config_store = config_store
-        self.records: dict[str, JobRecord] = {}
         self.config = QuotaConfig()
+        self.accounting = Accounting(QuotaBook(self.config), {}, ctx.clock.now())
+        self._stale = False
+        """The configuration or a node's pool changed since the accounting was built."""
         self.node_pool: dict[str, str] = {}
         self.node_gpus: dict[str, int] = {}
         self._published: QuotaState | None = None
@@ -43,7 +47,9 @@ class Quota:
         await self.bootstrap()
         self._stop_follow = await self.config_store.follow(self._on_config)
         await self.bus.watch_latest(self.bus.names.subject("inventory.>"), Decoder(NodeInventory), self._on_inventory)
-        self.records = {job_id: rec for job_id, (rec, _) in (await self.store.load_all()).items()}
+        records = [rec for rec, _ in (await self.store.load_all()).values()]
+        self.accounting = Accounting.build(self._book(), self.node_pool, records, self.ctx.clock.now())
+        self._stale = False
         consumer = self.bus.consumer(
             stream=DECISIONS,
             durable="quota",
@@ -63,12 +69,22 @@ class Quota:
         await self.config_store.put(seed, 0)
         log.info("quota.bootstrapped", path=path, teams=len(seed.teams), pools=len(seed.pools))
 
+    @property
+    def records(self) -> dict[str, JobRecord]:
+        return self.accounting.records
+
     def _on_config(self, config: QuotaConfig) -> None:
         self.config = config
+        self._stale = True
 
     def _on_inventory(self, inv: NodeInventory) -> None:
-        self.node_pool[inv.node.name] = inv.node.pool
+        if self.node_pool.get(inv.node.name) != inv.node.pool:
+            self.node_pool[inv.node.name] = inv.node.pool
+            self._stale = True
         self.node_gpus[inv.node.name] = len(inv.node.gpus)
+
+    def _book(self) -> QuotaBook:
+        return QuotaBook(self.config, self.capacity())
 
     def capacity(self) -> dict[str, int]:
         cap: dict[str, int] = {}
@@ -77,14 +93,15 @@ class Quota:
         return cap
 
     async def on_state_changed(self, event: JobStateChanged) -> None:
-        known = self.records.get(event.record.id)
-        if known is None or known.version < event.record.version:
-            self.records[event.record.id] = event.record
+        self.accounting.apply(event.record, self.ctx.clock.now())
 
     async def publish(self) -> None:
         now = self.ctx.clock.now()
-        book = QuotaBook(self.config, self.capacity())
-        teams = compute(book, self.records.values(), self.node_pool, now)
+        book = self._book()
+        if self._stale:
+            self.accounting = Accounting.build(book, self.node_pool, self.records.values(), now)
+            self._stale = False
+        teams = self.accounting.teams(now, book)
         stale = self._published is None or now - self._published.computed_at >= REFRESH_S
         if not stale and self._published is not None and self._published.teams == teams:
             return

@@ -57,11 +57,15 @@ from chamber.common.contracts.quota import (
 from chamber.common.contracts.scheduler import SchedulerStats
 from chamber.common.contracts.telemetry import (
     FaultInjection,
+    GpuActivityView,
     GpuProcess,
     GpuSample,
     GpuXidEvent,
+    NodeActivityView,
     NodeTelemetry,
+    TelemetryActivityView,
     TelemetryEvent,
+    XidEventView,
 )
 
 __all__ = [
@@ -78,6 +82,7 @@ __all__ = [
     "FleetSnapshot",
     "GpuDevice",
     "GpuHealthVerdict",
+    "GpuActivityView",
     "GpuRef",
     "GpuProcess",
     "GpuSample",
@@ -100,6 +105,7 @@ __all__ = [
     "LogsChunk",
     "LogsRequest",
     "Node",
+    "NodeActivityView",
     "NodeInventory",
     "NodeTelemetry",
     "Placement",
@@ -123,8 +129,10 @@ __all__ = [
     "TeamConfig",
     "TeamQuota",
     "TeamUsage",
+    "TelemetryActivityView",
     "TelemetryEvent",
     "Topology",
     "TopologyLabels",
     "WorkloadRef",
+    "XidEventView",
 ]

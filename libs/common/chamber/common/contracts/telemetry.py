@@ -4,11 +4,14 @@ A capability a GPU lacks (older GPUs, MIG, a driver without the call) is an abse
 that could be mistaken for a reading.
 """
 
-from typing import Literal
+from typing import Annotated, Literal
 
 import msgspec
 
 from chamber.common.contracts.base import Contract, Event
+
+MAX_GPUS_PER_NODE = 1024
+"""GPU indices above this are garbage (a node has 8 or 16; MIG instances are not separate indices here)."""
 
 
 class GpuProcess(Contract, frozen=True):
@@ -83,6 +86,36 @@ class GpuXidEvent(Event, frozen=True):
 
 
 TelemetryEvent = NodeTelemetry | GpuXidEvent
+
+
+class GpuActivityView(msgspec.Struct, frozen=True, gc=False):
+    """The part of a `GpuSample` that fleet metrics need. Decoding the same bytes into this view skips building
+    every other field: the aggregator ingests 100,000 GPUs a second this way."""
+
+    index: Annotated[int, msgspec.Meta(ge=0, lt=MAX_GPUS_PER_NODE)]
+    gpu_util: float | None = None
+    sm_activity: float | None = None
+    power_w: float | None = None
+    power_limit_w: float | None = None
+    usage: float | None = None
+
+
+class NodeActivityView(msgspec.Struct, frozen=True, tag_field="kind", tag="NodeTelemetry"):
+    """A `NodeTelemetry` message, seen through `GpuActivityView`."""
+
+    node: str
+    sampled_at: float
+    interval_s: float
+    gpus: list[GpuActivityView]
+
+
+class XidEventView(msgspec.Struct, frozen=True, tag_field="kind", tag="GpuXidEvent"):
+    """A `GpuXidEvent`, seen by a consumer that only needs to know it is one."""
+
+    node: str
+
+
+TelemetryActivityView = NodeActivityView | XidEventView
 
 
 class FaultInjection(Event, frozen=True):

@@ -24,8 +24,13 @@ class QuotaBook:
         for t in config.teams:
             self.cohorts.setdefault(t.cohort, []).append(t.name)
         self.nominal_total: dict[str, int] = {}
-        for (_, pool), q in self.quotas.items():
+        self.team_pools: dict[str, list[str]] = {}
+        """team -> the pools it has a quota in, in configuration order."""
+        for (team, pool), q in self.quotas.items():
             self.nominal_total[pool] = self.nominal_total.get(pool, 0) + q.nominal
+            self.team_pools.setdefault(team, []).append(pool)
+        self.first_pool = min(self.capacity, default="")
+        """The pool a job goes to when nothing else says which (its name sorts first)."""
 
     @property
     def enabled(self) -> bool:

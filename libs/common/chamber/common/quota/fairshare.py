@@ -49,25 +49,29 @@ def fair_shares(
 
 
 def _water_fill(rows: list[tuple[str, float, float, float]], amount: float) -> dict[str, float]:
-    """Find the level L with sum(clamp(L*w - o, 0, c)) == amount (or everyone capped), exactly."""
+    """Find the level L with sum(clamp(L*w - o, 0, c)) == amount (or everyone capped), exactly, in O(n log n).
+
+    The total is piecewise linear in L: row (w, o, c) starts rising with slope w at L = o/w and stops at
+    L = (o+c)/w. One sweep over the sorted breakpoints keeps the running total and slope, and stops in the
+    segment where the total reaches `amount`; there the level follows by linear interpolation.
+    """
     if sum(c for _, _, _, c in rows) <= amount:
         return {team: c for team, _, _, c in rows}
-    points = sorted({o / w for _, w, o, _ in rows} | {(o + c) / w for _, w, o, c in rows})
-
-    def total_at(level: float) -> float:
-        return sum(min(c, max(0.0, level * w - o)) for _, w, o, c in rows)
-
-    lo = points[0]
-    for p in points:
-        if total_at(p) >= amount:
-            hi = p
-            break
-        lo = p
-    else:
-        hi = points[-1]
-    # Between two breakpoints the total is linear in the level.
-    t_lo, t_hi = total_at(lo), total_at(hi)
-    level = hi if t_hi == t_lo else lo + (amount - t_lo) * (hi - lo) / (t_hi - t_lo)
+    events: list[tuple[float, float]] = []  # (level, change of slope)
+    for _, w, o, c in rows:
+        events.append((o / w, w))
+        events.append(((o + c) / w, -w))
+    events.sort()
+    level = events[0][0]
+    total = slope = 0.0
+    for point, change in events:
+        if point > level:
+            reached = total + slope * (point - level)
+            if reached >= amount:
+                level += (amount - total) / slope
+                break
+            total, level = reached, point
+        slope += change
     return {team: min(c, max(0.0, level * w - o)) for team, w, o, c in rows}
 
 

@@ -1,14 +1,20 @@
 """The health state machine per GPU and per node: healthy -> suspect -> quarantined -> recovering -> healthy.
 
-- A fatal rule quarantines at once; a degraded one after `count` hits within its window (suspect until then);
-  a warning only marks suspect, and only after `count` hits (flap suppression).
+- A fatal rule quarantines at once; a degraded one after `count` hits within its window (suspect until then), or
+  once its signal has held in every sample for `sustain_s`; a warning only marks suspect, and only after `count`
+  hits (flap suppression). Windows and streaks are measured in the samples' own time, so a consumer that catches
+  up on a backlog judges it as it happened.
+- A node is silent when its last sample is older than `heartbeat_intervals` of its interval and at least
+  `heartbeat_min_s`: a late sample or an agent restart is not a dead node. "Older" is measured against the clock,
+  but never beyond `watermark_slack_s` past the newest sample seen from any node: a health service that falls
+  behind its telemetry, or a telemetry path that stops for everyone, does not make every node look dead.
 - A quarantined entity recovers after `probation_s` without any rule firing (the fault is gone: a reset cleared
   the volatile counter, the node came back), and returns to healthy after a second clean probation.
 - A repeat offender (`repeat_count` fatal events within `repeat_window_s`) and anything an operator cordoned stay
   out until an operator releases them.
 - Circuit breaker: if quarantining would put more than `breaker_share` of the nodes into quarantine within
   `breaker_window_s` (a bad rule, a bad driver rollout), nothing more is quarantined: the verdict is an alert
-  (`breaker_open`), and scheduling goes on.
+  (`breaker_open`, once per entity per breaker window), and scheduling goes on.
 
 Pure: observations and the time in, verdicts out. The shell turns quarantines into ledger cordons.
 """
@@ -18,7 +24,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from chamber.common.contracts import GpuHealthVerdict, HealthCommand, HealthState, NodeTelemetry
-from chamber.health.core.rules import DEFAULT_RULES, CounterHistory, Rule, Severity, gpu_signals, matching
+from chamber.health.core.rules import DEFAULT_RULES, CounterHistory, Rule, RuleIndex, Severity, gpu_signals
 
 Key = tuple[str, int | None]
 """(node, GPU index); None for the node as a whole."""
@@ -29,6 +35,8 @@ class HealthConfig:
     probation_s: float = 600.0
     suspect_clear_s: float = 300.0
     heartbeat_intervals: int = 3
+    heartbeat_min_s: float = 30.0
+    watermark_slack_s: float = 1.0
     repeat_count: int = 5
     repeat_window_s: float = 86400.0
     breaker_share: float = 0.5
@@ -63,6 +71,9 @@ class Entity:
     held: bool = False
     hits: dict[str, deque[float]] = field(default_factory=dict)
     fatal_events: deque[float] = field(default_factory=deque)
+    streaks: dict[str, float] = field(default_factory=dict)
+    breaker_alerted: float = float("-inf")
+    """Sustained rule -> the sample time its signal started holding."""
     uuid: str = ""
 
 
@@ -70,12 +81,17 @@ class HealthEngine:
     def __init__(self, rules: Iterable[Rule] = DEFAULT_RULES, config: HealthConfig | None = None) -> None:
         self.rules = tuple(rules)
         self.gpu_rules = tuple(r for r in self.rules if r.signal not in ("heartbeat_loss", "gpu_count_drop"))
+        self.index = RuleIndex(self.gpu_rules)
         self.config = config or HealthConfig()
         self.entities: dict[Key, Entity] = {}
         self.node_gpus: dict[str, int] = {}
         self.last_seen: dict[str, tuple[float, float]] = {}
         self.quarantines: deque[tuple[float, str]] = deque()
         self.history = CounterHistory()
+        self.watermark = float("-inf")
+        """The newest sample time seen from any node: how far the telemetry has been read."""
+        self.unwell: set[Key] = set()
+        """Entities not healthy: the only ones whose time-driven transitions `tick` has to look at."""
 
     # ---- inputs ---------------------------------------------------------------------------------------------
 
@@ -86,22 +102,34 @@ class HealthEngine:
     def observe(self, batch: NodeTelemetry, now: float) -> list[GpuHealthVerdict]:
         node = batch.node
         self.last_seen[node] = (batch.sampled_at, batch.interval_s)
+        if batch.interval_s and batch.sampled_at > self.watermark:
+            self.watermark = batch.sampled_at
         verdicts: list[GpuHealthVerdict] = []
         node_hits: list[tuple[Rule, float]] = []
         expected = self.node_gpus.get(node, 0)
         if batch.interval_s and expected and len(batch.gpus) < expected:
             node_hits += [(r, float(expected - len(batch.gpus))) for r in self.rules if r.signal == "gpu_count_drop"]
+        at = batch.sampled_at
         for sample in batch.gpus:
-            signals = gpu_signals(sample, self.history, node, batch.sampled_at)
-            hits = matching(self.gpu_rules, signals, sample.xids)
+            signals = gpu_signals(sample, self.history, node, at)
+            hits = self.index.match(signals, sample.xids)
             gpu_hits = [(r, v) for r, v in hits if r.scope == "gpu"]
             node_hits += [(r, v) for r, v in hits if r.scope == "node"]
             entity = self._entity(node, sample.index)
             entity.uuid = sample.uuid
-            verdicts += self._judge(entity, gpu_hits, now)
+            if entity.streaks:
+                _break_streaks(entity, gpu_hits)
+            verdicts += self._judge(entity, gpu_hits, now, at)
+        node_entity = self._entity(node, None)
+        if node_entity.streaks:
+            _break_streaks(node_entity, node_hits)
         if node_hits or batch.interval_s:
-            verdicts += self._judge(self._entity(node, None), node_hits, now)
+            verdicts += self._judge(node_entity, node_hits, now, at)
         return verdicts
+
+    def silence_limit(self, interval_s: float) -> float:
+        """How long a node reporting every `interval_s` may stay silent before it counts as lost."""
+        return max(self.config.heartbeat_intervals * interval_s, self.config.heartbeat_min_s)
 
     def command(self, cmd: HealthCommand, now: float) -> list[GpuHealthVerdict]:
         entity = self._entity(cmd.node, cmd.gpu_index)
@@ -119,12 +147,14 @@ class HealthEngine:
     def tick(self, now: float) -> list[GpuHealthVerdict]:
         """Time-driven transitions: heartbeat loss, and recovery of entities that stayed clean."""
         verdicts: list[GpuHealthVerdict] = []
+        horizon = min(now, self.watermark + self.config.watermark_slack_s)
         for node, (seen, interval) in list(self.last_seen.items()):
-            if interval and now - seen > self.config.heartbeat_intervals * interval:
-                rules = [(r, now - seen) for r in self.rules if r.signal == "heartbeat_loss"]
-                verdicts += self._judge(self._entity(node, None), rules, now)
+            if interval and horizon - seen > self.silence_limit(interval):
+                rules = [(r, horizon - seen) for r in self.rules if r.signal == "heartbeat_loss"]
+                verdicts += self._judge(self._entity(node, None), rules, now, now)
         c = self.config
-        for entity in list(self.entities.values()):
+        for key in list(self.unwell):
+            entity = self.entities[key]
             clean_for = now - entity.last_bad
             if entity.held:
                 continue
@@ -147,16 +177,21 @@ class HealthEngine:
             entity = self.entities[key] = Entity(node, gpu)
         return entity
 
-    def _judge(self, entity: Entity, hits: list[tuple[Rule, float]], now: float) -> list[GpuHealthVerdict]:
+    def _judge(self, entity: Entity, hits: list[tuple[Rule, float]], now: float, at: float) -> list[GpuHealthVerdict]:
+        """`now`: when the verdict is made; `at`: the time of the observation (sample time) the hits come from."""
         if not hits:
             return []
         entity.last_bad = now
         worst: tuple[Rule, float] | None = None
         for rule, value in hits:
-            if rule.count > 1:
+            if rule.sustain_s:
+                since = entity.streaks.setdefault(rule.name, at)
+                if at - since < rule.sustain_s:
+                    continue  # not held long enough (a warning rule on the same signal may mark it suspect)
+            elif rule.count > 1:
                 times = entity.hits.setdefault(rule.name, deque())
-                times.append(now)
-                while times and now - times[0] > rule.window_s:
+                times.append(at)
+                while times and at - times[0] > rule.window_s:
                     times.popleft()
                 if len(times) < rule.count:
                     if rule.severity == Severity.DEGRADED and entity.state == HealthState.HEALTHY:
@@ -197,6 +232,9 @@ class HealthEngine:
     ) -> list[GpuHealthVerdict]:
         if state == HealthState.QUARANTINED and entity.state not in (HealthState.QUARANTINED, HealthState.RECOVERING):
             if not force and self._breaker_trips(entity.node, now):
+                if now - entity.breaker_alerted < self.config.breaker_window_s:
+                    return []  # alerted already
+                entity.breaker_alerted = now
                 share = f"{self.config.breaker_share:.0%}"
                 held_back = Finding(finding.severity, finding.rule,
                                     f"circuit breaker open: would quarantine more than {share} of nodes; "
@@ -207,6 +245,10 @@ class HealthEngine:
             return []
         entity.state = state
         entity.since = now
+        if state == HealthState.HEALTHY:
+            self.unwell.discard((entity.node, entity.gpu))
+        else:
+            self.unwell.add((entity.node, entity.gpu))
         entity.severity, entity.rule, entity.reason, entity.action = (
             finding.severity, finding.rule, finding.reason, finding.action
         )  # fmt: skip
@@ -235,6 +277,10 @@ class HealthEngine:
             return
         entity = self._entity(verdict.node, verdict.gpu_index)
         entity.state, entity.since = verdict.state, verdict.observed_at
+        if verdict.state == HealthState.HEALTHY:
+            self.unwell.discard((verdict.node, verdict.gpu_index))
+        else:
+            self.unwell.add((verdict.node, verdict.gpu_index))
         entity.severity, entity.rule, entity.reason = verdict.severity, verdict.rule, verdict.reason
         entity.action, entity.held, entity.uuid = verdict.action, verdict.held, verdict.uuid
         if verdict.state in (HealthState.QUARANTINED, HealthState.SUSPECT):
@@ -243,6 +289,13 @@ class HealthEngine:
     def out_of_service(self) -> list[Entity]:
         """Entities whose GPUs must be unschedulable now."""
         return [e for e in self.entities.values() if e.state in (HealthState.QUARANTINED, HealthState.RECOVERING)]
+
+
+def _break_streaks(entity: Entity, hits: list[tuple[Rule, float]]) -> None:
+    """A sample without a sustained rule's signal ends its streak."""
+    held = {rule.name for rule, _ in hits}
+    for name in [n for n in entity.streaks if n not in held]:
+        del entity.streaks[name]
 
 
 def _rank(severity: Severity) -> int:

@@ -3,10 +3,11 @@
 The defaults follow NVIDIA's XID catalog, DCGM's health watches and NVSentinel: hardware XIDs are fatal,
 application XIDs (13, 31, 43, 45, 68: a bad kernel, not a bad GPU) are ignored; a volatile double-bit ECC error,
 a failed row remap or a GPU off the bus take the GPU out at once; pending remaps and retired-page limits (pre-Ampere)
-call for a reset; NVLink and PCIe error *rates* above budget degrade; thermal and power throttling are warnings
-with flap suppression; a node silent for three intervals, or one reporting fewer GPUs than it has, is taken out
-whole. Operators extend or override the list with a YAML file of rules (`CHAMBER_HEALTH_RULES_FILE`; a rule
-with a default's name replaces it).
+call for a reset; correctable ECC, NVLink and PCIe error *rates* above budget, seen 3 times within a minute,
+degrade (isolated correctable errors are normal and never reach them); thermal and power throttling are warnings
+with flap suppression, and thermal throttling held for a whole minute degrades; a node silent for three intervals
+(and at least 30 s), or one reporting fewer GPUs than it has, is taken out whole. Operators extend or override
+the list with a YAML file of rules (`CHAMBER_HEALTH_RULES_FILE`; a rule with a default's name replaces it).
 """
 
 from collections.abc import Mapping
@@ -29,6 +30,7 @@ class Severity(StrEnum):
 Signal = Literal[
     "xid",
     "ecc_dbe_volatile",
+    "ecc_sbe_rate",
     "remapped_rows_failure",
     "remapped_rows_pending",
     "retired_pages_total",
@@ -54,6 +56,8 @@ class Rule:
     """...this many times..."""
     window_s: float = 0.0
     """...within this window (0: a single occurrence is enough)."""
+    sustain_s: float = 0.0
+    """Instead of a count: the signal is above threshold in every sample for this long (0: not used)."""
     scope: Literal["gpu", "node"] = "gpu"
     action: Literal["", "reset-gpu", "reboot-node", "rma"] = ""
     xids: tuple[int, ...] = ()
@@ -73,11 +77,14 @@ DEFAULT_RULES: tuple[Rule, ...] = (
     Rule("row-remap-pending", "remapped_rows_pending", Severity.DEGRADED, action="reset-gpu"),
     Rule("retired-pages-limit", "retired_pages_total", Severity.FATAL, threshold=59, action="rma"),
     Rule("retired-pages-pending", "retired_pages_pending", Severity.DEGRADED, action="reset-gpu"),
+    Rule("ecc-sbe-rate", "ecc_sbe_rate", Severity.DEGRADED, threshold=10.0, count=3, window_s=60,
+         action="reset-gpu"),
     Rule("nvlink-error-rate", "nvlink_error_rate", Severity.DEGRADED, threshold=10.0, count=3, window_s=60,
          action="reset-gpu"),
     Rule("pcie-replay-rate", "pcie_replay_rate", Severity.DEGRADED, threshold=8.0, count=3, window_s=60,
          action="reboot-node"),
     Rule("thermal-throttle", "thermal_throttle", Severity.WARNING, count=3, window_s=60),
+    Rule("thermal-throttle-sustained", "thermal_throttle", Severity.DEGRADED, sustain_s=60),
     Rule("power-throttle", "power_throttle", Severity.WARNING, count=3, window_s=60),
     Rule("nvml-recovery-action", "recovery_action", Severity.DEGRADED, action="reset-gpu"),
     Rule("heartbeat-loss", "heartbeat_loss", Severity.FATAL, scope="node", action="reboot-node"),
@@ -124,20 +131,31 @@ def merge_rules(extra: list[object], base: tuple[Rule, ...] = DEFAULT_RULES) -> 
     return tuple(rules.values())
 
 
+Counters = tuple[float, int | None, int | None, int | None]
+"""A GPU's sample time and its correctable ECC, NVLink and PCIe counters."""
+
+
 @dataclass
 class CounterHistory:
-    """Previous counter values per GPU, to turn cumulative counters into rates."""
+    """Each GPU's previous counters, to turn cumulative counters into rates (one entry per GPU)."""
 
-    last: dict[str, tuple[float, float]] = field(default_factory=dict)
+    last: dict[tuple[str, int], Counters] = field(default_factory=dict)
 
-    def rate(self, key: str, value: int | None, at: float) -> float | None:
-        if value is None:
-            return None
+    def rates(self, key: tuple[str, int], now: Counters) -> tuple[float | None, float | None, float | None]:
+        """Per counter: its increase per second since the GPU's previous sample (None: no previous value)."""
         prev = self.last.get(key)
-        self.last[key] = (at, float(value))
-        if prev is None or at <= prev[0]:
-            return None
-        return max(0.0, (value - prev[1]) / (at - prev[0]))
+        self.last[key] = now
+        if prev is None or now[0] <= prev[0]:
+            return None, None, None
+        dt = now[0] - prev[0]
+        return _rate(prev[1], now[1], dt), _rate(prev[2], now[2], dt), _rate(prev[3], now[3], dt)
+
+
+def _rate(before: int | None, after: int | None, dt: float) -> float | None:
+    """A counter that went down was reset (a GPU reset clears volatile counters): no errors, not negative ones."""
+    if before is None or after is None:
+        return None
+    return max(0.0, (after - before) / dt)
 
 
 def gpu_signals(sample: GpuSample, history: CounterHistory, node: str, at: float) -> Mapping[str, float]:
@@ -153,18 +171,20 @@ def gpu_signals(sample: GpuSample, history: CounterHistory, node: str, at: float
         out["retired_pages_total"] = float((sample.retired_pages_dbe or 0) + (sample.retired_pages_sbe or 0))
     if sample.retired_pages_pending is not None:
         out["retired_pages_pending"] = float(sample.retired_pages_pending)
-    key = f"{node}/{sample.index}"
     nvlink = None
     if sample.nvlink_replay_errors is not None or sample.nvlink_crc_errors is not None:
         nvlink = (
             (sample.nvlink_replay_errors or 0) + (sample.nvlink_recovery_errors or 0) + (sample.nvlink_crc_errors or 0)
         )
-    rate = history.rate(f"{key}:nvlink", nvlink, at)
-    if rate is not None:
-        out["nvlink_error_rate"] = rate
-    rate = history.rate(f"{key}:pcie", sample.pcie_replay_count, at)
-    if rate is not None:
-        out["pcie_replay_rate"] = rate
+    sbe, nvl, pcie = history.rates(
+        (node, sample.index), (at, sample.ecc_sbe_volatile, nvlink, sample.pcie_replay_count)
+    )
+    if sbe is not None:
+        out["ecc_sbe_rate"] = sbe
+    if nvl is not None:
+        out["nvlink_error_rate"] = nvl
+    if pcie is not None:
+        out["pcie_replay_rate"] = pcie
     if sample.clock_event_reasons is not None:
         out["thermal_throttle"] = float(bool(sample.clock_event_reasons & THERMAL_MASK))
         out["power_throttle"] = float(bool(sample.clock_event_reasons & POWER_MASK))
@@ -173,8 +193,36 @@ def gpu_signals(sample: GpuSample, history: CounterHistory, node: str, at: float
     return out
 
 
+class RuleIndex:
+    """The rules by signal, so that a sample is checked against the rules of the signals it carries only."""
+
+    def __init__(self, rules: tuple[Rule, ...]) -> None:
+        self.by_signal: dict[str, list[Rule]] = {}
+        self.xid_rules = [r for r in rules if r.signal == "xid"]
+        self.zero_is_quiet = all(r.threshold >= 0 for r in rules)
+        """No rule fires on a zero (the usual value of every signal): zeros need no lookup."""
+        for rule in rules:
+            if rule.signal != "xid":
+                self.by_signal.setdefault(rule.signal, []).append(rule)
+
+    def match(self, signals: Mapping[str, float], xids: list[int]) -> list[tuple[Rule, float]]:
+        """Like `matching`, with the same hits in the same order for any one signal."""
+        hits = []
+        if xids:
+            hits = [(rule, float(x)) for rule in self.xid_rules for x in [next((x for x in xids if x in rule.xids), -1)]
+                    if x >= 0]  # fmt: skip
+        for signal, value in signals.items():
+            if value == 0.0 and self.zero_is_quiet:
+                continue
+            for rule in self.by_signal.get(signal, ()):
+                if value > rule.threshold:
+                    hits.append((rule, value))
+        return hits
+
+
 def matching(rules: tuple[Rule, ...], signals: Mapping[str, float], xids: list[int]) -> list[tuple[Rule, float]]:
-    """The rules whose signal is above threshold in this observation, with the value seen."""
+    """The rules whose signal is above threshold in this observation, with the value seen (the definition that
+    `RuleIndex.match` implements faster)."""
     hits = []
     for rule in rules:
         if rule.signal == "xid":

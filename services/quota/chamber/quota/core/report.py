@@ -4,10 +4,14 @@ Accounting is derived from the job records alone, so a restarted quota service r
 GPU time = GPUs x (checkpointed run time + time lost to preemptions + the current attempt so far). Recent usage
 for fair share decays with the configured half-life: a run from s to e at `now` weighs
 integral of 2^-((now - t) / H) dt, expressed as an average number of GPUs.
+
+`tally` sums every record from scratch (the definition); `chamber.quota.core.accounting` keeps the same sums up to
+date one record change at a time (what the service runs). Both hand a `Tally` to `report`.
 """
 
 import math
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Literal
 
@@ -27,10 +31,30 @@ def period_start(period: str, now: float) -> float:
     return day.replace(day=1).timestamp()
 
 
+def holds_gpus(record: JobRecord) -> bool:
+    """Running, or placed and about to start: its GPUs count as used."""
+    return record.state == JobState.RUNNING or (record.placement is not None and record.state in PENDING)
+
+
+def waits(record: JobRecord) -> bool:
+    return record.placement is None and record.state in PENDING
+
+
+def running_since(record: JobRecord) -> float | None:
+    """When the current attempt started, for a running job (its GPU time still grows)."""
+    return record.started_at if record.state == JobState.RUNNING else None
+
+
+def ended_at(record: JobRecord) -> float:
+    """When a job that is not running last ran or changed (what a budget period is compared with)."""
+    return record.finished_at or record.updated_at
+
+
 def gpu_seconds(record: JobRecord, now: float) -> float:
     ran = record.run_s + record.lost_s
-    if record.state == JobState.RUNNING and record.started_at is not None:
-        ran += max(0.0, now - record.started_at)
+    since = running_since(record)
+    if since is not None:
+        ran += max(0.0, now - since)
     return record.spec.gpus * ran
 
 
@@ -38,7 +62,7 @@ def recent_gpus(record: JobRecord, now: float, half_life_s: float) -> float:
     """The job's decayed recent usage, as an average number of GPUs over the decay's time constant."""
     if record.started_at is None:
         return 0.0
-    end = now if record.state == JobState.RUNNING else (record.finished_at or record.updated_at)
+    end = now if record.state == JobState.RUNNING else ended_at(record)
     start = record.started_at - record.run_s - record.lost_s  # earlier attempts, approximated as contiguous
     k = math.log(2) / half_life_s
     weight = math.exp(-k * max(0.0, now - end)) - math.exp(-k * max(0.0, now - start))
@@ -50,69 +74,104 @@ def pool_of(record: JobRecord, book: QuotaBook, node_pool: Mapping[str, str]) ->
         return node_pool.get(record.placement.gpus[0].node, "")
     if record.spec.pool:
         return record.spec.pool
-    quotas = [p for (t, p) in book.quotas if t == record.spec.team]
-    return quotas[0] if quotas else next(iter(sorted(book.capacity)), "")
+    quotas = book.team_pools.get(record.spec.team)
+    return quotas[0] if quotas else book.first_pool
 
 
-def compute(
-    book: QuotaBook, records: Iterable[JobRecord], node_pool: Mapping[str, str], now: float
-) -> dict[str, TeamUsage]:
-    usage: dict[tuple[str, str], int] = {}
-    demand: dict[tuple[str, str], int] = {}
-    counts: dict[str, list[int]] = {}
-    seconds: dict[str, float] = {}
-    by_pool: dict[str, dict[str, float]] = {}
-    by_priority: dict[str, dict[str, float]] = {}
-    cost: dict[str, float] = {}
-    in_period: dict[str, tuple[float, float]] = {}
-    recent: dict[str, float] = {}
+def price_of(book: QuotaBook, pool: str) -> float:
+    return book.pools[pool].cost_per_gpu_hour if pool in book.pools else 0.0
+
+
+@dataclass
+class Tally:
+    """Per-team sums over the job records at one moment (GPU-hours, not seconds)."""
+
+    usage: dict[tuple[str, str], int] = field(default_factory=dict)
+    demand: dict[tuple[str, str], int] = field(default_factory=dict)
+    counts: dict[str, list[int]] = field(default_factory=dict)
+    """team -> [GPUs running, jobs running, jobs pending, GPUs pending]."""
+    hours: dict[str, float] = field(default_factory=dict)
+    hours_by_pool: dict[str, dict[str, float]] = field(default_factory=dict)
+    hours_by_priority: dict[str, dict[str, float]] = field(default_factory=dict)
+    cost: dict[str, float] = field(default_factory=dict)
+    in_period: dict[str, tuple[float, float]] = field(default_factory=dict)
+    """team (with a budget) -> (GPU-hours, cost) in the budget's current period."""
+    recent: dict[str, float] = field(default_factory=dict)
+
+
+def count(tally: Tally, record: JobRecord, pool: str, sign: int) -> None:
+    """Add (sign 1) or take away (-1) what a record contributes to the GPU and job counts."""
+    team, gpus = record.spec.team, record.spec.gpus
+    key = (team, pool)
+    row = tally.counts.setdefault(team, [0, 0, 0, 0])
+    if holds_gpus(record):
+        tally.usage[key] = tally.usage.get(key, 0) + sign * gpus
+        tally.demand[key] = tally.demand.get(key, 0) + sign * gpus
+        row[0] += sign * gpus
+        row[1] += sign
+    elif waits(record):
+        tally.demand[key] = tally.demand.get(key, 0) + sign * gpus
+        row[2] += sign
+        row[3] += sign * gpus
+
+
+def tally(book: QuotaBook, records: Iterable[JobRecord], node_pool: Mapping[str, str], now: float) -> Tally:
+    """Every record's contribution at `now`, summed from scratch."""
+    out = Tally()
     half_life = book.config.usage_half_life_s
     starts = {t.name: period_start(t.budget.period, now) for t in book.config.teams if t.budget}
     for r in records:
         team = r.spec.team
         pool = pool_of(r, book, node_pool)
-        row = counts.setdefault(team, [0, 0, 0, 0])
-        key = (team, pool)
-        if r.state == JobState.RUNNING or (r.placement is not None and r.state in PENDING):
-            usage[key] = usage.get(key, 0) + r.spec.gpus
-            demand[key] = demand.get(key, 0) + r.spec.gpus
-            row[0] += r.spec.gpus
-            row[1] += 1
-        elif r.state in PENDING:
-            demand[key] = demand.get(key, 0) + r.spec.gpus
-            row[2] += 1
-            row[3] += r.spec.gpus
-        used_s = gpu_seconds(r, now)
-        price = book.pools[pool].cost_per_gpu_hour if pool in book.pools else 0.0
-        seconds[team] = seconds.get(team, 0.0) + used_s
-        if used_s:
-            pools = by_pool.setdefault(team, {})
-            pools[pool] = pools.get(pool, 0.0) + used_s / 3600
-            prios = by_priority.setdefault(team, {})
-            prios[r.spec.priority] = prios.get(r.spec.priority, 0.0) + used_s / 3600
-        cost[team] = cost.get(team, 0.0) + used_s / 3600 * price
-        if team in starts and (r.state == JobState.RUNNING or (r.finished_at or r.updated_at) >= starts[team]):
-            h, c = in_period.get(team, (0.0, 0.0))
-            in_period[team] = (h + used_s / 3600, c + used_s / 3600 * price)
-        recent[team] = recent.get(team, 0.0) + recent_gpus(r, now, half_life)
-    shares = fair_shares(book, demand, recent)
-    stand = standings(shares, usage)
-    teams = set(counts) | set(book.teams)
+        count(out, r, pool, 1)
+        hours = gpu_seconds(r, now) / 3600
+        price = price_of(book, pool)
+        out.hours[team] = out.hours.get(team, 0.0) + hours
+        if hours:
+            pools = out.hours_by_pool.setdefault(team, {})
+            pools[pool] = pools.get(pool, 0.0) + hours
+            prios = out.hours_by_priority.setdefault(team, {})
+            prios[r.spec.priority] = prios.get(r.spec.priority, 0.0) + hours
+        out.cost[team] = out.cost.get(team, 0.0) + hours * price
+        if team in starts and (r.state == JobState.RUNNING or ended_at(r) >= starts[team]):
+            h, c = out.in_period.get(team, (0.0, 0.0))
+            out.in_period[team] = (h + hours, c + hours * price)
+        out.recent[team] = out.recent.get(team, 0.0) + recent_gpus(r, now, half_life)
+    return out
+
+
+def compute(
+    book: QuotaBook, records: Iterable[JobRecord], node_pool: Mapping[str, str], now: float
+) -> dict[str, TeamUsage]:
+    """Every team's published usage, from scratch."""
+    return report(book, tally(book, records, node_pool, now))
+
+
+def report(book: QuotaBook, t: Tally) -> dict[str, TeamUsage]:
+    shares = fair_shares(book, t.demand, t.recent)
+    stand = standings(shares, t.usage)
+    share_of: dict[str, float] = {}
+    for (team, _), s in shares.items():
+        share_of[team] = share_of.get(team, 0.0) + s
+    nominal: dict[str, int] = {}
+    for (team, _), q in book.quotas.items():
+        nominal[team] = nominal.get(team, 0) + q.nominal
+    borrowed: dict[str, int] = {}
+    for (team, pool), used in t.usage.items():
+        borrowed[team] = borrowed.get(team, 0) + max(0, used - book.quota(team, pool).nominal)
+    lent = _lent(book, t.usage)
     out: dict[str, TeamUsage] = {}
-    for team in sorted(teams):
-        nominal = sum(q.nominal for (t, _), q in book.quotas.items() if t == team)
-        borrowed = sum(max(0, u - book.quota(t, p).nominal) for (t, p), u in usage.items() if t == team)
-        lent = _lent(book, usage, team)
-        g, j, p, gp = counts.get(team, [0, 0, 0, 0])
-        used_share, state = _budget(book, team, in_period.get(team, (0.0, 0.0)))
+    for team in sorted(set(t.counts) | set(book.teams)):
+        g, j, p, gp = t.counts.get(team, [0, 0, 0, 0])
+        used_share, state = _budget(book, team, t.in_period.get(team, (0.0, 0.0)))
         out[team] = TeamUsage(
-            team=team, gpus_running=g, jobs_running=j, jobs_pending=p, gpus_pending=gp, nominal=nominal,
-            borrowed=borrowed, lent=lent,
-            fair_share=round(sum(s for (t, _), s in shares.items() if t == team), 3),
-            standing=round(stand.get(team, 0.0), 4), gpu_hours=round(seconds.get(team, 0.0) / 3600, 4),
-            cost=round(cost.get(team, 0.0), 4), budget_used=round(used_share, 4), budget_state=state,
-            gpu_hours_by_pool={p: round(h, 4) for p, h in by_pool.get(team, {}).items()},
-            gpu_hours_by_priority={p: round(h, 4) for p, h in by_priority.get(team, {}).items()},
+            team=team, gpus_running=g, jobs_running=j, jobs_pending=p, gpus_pending=gp, nominal=nominal.get(team, 0),
+            borrowed=borrowed.get(team, 0), lent=lent.get(team, 0),
+            fair_share=round(share_of.get(team, 0.0), 3),
+            standing=round(stand.get(team, 0.0), 4), gpu_hours=round(t.hours.get(team, 0.0), 4),
+            cost=round(t.cost.get(team, 0.0), 4), budget_used=round(used_share, 4), budget_state=state,
+            gpu_hours_by_pool={p: round(h, 4) for p, h in t.hours_by_pool.get(team, {}).items()},
+            gpu_hours_by_priority={p: round(h, 4) for p, h in t.hours_by_priority.get(team, {}).items()},
             org=book.teams[team].org if team in book.teams else "",
         )  # fmt: skip
     return out
@@ -133,26 +192,26 @@ def org_totals(book: QuotaBook, teams: Mapping[str, TeamUsage]) -> dict[str, Org
     }  # fmt: skip
 
 
-def _lent(book: QuotaBook, usage: Mapping[tuple[str, str], int], team: str) -> int:
-    """GPUs of the team's idle nominal that borrowers in its cohort use now (shared in proportion)."""
-    cohort = book.cohort_of(team)
-    lent = 0.0
-    for (t, pool), q in book.quotas.items():
-        if t != team:
-            continue
+def _lent(book: QuotaBook, usage: Mapping[tuple[str, str], int]) -> dict[str, int]:
+    """Per team: GPUs of its idle nominal that borrowers in its cohort use now (shared in proportion)."""
+    idle: dict[tuple[str, str], int] = {}  # (pool, cohort) -> idle lendable nominal
+    borrowed: dict[tuple[str, str], int] = {}  # (pool, cohort) -> usage above nominal
+    mine: dict[tuple[str, str], int] = {}  # (team, pool) -> its idle lendable nominal
+    for (team, pool), q in book.quotas.items():
+        used = usage.get((team, pool), 0)
         cap = q.nominal if q.lending_limit is None else q.lending_limit
-        mine = max(0, min(cap, q.nominal - usage.get((t, pool), 0)))
-        idle = borrowed = 0
-        for (t2, p2), q2 in book.quotas.items():
-            if p2 != pool or book.cohort_of(t2) != cohort:
-                continue
-            used = usage.get((t2, p2), 0)
-            cap2 = q2.nominal if q2.lending_limit is None else q2.lending_limit
-            idle += max(0, min(cap2, q2.nominal - used))
-            borrowed += max(0, used - q2.nominal)
-        if idle:
-            lent += mine * min(1.0, borrowed / idle)
-    return round(lent)
+        cohort = (pool, book.cohort_of(team))
+        mine[(team, pool)] = max(0, min(cap, q.nominal - used))
+        idle[cohort] = idle.get(cohort, 0) + mine[(team, pool)]
+        borrowed[cohort] = borrowed.get(cohort, 0) + max(0, used - q.nominal)
+    lent: dict[str, float] = {}
+    for (team, pool), m in mine.items():
+        cohort = (pool, book.cohort_of(team))
+        if idle[cohort]:
+            lent[team] = lent.get(team, 0.0) + m * min(1.0, borrowed[cohort] / idle[cohort])
+        else:
+            lent.setdefault(team, 0.0)
+    return {team: round(v) for team, v in lent.items()}
 
 
 BudgetState = Literal["none", "ok", "warn", "blocked-preemptible", "blocked-all"]

@@ -1,0 +1,155 @@
+"""The quota service's incremental accounting equals the from-scratch sum over all records, after any sequence of
+job state changes, as time passes (running jobs' GPU time grows, recent usage decays, budget periods roll over)."""
+
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from chamber.common.contracts import (
+    BudgetSpec,
+    GpuRef,
+    JobRecord,
+    JobSpec,
+    JobState,
+    OrgConfig,
+    Placement,
+    PoolConfig,
+    QuotaConfig,
+    TeamConfig,
+    TeamQuota,
+    TeamUsage,
+)
+from chamber.common.quota import QuotaBook
+from chamber.quota.core.accounting import Accounting
+from chamber.quota.core.report import compute
+
+START = 1_800_000_000.0
+DAY = 86400.0
+NODE_POOL = {"n1": "p", "n2": "q"}  # n9 is not in the inventory
+HALF_LIFE = 3 * 3600.0
+"""Short, so that a few days of updates move the accounting's epoch several times."""
+
+
+def book() -> QuotaBook:
+    config = QuotaConfig(
+        pools=[PoolConfig(name="p", gpu_model="H100", cost_per_gpu_hour=2.5),
+               PoolConfig(name="q", gpu_model="A100", cost_per_gpu_hour=1.25)],
+        orgs=[OrgConfig(name="acme")],
+        teams=[
+            TeamConfig(name="a", org="acme", cohort="x", weight=2.0,
+                       quotas=[TeamQuota(pool="p", nominal=8), TeamQuota(pool="q", nominal=4)],
+                       budget=BudgetSpec(gpu_hours=73.3, period="day", mode="block-all")),
+            TeamConfig(name="b", org="acme", cohort="x", quotas=[TeamQuota(pool="p", nominal=4, lending_limit=2)],
+                       budget=BudgetSpec(money=411.7, period="week")),
+            TeamConfig(name="c", org="acme", cohort="y", quotas=[TeamQuota(pool="q", nominal=6)]),
+        ],
+        usage_half_life_s=HALF_LIFE,
+    )  # fmt: skip
+    return QuotaBook(config, {"p": 32, "q": 16})
+
+
+times = st.floats(0, 6 * DAY, allow_nan=False)
+
+
+@st.composite
+def version(draw: st.DrawFn, job: str, number: int, end: float) -> JobRecord:
+    """A plausible record of `job` whose times all lie before `end`."""
+    state = draw(st.sampled_from(list(JobState)))
+    placed = state == JobState.RUNNING or (state in (JobState.PENDING, JobState.PREEMPTED) and draw(st.booleans()))
+    node = draw(st.sampled_from(["n1", "n2", "n9"]))
+    started = START + draw(times)
+    started = min(started, end)
+    updated = min(end, started + draw(times))
+    spec = JobSpec(name=job, team=draw(st.sampled_from(["a", "b", "c", "stranger"])),
+                   gpus_per_replica=draw(st.sampled_from([1, 2, 4, 8])), replicas=draw(st.sampled_from([1, 2])),
+                   priority=draw(st.sampled_from(["train", "research"])),
+                   pool=draw(st.sampled_from([None, "p", "q"])))  # fmt: skip
+    ran = state != JobState.PENDING or draw(st.booleans())
+    return JobRecord(
+        id=job, spec=spec, state=state, submitted_at=START, updated_at=updated, version=number,
+        placement=Placement(attempt=1, gpus=[GpuRef(node, 0)]) if placed else None,
+        started_at=started if (ran or placed) else None,
+        finished_at=updated if state in (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED) else None,
+        run_s=draw(times) / 4 if ran else 0.0, lost_s=draw(st.floats(0, 3600)) if ran else 0.0,
+    )  # fmt: skip
+
+
+@st.composite
+def history(draw: st.DrawFn) -> tuple[list[tuple[float, JobRecord | None]], float]:
+    """Record changes at increasing times (None: read the accounting then), and the time of the final check."""
+    end = START + draw(st.floats(DAY, 7 * DAY))
+    steps: list[tuple[float, JobRecord | None]] = []
+    versions: dict[str, int] = {}
+    now = START
+    for _ in range(draw(st.integers(1, 40))):
+        now = min(end, now + draw(st.floats(0, DAY / 2)))
+        if draw(st.integers(0, 4)) == 0:
+            steps.append((now, None))
+            continue
+        job = f"j{draw(st.integers(0, 7))}"
+        versions[job] = versions.get(job, 0) + draw(st.integers(-1, 2))  # repeats and stale versions too
+        steps.append((now, draw(version(job, versions[job], end))))
+    return steps, end
+
+
+def assert_same(incremental: dict[str, TeamUsage], scratch: dict[str, TeamUsage]) -> None:
+    """Equal, up to float rounding: values are rounded to 4 decimals, so two sums that differ in their last bits
+    may round one step apart (1e-4); the budget state is compared away from its thresholds for the same reason."""
+    assert incremental.keys() == scratch.keys()
+    for team, want in scratch.items():
+        got = incremental[team]
+        for name in TeamUsage.__struct_fields__:
+            a, b = getattr(got, name), getattr(want, name)
+            if name == "budget_state" and any(math.isclose(want.budget_used, x, abs_tol=1e-3) for x in (0.8, 1.0)):
+                continue
+            if isinstance(b, float):
+                assert a == pytest.approx(b, rel=1e-6, abs=2e-4), (team, name)
+            elif isinstance(b, dict):
+                assert a.keys() == b.keys(), (team, name)
+                assert a == pytest.approx(b, rel=1e-6, abs=2e-4), (team, name)
+            else:
+                assert a == b, (team, name)
+
+
+@settings(max_examples=300, deadline=None)
+@given(history())
+def test_incremental_accounting_equals_the_from_scratch_sum(case: tuple[list[tuple[float, JobRecord | None]], float]):
+    steps, end = case
+    b = book()
+    acc = Accounting(b, NODE_POOL, START)
+    latest: dict[str, JobRecord] = {}
+    for now, record in steps:
+        if record is None:
+            acc.teams(now)
+            continue
+        acc.apply(record, now)
+        known = latest.get(record.id)
+        if known is None or known.version < record.version:
+            latest[record.id] = record
+    assert acc.records == latest
+    assert_same(acc.teams(end), compute(b, latest.values(), NODE_POOL, end))
+
+
+def test_a_running_job_accrues_gpu_hours_and_cost_without_any_change() -> None:
+    b = book()
+    spec = JobSpec(name="j", team="a", gpus_per_replica=4)
+    running = JobRecord(id="j", spec=spec, state=JobState.RUNNING, submitted_at=START, updated_at=START,
+                        placement=Placement(attempt=1, gpus=[GpuRef("n1", 0)]), started_at=START)  # fmt: skip
+    acc = Accounting.build(b, NODE_POOL, [running], START)
+    later = acc.teams(START + 1800)["a"]
+    assert later.gpu_hours == pytest.approx(2.0)
+    assert later.cost == pytest.approx(5.0)
+    assert later.gpu_hours_by_pool == {"p": pytest.approx(2.0)}
+
+
+def test_a_new_budget_day_starts_from_zero() -> None:
+    b = book()
+    spec = JobSpec(name="j", team="a", gpus_per_replica=8)
+    done = JobRecord(id="j", spec=spec, state=JobState.SUCCEEDED, submitted_at=START, updated_at=START + 60,
+                     started_at=START, finished_at=START + 60, run_s=10 * 3600)  # fmt: skip
+    acc = Accounting.build(b, NODE_POOL, [done], START + 120)
+    assert acc.teams(START + 120)["a"].budget_state == "blocked-all", "80 GPU-hours of a 73.3 daily budget"
+    assert acc.teams(START + 2 * DAY)["a"].budget_state == "ok"
+    assert acc.teams(START + 2 * DAY)["a"].gpu_hours == pytest.approx(80.0), "the total stays"
