@@ -73,6 +73,11 @@ def admit(gw: GatewayState, who: Principal, body: SubmitJobRequest) -> JobSpec:
     why = team_denial(who, spec.team)
     if why is not None:
         raise Forbidden(why, code="not-your-team")
+    if spec.workload is not None:
+        raise BadRequest(
+            "workload: set by Chamber's Kubernetes intake for the Job it stands for, not by API clients",
+            code="workload-not-allowed",
+        )
     workload = workload_problem(spec, gw.ctx.settings.executor)
     if workload is not None:
         raise BadRequest(workload, code="bad-workload")
