@@ -40,10 +40,27 @@ def _up(args: argparse.Namespace) -> int:
         nats_from, redis_from = infra.origin["nats"], infra.origin["redis"]
         print(f"chamber: NATS {infra.nats_url} ({nats_from}), Redis {infra.redis_url} ({redis_from})")
         url = f"http://{settings.http_host}:{settings.http_port}"
+        env: dict[str, str] = {}
+        extra: dict[str, list[str]] = {}
+        if args.kube_emulator:
+            from chamber.cli.kubesim.modes import emulator_mode
+
+            env, extra = emulator_mode(settings)
+            print(f"chamber: emulated Kubernetes API at {env['CHAMBER_KUBE_API']} "
+                  f"(try: python deploy/examples/kube_job.py {env['CHAMBER_KUBE_API']})")  # fmt: skip
         print(f"chamber: starting services; API will be at {url} (OpenAPI at {url}/openapi.json)", flush=True)
-        return supervise(infra, {}, url, started, out=lambda line: print(line, flush=True))
+        return supervise(infra, env, url, started, out=lambda line: print(line, flush=True), extra=extra)
     finally:
         infra.stop()
+
+
+def _kube_emulator(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from chamber.cli.kubesim.serve import serve
+
+    asyncio.run(serve(Settings.from_env(), args.host, args.port, args.webhook_url))
+    return 0
 
 
 def _emit(result: object, one_line: bool) -> int:
@@ -114,7 +131,17 @@ def build_parser() -> argparse.ArgumentParser:
     svc.add_argument("name", choices=sorted(SERVICE_MODULES))
     svc.set_defaults(func=_service)
     up = sub.add_parser("up", help="run the whole system on this machine (embedded NATS and Redis if needed)")
+    up.add_argument(
+        "--kube-emulator",
+        action="store_true",
+        help="run against an emulated Kubernetes API (Jobs in, pods bound, simulated kubelets)",
+    )
     up.set_defaults(func=_up)
+    kemu = sub.add_parser("kube-emulator", help="serve the emulated Kubernetes API and cluster on a port")
+    kemu.add_argument("--host", default="127.0.0.1")
+    kemu.add_argument("--port", type=int, default=0)
+    kemu.add_argument("--webhook-url", default="", help="Chamber's admission webhooks (e.g. http://127.0.0.1:9443)")
+    kemu.set_defaults(func=_kube_emulator)
     simp = sub.add_parser("simulate", help="replay a trace through the real scheduling cores")
     simp.add_argument("--scenario", required=True, help="scenario YAML file")
     simp.add_argument("--policy", default="chamber", choices=["chamber", "fifo", "kueue"])

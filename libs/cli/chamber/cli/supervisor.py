@@ -22,8 +22,8 @@ class Child:
     restarts: int = 0
 
 
-def spawn(name: str, env: dict[str, str]) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, "-m", "chamber.cli.main", "service", name], env=env)
+def spawn(name: str, env: dict[str, str], argv: list[str] | None = None) -> subprocess.Popen[bytes]:
+    return subprocess.Popen([sys.executable, "-m", "chamber.cli.main", *(argv or ["service", name])], env=env)
 
 
 def wait_ready(url: str, children: list[Child], timeout_s: float = 30.0) -> bool:
@@ -43,8 +43,16 @@ def wait_ready(url: str, children: list[Child], timeout_s: float = 30.0) -> bool
 
 
 def supervise(
-    infra: Infra, env_overrides: dict[str, str], api_url: str, started: float, out: Callable[[str], None] = print
+    infra: Infra,
+    env_overrides: dict[str, str],
+    api_url: str,
+    started: float,
+    *,
+    out: Callable[[str], None] = print,
+    extra: dict[str, list[str]] | None = None,
 ) -> int:
+    """`extra`: more children (name -> `chamber` arguments) started before the services, e.g. the emulated
+    Kubernetes API of `chamber up --kube-emulator`."""
     env = {**os.environ, **env_overrides, "CHAMBER_NATS_URL": infra.nats_url, "CHAMBER_REDIS_URL": infra.redis_url}
     stopping = False
 
@@ -53,7 +61,9 @@ def supervise(
         stopping = True
 
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
-    children = [Child(name, spawn(name, env), time.monotonic()) for name in SERVICES]
+    extra = extra or {}
+    children = [Child(name, spawn(name, env, argv), time.monotonic()) for name, argv in extra.items()]
+    children += [Child(name, spawn(name, env), time.monotonic()) for name in SERVICES]
     try:
         if wait_ready(api_url, children):
             out(f"chamber: ready in {time.monotonic() - started:.1f} s: API at {api_url}; Ctrl-C stops everything")
@@ -68,7 +78,7 @@ def supervise(
                 backoff = min(2**child.restarts, 30) if time.monotonic() - child.started_at < 10 else 0
                 out(f"chamber: {child.name} exited with code {code}; restarting in {backoff} s")
                 time.sleep(backoff)
-                child.proc = spawn(child.name, env)
+                child.proc = spawn(child.name, env, extra.get(child.name))
                 child.started_at = time.monotonic()
                 child.restarts += 1
     finally:

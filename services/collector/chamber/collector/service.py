@@ -15,7 +15,7 @@ from typing import Any
 
 from chamber.collector.aggregator import Aggregator
 from chamber.collector.core.simfleet import FleetShape, SimulatedFleet
-from chamber.collector.core.source import TelemetrySource
+from chamber.collector.core.source import TelemetryOnly, TelemetrySource
 from chamber.common.bus import Bus, PublishError
 from chamber.common.codec import DecodeError, Decoder
 from chamber.common.contracts import FaultInjection, GpuXidEvent, Pool, TopologyLabels
@@ -112,6 +112,7 @@ async def _agent(ctx: Context, bus: Bus, ledger: Ledger, stop: asyncio.Event) ->
                 cost_per_gpu_hour=s.pool_cost_per_gpu_hour)  # fmt: skip
     source = NvmlSource(reader, node, pool, TopologyLabels(), s.telemetry_interval_s)
     uuids = [g.uuid for g in source.node.gpus]
+    published: TelemetrySource = TelemetryOnly(source) if s.inventory_source == "kubernetes" else source
     pending: set[asyncio.Task[object]] = set()
 
     def on_xid(index: int, xid: int) -> None:
@@ -124,7 +125,7 @@ async def _agent(ctx: Context, bus: Bus, ledger: Ledger, stop: asyncio.Event) ->
     watcher = XidWatcher(pynvml, reader.handles, on_xid)
     watcher.start(asyncio.get_running_loop())
     try:
-        await Collector(ctx, bus, ledger, source).run(stop)
+        await Collector(ctx, bus, ledger, published).run(stop)
     finally:
         watcher.stop()
         reader.close()
@@ -143,10 +144,16 @@ async def main(ctx: Context, stop: asyncio.Event) -> None:
             aggregator = Aggregator(ctx, bus, ledger, await JobStore.open(bus))
             await aggregator.start()
             tasks.append(asyncio.create_task(aggregator.run(stop)))
+        kube_inventory = ctx.settings.inventory_source == "kubernetes"
+        if kube_inventory and ctx.settings.kube_api and role != "agent":
+            from chamber.collector import kube_discovery
+
+            tasks.append(asyncio.create_task(kube_discovery.run(ctx, bus, stop)))
         if role in ("all", "sim"):
             fleet = simulated_source(ctx)
             await follow_faults(ctx, bus, fleet)
-            tasks.append(asyncio.create_task(Collector(ctx, bus, ledger, fleet).run(stop)))
+            source: TelemetrySource = TelemetryOnly(fleet) if kube_inventory else fleet
+            tasks.append(asyncio.create_task(Collector(ctx, bus, ledger, source).run(stop)))
         if role == "agent":
             tasks.append(asyncio.create_task(_agent(ctx, bus, ledger, stop)))
         await asyncio.gather(*tasks)
