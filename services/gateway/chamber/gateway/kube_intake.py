@@ -23,6 +23,7 @@ from typing import Any
 
 import uvicorn
 from litestar import Litestar, get, post
+from litestar.params import JSONBody
 from litestar.status_codes import HTTP_200_OK
 
 from chamber.common.bus import Bus, BusError
@@ -75,11 +76,11 @@ class Admission:
 
 def webhook_app(admission: Admission) -> Litestar:
     @post("/mutate", status_code=HTTP_200_OK)
-    async def mutate(data: dict[str, Any]) -> dict[str, Any]:
+    async def mutate(data: JSONBody[dict[str, Any]]) -> dict[str, Any]:
         return admission.review(data, mutating=True)
 
     @post("/validate", status_code=HTTP_200_OK)
-    async def validate(data: dict[str, Any]) -> dict[str, Any]:
+    async def validate(data: JSONBody[dict[str, Any]]) -> dict[str, Any]:
         return admission.review(data, mutating=False)
 
     @get("/healthz")

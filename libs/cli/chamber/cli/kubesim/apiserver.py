@@ -17,6 +17,8 @@ import base64
 import collections
 import copy
 import datetime
+import gzip
+import importlib.resources
 import json
 import secrets
 import uuid
@@ -44,6 +46,8 @@ Obj = dict[str, Any]
 Key = tuple[str, str, str]
 """(resource `group/version/plural`, namespace or "", name)."""
 
+DROP: tuple[int, str, str, Obj] = (-1, "", "", {})
+"""Put in a watcher's queue: end that watch stream."""
 HISTORY = 4096
 """Watch events kept; a watch resuming from an older resource version gets `410 Gone`."""
 
@@ -80,7 +84,9 @@ class ChamberKubeEmulator(kmock.KubernetesEmulator):
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
-        self.resources.load_bundled()
+        # kmock's bundled discovery (what `resources.load_bundled()` reads, without its deprecated loader)
+        bundled = importlib.resources.files("kmock._internal").joinpath("resources.json.gz").read_bytes()
+        self.resources.load_data(gzip.decompress(bundled))
 
     async def __aenter__(self) -> "ChamberKubeEmulator":
         await super().__aenter__()
@@ -151,8 +157,8 @@ class ChamberKubeEmulator(kmock.KubernetesEmulator):
                 meta[field] = current["metadata"][field]
         if new.get("spec") != current.get("spec"):
             meta["generation"] = int(current["metadata"].get("generation", 1)) + 1
-        if meta.get("deletionTimestamp") and not meta.get("finalizers"):
-            return self._drop(key, new)
+        if meta.get("deletionTimestamp") and current["metadata"].get("finalizers") and not meta.get("finalizers"):
+            return self._drop(key, new)  # its last finalizer was removed: now it goes
         self._bump(new)
         self.store[key] = new
         self._record(rkey, "MODIFIED", new)
@@ -204,6 +210,11 @@ class ChamberKubeEmulator(kmock.KubernetesEmulator):
     def unsubscribe(self, queue: asyncio.Queue[tuple[int, str, str, Obj]]) -> None:
         self.subscribers.discard(queue)
 
+    def drop_watches(self) -> None:
+        """End every open watch stream (as an API server restart or a load balancer does); clients resume."""
+        for queue in list(self.subscribers):
+            queue.put_nowait(DROP)
+
     def compact(self) -> None:
         """Forget the event history (as etcd compaction does): every watch resuming from before now gets 410."""
         self.events.clear()
@@ -215,8 +226,11 @@ class ChamberKubeEmulator(kmock.KubernetesEmulator):
         if len(self._requests) > 2000:  # kmock records every request for assertions; a long run keeps the last
             del self._requests[:-200]
         res = request.resource
+        if res is not None and res.plural is None and res.version is not None and request.method.value == "GET":
+            doc = await self._serve_version(request)  # /api/v1, /apis/<group>/<version>: resource discovery
+            return _json(doc if isinstance(doc, dict) else {})
         if res is None or res.plural is None or res.version is None:
-            return await super(kmock.KubernetesEmulator, self)._handle(request)  # discovery, /version
+            return await super(kmock.KubernetesEmulator, self)._handle(request)  # /api, /apis, /version
         if res not in self.resources:
             raise _error(404, "NotFound", f"the server could not find the requested resource ({res_key(res)})")
         try:
@@ -424,6 +438,8 @@ class ChamberKubeEmulator(kmock.KubernetesEmulator):
                         "object": {"kind": kind, "metadata": {"resourceVersion": str(self.revision)}},
                     }
                 continue
+            if item is DROP:
+                return
             if wanted(item):
                 yield {"type": item[2], "object": item[3]}
 

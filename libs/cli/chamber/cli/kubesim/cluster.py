@@ -47,7 +47,12 @@ def node_objects(shape: FleetShape, seed: int = 0) -> list[Obj]:
                 "capacity": {L.GPU_RESOURCE: count, "cpu": "96", "memory": "1024Gi", "pods": "110"},
                 "allocatable": {L.GPU_RESOURCE: count, "cpu": "96", "memory": "1024Gi", "pods": "110"},
                 "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady"}],
-                "nodeInfo": {"kubeletVersion": "v1.33.0-chamber-emulator", "machineID": f"{i:032x}"},
+                "nodeInfo": {
+                    "kubeletVersion": "v1.33.0-chamber-emulator", "kubeProxyVersion": "", "machineID": f"{i:032x}",
+                    "systemUUID": f"{i:032x}", "bootID": f"{i:032x}", "architecture": "amd64",
+                    "operatingSystem": "linux", "osImage": "Chamber emulated node", "kernelVersion": "6.1.0",
+                    "containerRuntimeVersion": "containerd://1.7.0",
+                },
             },
         })  # fmt: skip
     return nodes
