@@ -187,3 +187,21 @@ async def test_the_emulated_kubelet_runs_a_bound_pod_and_nodes_carry_gpu_labels(
 
     await eventually(running, what="the kubelet started the pod")
     await kube.close()
+
+
+async def test_the_webhook_certificate_hook_issues_once_and_injects_the_ca(cluster: Running) -> None:
+    from chamber.cli.kubesim.cluster import webhook_configurations
+    from chamber.cli.webhook_cert import MUTATING, SECRETS, VALIDATING, ensure
+
+    kube = KubeClient.connect(cluster.url)
+    before = await ensure(kube, "chamber", "chamber-webhooks", "chamber-webhook-tls", "chamber")
+    assert before.startswith("certificate issued") and "on 0 webhook" in before, "pre-install: no configurations yet"
+    for rkey, obj in webhook_configurations("https://unused"):
+        cluster.api.create(rkey, obj)
+    after = await ensure(kube, "chamber", "chamber-webhooks", "chamber-webhook-tls", "chamber")
+    assert after.startswith("certificate kept") and "on 2 webhook" in after, "post-install: same certificate, CA set"
+    secret = await kube.get(SECRETS, "chamber-webhook-tls", "chamber")
+    for kind in (MUTATING, VALIDATING):
+        config = await kube.get(kind, "chamber")
+        assert {h["clientConfig"]["caBundle"] for h in config["webhooks"]} == {secret["data"]["ca.crt"]}
+    await kube.close()

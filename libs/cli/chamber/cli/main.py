@@ -63,6 +63,13 @@ def _kube_emulator(args: argparse.Namespace) -> int:
     return 0
 
 
+def _webhook_cert(args: argparse.Namespace) -> int:
+    from chamber.cli.webhook_cert import run
+
+    print(f"chamber: {run(args.namespace, args.service, args.secret, args.webhook, args.api)}")
+    return 0
+
+
 def _emit(result: object, one_line: bool) -> int:
     import json
 
@@ -142,6 +149,13 @@ def build_parser() -> argparse.ArgumentParser:
     kemu.add_argument("--port", type=int, default=0)
     kemu.add_argument("--webhook-url", default="", help="Chamber's admission webhooks (e.g. http://127.0.0.1:9443)")
     kemu.set_defaults(func=_kube_emulator)
+    cert = sub.add_parser("webhook-cert", help="issue the admission webhooks' certificate (the Helm chart's hook Job)")
+    cert.add_argument("--namespace", required=True)
+    cert.add_argument("--service", required=True, help="the webhook Service's name")
+    cert.add_argument("--secret", required=True, help="the TLS Secret the gateway mounts")
+    cert.add_argument("--webhook", required=True, help="the webhook configurations' name")
+    cert.add_argument("--api", default="in-cluster", help="the Kubernetes API (in-cluster, kubeconfig or a URL)")
+    cert.set_defaults(func=_webhook_cert)
     simp = sub.add_parser("simulate", help="replay a trace through the real scheduling cores")
     simp.add_argument("--scenario", required=True, help="scenario YAML file")
     simp.add_argument("--policy", default="chamber", choices=["chamber", "fifo", "kueue"])
