@@ -195,11 +195,13 @@ async def test_the_webhook_certificate_hook_issues_once_and_injects_the_ca(clust
 
     kube = KubeClient.connect(cluster.url)
     before = await ensure(kube, "chamber", "chamber-webhooks", "chamber-webhook-tls", "chamber")
-    assert before.startswith("certificate issued") and "on 0 webhook" in before, "pre-install: no configurations yet"
+    assert before.startswith("certificate issued")
+    assert "on 0 webhook" in before, "pre-install: no configurations yet"
     for rkey, obj in webhook_configurations("https://unused"):
         cluster.api.create(rkey, obj)
     after = await ensure(kube, "chamber", "chamber-webhooks", "chamber-webhook-tls", "chamber")
-    assert after.startswith("certificate kept") and "on 2 webhook" in after, "post-install: same certificate, CA set"
+    assert after.startswith("certificate kept"), "post-install: the same certificate"
+    assert "on 2 webhook" in after, "post-install: the CA in both configurations"
     secret = await kube.get(SECRETS, "chamber-webhook-tls", "chamber")
     for kind in (MUTATING, VALIDATING):
         config = await kube.get(kind, "chamber")
