@@ -8,7 +8,6 @@ import uvicorn
 
 from chamber.common.log import get_logger
 from chamber.common.runtime import Context
-from chamber.gateway import kube_intake
 from chamber.gateway.api import create_app
 from chamber.gateway.state import GatewayState
 
@@ -32,10 +31,15 @@ async def main(ctx: Context, stop: asyncio.Event) -> None:
     serving = asyncio.create_task(server.serve())
     log.info("gateway.listening", url=f"http://{ctx.settings.http_host}:{ctx.settings.http_port}")
     stopped = asyncio.create_task(stop.wait())
-    intake = asyncio.create_task(kube_intake.run(ctx, stop)) if ctx.settings.kube_api else None
-    await asyncio.wait([serving, stopped], return_when=asyncio.FIRST_COMPLETED)
+    intake = None
+    if ctx.settings.kube_api:  # Kubernetes intake: admission webhooks and the Job watcher (docs/kubernetes.md)
+        from chamber.gateway import kube_intake
+
+        intake = asyncio.create_task(kube_intake.run(ctx, stop))
+    watched = [serving, stopped] if intake is None else [serving, stopped, intake]
+    await asyncio.wait(watched, return_when=asyncio.FIRST_COMPLETED)
     server.should_exit = True
     await serving
     if intake is not None:
         stop.set()
-        await intake
+        await intake  # an intake that failed fails the gateway, so it is restarted rather than half-alive
