@@ -6,6 +6,7 @@ cordoned, tainted and drained; the watcher survives a 410 and a restart."""
 import asyncio
 import urllib.request
 from collections.abc import AsyncIterator
+from typing import Any
 
 import msgspec
 import pytest
@@ -16,7 +17,8 @@ from chamber.cli.infra import free_port
 from chamber.cli.kubesim.serve import Running, emulated_cluster
 from chamber.collector import service as collector
 from chamber.common.bus import Bus
-from chamber.common.contracts import HealthCommand, JobRecord
+from chamber.common.codec import Decoder
+from chamber.common.contracts import HealthCommand, JobEvent, JobLaunchFailed, JobRecord
 from chamber.common.jobstore import JobStore
 from chamber.common.kube.client import NODES, PODS, KubeClient
 from chamber.common.settings import Settings
@@ -269,3 +271,65 @@ async def test_the_watcher_survives_a_410_and_a_restart(kube: tuple[Settings, Ru
             await eventually(
                 lambda: _is(store, f"k8s-{late.metadata.uid}", "succeeded"), within=20, what="still watching"
             )
+
+
+async def test_a_launch_whose_pods_do_not_run_in_time_is_undone_and_requeued(
+    kube: tuple[Settings, Running], bus: Bus
+) -> None:
+    settings, cluster = kube
+    settings = msgspec.structs.replace(settings, kube_start_timeout_s=1.5)
+    batch = client.BatchV1Api(official(cluster.url))
+    store = await JobStore.open(bus)
+    failures: list[JobLaunchFailed] = []
+    decoder = Decoder(JobEvent)
+
+    async def on_lifecycle(msg: Any) -> None:
+        event = decoder.decode(msg.data)
+        if isinstance(event, JobLaunchFailed):
+            failures.append(event)
+
+    await bus.nc.subscribe(bus.names.subject("jobs.lifecycle.>"), cb=on_lifecycle)
+    async with running(settings, *SERVICES):
+        await webhooks_up(settings)
+        cluster.cluster.kubelets_paused = True  # bound pods never start
+        job = await call(batch.create_namespaced_job, "default", gpu_job("stuck", gpus=8, seconds=0.5))
+        job_id = f"k8s-{job.metadata.uid}"
+
+        async def failed_once() -> bool:
+            r = await record(store, job_id)
+            return r is not None and r.launch_failures >= 1
+
+        await eventually(failed_once, within=20, what="the launch undone after the start deadline")
+        cluster.cluster.kubelets_paused = False
+        assert failures, "the executor reported the failed launch"
+        assert "not running within 1.5 s" in failures[0].reason, failures[0].reason
+        assert "Pending on node-" in failures[0].reason, "the reason names the pods still pending"
+        await eventually(lambda: _is(store, job_id, "succeeded"), within=20, what="a later launch ran")
+
+
+async def test_nodes_joining_and_leaving_update_the_inventory(kube: tuple[Settings, Running], bus: Bus) -> None:
+    from chamber.cli.kubesim.cluster import node_objects
+    from chamber.collector.core.simfleet import FleetShape
+    from chamber.common.contracts import NodeInventory
+    from chamber.common.subjects import INVENTORY
+
+    settings, cluster = kube
+
+    async def gpus_of(node: str) -> int | None:
+        found = await bus.read_latest(INVENTORY, bus.names.inventory(node), Decoder(NodeInventory))
+        return len(found[-1].node.gpus) if found else None
+
+    async with running(settings, ("collector", collector.main)):
+        await eventually(lambda: _equals(gpus_of("node-0003"), 8), what="the emulated nodes discovered")
+        newcomer = node_objects(FleetShape(nodes=5, gpus_per_node=4, gpu_model="L40S"))[4]
+        newcomer["metadata"]["labels"]["chamber.io/pool"] = "l40s"
+        cluster.api.create("/v1/nodes", newcomer)
+        await eventually(lambda: _equals(gpus_of("node-0004"), 4), what="a joining node appears")
+        joined = (await bus.read_latest(INVENTORY, bus.names.inventory("node-0004"), Decoder(NodeInventory)))[-1]
+        assert (joined.pool.name, joined.pool.gpu_model, joined.node.cluster) == ("l40s", "L40S", "local")
+        cluster.api.remove("/v1/nodes", "", "node-0004")
+        await eventually(lambda: _equals(gpus_of("node-0004"), 0), what="a leaving node has no GPUs left")
+
+
+async def _equals(value: object, expected: object) -> bool:
+    return await value == expected  # type: ignore[misc]

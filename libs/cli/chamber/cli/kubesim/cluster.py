@@ -90,6 +90,8 @@ class EmulatedCluster:
         """pod uid -> when its kubelet started it (loop time)."""
         self._deleting: dict[str, float] = {}
         """pod uid -> when its kubelet saw it deleted (loop time)."""
+        self.kubelets_paused = False
+        """Tests: bound pods stay Pending (a node whose kubelet hangs, an image that never pulls)."""
 
     def seed(self, nodes: Iterable[Obj], webhook_url: str = "") -> None:
         for node in nodes:
@@ -224,7 +226,7 @@ class EmulatedCluster:
         if not node or self.api.read(NODES, "", node) is None:
             return
         phase = _phase(pod)
-        if phase == "Pending":
+        if phase == "Pending" and not self.kubelets_paused:
             self._started[uid] = now
             self.api.update(PODS, ns, name, _run)
         elif phase == "Running":
