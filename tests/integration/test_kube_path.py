@@ -5,7 +5,7 @@ cordoned, tainted and drained; the watcher survives a 410 and a restart."""
 
 import asyncio
 import urllib.request
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from typing import Any
 
 import msgspec
@@ -331,5 +331,5 @@ async def test_nodes_joining_and_leaving_update_the_inventory(kube: tuple[Settin
         await eventually(lambda: _equals(gpus_of("node-0004"), 0), what="a leaving node has no GPUs left")
 
 
-async def _equals(value: object, expected: object) -> bool:
-    return await value == expected  # type: ignore[misc]
+async def _equals(value: Awaitable[object], expected: object) -> bool:
+    return await value == expected
