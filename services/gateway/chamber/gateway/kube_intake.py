@@ -118,7 +118,10 @@ class Intake:
                                 JobCancelRequested(job_id=job_id, requested_at=self.ctx.clock.now()),
                                 f"{job_id}:cancel")  # fmt: skip
             return
-        if job_id in self.submitted or job_outcome(job) is not None:
+        if job_outcome(job) is not None:
+            self.submitted.discard(job_id)  # finished: the scheduler has its outcome from the executor
+            return
+        if job_id in self.submitted:
             return
         try:
             spec = job_spec(job)

@@ -38,6 +38,7 @@ from chamber.common.kube.client import JOBS, PODS, KubeClient, Obj
 from chamber.common.kube.errors import KubeConflict, KubeError, KubeNotFound
 from chamber.common.kube.watch import Reflector
 from chamber.common.kube.workloads import (
+    job_id_for,
     job_outcome,
     labels_of,
     meta,
@@ -216,18 +217,18 @@ class KubernetesExecutor:
         await self._progress(attempt)
 
     async def _on_job(self, kind: str, job: Obj) -> None:
-        for attempt in list(self.attempts.values()):
-            ref = attempt.record.spec.workload
-            if ref is None or ref.uid != meta(job).get("uid"):
-                continue
-            if kind == "DELETED":
-                if not attempt.started and not attempt.stopping:
-                    await self._fail(attempt.record, f"the Job {ref.namespace}/{ref.name} was deleted")
-                    attempt.done = True
-                continue
-            outcome = job_outcome(job)
-            if outcome is not None and not attempt.done:
-                await self._finished(attempt, *outcome)
+        attempt = self.attempts.get(job_id_for(str(meta(job).get("uid") or "")))
+        ref = attempt.record.spec.workload if attempt is not None else None
+        if attempt is None or ref is None or ref.uid != meta(job).get("uid"):
+            return
+        if kind == "DELETED":
+            if not attempt.started and not attempt.stopping:
+                await self._fail(attempt.record, f"the Job {ref.namespace}/{ref.name} was deleted")
+                attempt.done = True
+            return
+        outcome = job_outcome(job)
+        if outcome is not None and not attempt.done:
+            await self._finished(attempt, *outcome)
 
     async def _maybe_interrupted(self, attempt: Attempt, pod: Obj) -> None:
         """A pod of a running attempt was evicted or lost while nobody asked: the attempt is interrupted."""
