@@ -333,3 +333,19 @@ async def test_nodes_joining_and_leaving_update_the_inventory(kube: tuple[Settin
 
 async def _equals(value: Awaitable[object], expected: object) -> bool:
     return await value == expected
+
+
+async def test_an_oom_killed_job_fails_with_its_exit_code(kube: tuple[Settings, Running], bus: Bus) -> None:
+    settings, cluster = kube
+    batch = client.BatchV1Api(official(cluster.url))
+    store = await JobStore.open(bus)
+    async with running(settings, *SERVICES):
+        await webhooks_up(settings)
+        body = gpu_job("oom", gpus=8, seconds=0.3, annotations={"chamber.io/sim-exit-code": "137"})
+        job = await call(batch.create_namespaced_job, "default", body)
+        job_id = f"k8s-{job.metadata.uid}"
+        await eventually(lambda: _is(store, job_id, "failed"), within=20, what="the job failed")
+        failed = await record(store, job_id)
+        assert failed is not None
+        assert failed.reason.startswith("failed: OOMKilled"), failed.reason
+        assert "exit code 137" in failed.reason, failed.reason

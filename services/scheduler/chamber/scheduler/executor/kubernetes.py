@@ -317,8 +317,8 @@ class KubernetesExecutor:
             code, reason = pod_exit(pod)
             if code:
                 break
-        if reason == "OOMKilled":
-            message = f"OOMKilled; {message}".rstrip("; ")
+        if code:
+            message = "; ".join(p for p in (reason, f"exit code {code}", message) if p)
         record = attempt.record
         event = JobFinished(job_id=record.id, attempt=record.attempt, finished_at=self.clock.now(), succeeded=succeeded,
                             message=message, exit_code=code, started_at=record.started_at)  # fmt: skip
