@@ -109,7 +109,7 @@ def test_the_default_install_runs_everything_with_a_standby_scheduler() -> None:
 def test_rbac_is_least_privilege() -> None:
     roles = {d["metadata"]["name"]: d["rules"] for d in render({}) if d["kind"] == "ClusterRole"}
     verbs = {name: {(r["resources"][0], v) for r in rules for v in r["verbs"]} for name, rules in roles.items()}
-    assert verbs["chamber-gateway"] == {("jobs", "list"), ("jobs", "watch")}
+    assert verbs["chamber-gateway"] == {("jobs", "list"), ("jobs", "watch"), ("jobsets", "list"), ("jobsets", "watch")}
     assert verbs["chamber-collector"] == {("nodes", "list"), ("nodes", "watch")}
     assert ("pods/binding", "create") in verbs["chamber-scheduler"]
     assert ("pods/eviction", "create") in verbs["chamber-health"]

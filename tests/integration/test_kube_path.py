@@ -349,3 +349,41 @@ async def test_an_oom_killed_job_fails_with_its_exit_code(kube: tuple[Settings, 
         assert failed is not None
         assert failed.reason.startswith("failed: OOMKilled"), failed.reason
         assert "exit code 137" in failed.reason, failed.reason
+
+
+def jobset(name: str, groups: dict[str, tuple[int, int]], *, gpus: int, seconds: float) -> dict[str, Any]:
+    """A JobSet of replicated Jobs: name -> (child Jobs, pods per child Job)."""
+    rjobs = []
+    for rjob, (replicas, parallelism) in groups.items():
+        job = gpu_job(rjob, replicas=parallelism, gpus=gpus)
+        rjobs.append({"name": rjob, "replicas": replicas, "template": {"spec": job["spec"]}})
+    return {
+        "apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
+        "metadata": {"name": name, "labels": {"chamber.io/team": "nlp"},
+                     "annotations": {"chamber.io/sim-duration-s": str(seconds)}},
+        "spec": {"replicatedJobs": rjobs},
+    }  # fmt: skip
+
+
+async def test_a_jobset_runs_as_one_gang_bound_replica_by_replica(kube: tuple[Settings, Running], bus: Bus) -> None:
+    settings, cluster = kube
+    kc = KubeClient.connect(cluster.url)
+    store = await JobStore.open(bus)
+    async with running(settings, *SERVICES):
+        await webhooks_up(settings)
+        body = jobset("pretrain", {"driver": (1, 1), "workers": (2, 1)}, gpus=8, seconds=1)
+        created = await kc.request("POST", "/apis/jobset.x-k8s.io/v1alpha2/namespaces/default/jobsets", body=body)
+        assert created["spec"]["suspend"] is True, "the webhook suspended the JobSet"
+        job_id = f"k8s-{created['metadata']['uid']}"
+        await eventually(lambda: _is(store, job_id, "succeeded"), within=30, what="the JobSet ran as one gang")
+        done = await record(store, job_id)
+        assert done is not None
+        assert done.placement is not None
+        assert (done.spec.replicas, done.spec.gpus_per_replica) == (3, 8)
+        pods, _ = await kc.list(PODS, "default", labels="jobset.sigs.k8s.io/jobset-name=pretrain")
+        labels = [p["metadata"]["labels"] for p in pods]
+        keys = [(lab["jobset.sigs.k8s.io/replicatedjob-name"], lab["jobset.sigs.k8s.io/job-index"]) for lab in labels]
+        where = dict(zip(keys, [p["spec"]["nodeName"] for p in pods], strict=True))
+        placed = [done.placement.gpus[r * 8].node for r in range(3)]
+        assert where == {("driver", "0"): placed[0], ("workers", "0"): placed[1], ("workers", "1"): placed[2]}
+    await kc.close()

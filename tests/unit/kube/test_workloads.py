@@ -11,6 +11,7 @@ from chamber.common.kube.workloads import (
     job_id_for,
     job_outcome,
     job_spec,
+    jobset_layout,
     pod_disrupted,
     pod_exit,
     replica_of,
@@ -64,7 +65,11 @@ REJECTIONS = [
     ("unknown priority", gpu_job("a", priority="vip"), "is unknown"),
     ("bad team name", gpu_job("a", team="Team_A"), "cannot run this Job"),
     ("bad topology", gpu_job("a", annotations={"chamber.io/topology": "pod"}), "use node, rack or zone"),
-    ("a JobSet", with_(gpu_job("a"), "apiVersion", "jobset.x-k8s.io/v1alpha2"), "not supported yet"),
+    (
+        "a PyTorchJob",
+        with_(with_(gpu_job("a"), "apiVersion", "kubeflow.org/v1"), "kind", "PyTorchJob"),
+        "not supported",
+    ),
 ]
 
 
@@ -100,3 +105,37 @@ def test_outcomes_and_pod_readings() -> None:
     assert replica_of(pod) == 3
     assert pod_exit(pod) == (137, "OOMKilled")
     assert pod_disrupted(pod) == "EvictionByEvictionAPI"
+
+
+def jobset(*groups: tuple[str, int, int, int]) -> dict[str, Any]:
+    """A JobSet of replicated Jobs (name, child Jobs, pods per child, GPUs per pod)."""
+    rjobs = [
+        {"name": name, "replicas": replicas, "template": {"spec": gpu_job(name, replicas=pods, gpus=gpus)["spec"]}}
+        for name, replicas, pods, gpus in groups
+    ]
+    return {"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
+            "metadata": {"name": "js", "labels": {"chamber.io/team": "nlp"}, "uid": "u"},
+            "spec": {"replicatedJobs": rjobs}}  # fmt: skip
+
+
+def test_a_jobset_is_one_gang_of_all_its_pods_in_a_stable_order() -> None:
+    js = jobset(("driver", 1, 1, 8), ("workers", 2, 4, 8))
+    spec = job_spec(js)
+    assert (spec.replicas, spec.gpus_per_replica) == (9, 8)
+    assert spec.workload is not None
+    assert spec.workload.kind == "JobSet"
+    layout = jobset_layout(js)
+    assert layout == {"driver": (0, 1), "workers": (1, 4)}
+    pod = {"metadata": {"labels": {"jobset.sigs.k8s.io/replicatedjob-name": "workers",
+                                   "jobset.sigs.k8s.io/job-index": "1",
+                                   "batch.kubernetes.io/job-completion-index": "2"}}}  # fmt: skip
+    assert replica_of(pod, layout) == 1 + 1 * 4 + 2
+    patched = jsonpatch.apply_patch(js, admission_patch(js))
+    assert patched["spec"]["suspend"] is True
+    schedulers = {r["template"]["spec"]["template"]["spec"]["schedulerName"] for r in patched["spec"]["replicatedJobs"]}
+    assert schedulers == {"chamber"}
+
+
+def test_a_jobset_whose_pods_ask_for_different_gpus_is_rejected() -> None:
+    with pytest.raises(Rejection, match="same number of GPUs"):
+        job_spec(jobset(("launcher", 1, 1, 0), ("workers", 2, 1, 8)))

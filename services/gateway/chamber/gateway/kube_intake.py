@@ -7,10 +7,11 @@ Runs inside the gateway (the API edge) when `CHAMBER_KUBE_API` is set:
   while it waits and none is placed by anyone but Chamber.
 - **Validating webhook** (`POST /validate`): a Job Chamber cannot run is refused with the reason, which
   `kubectl apply` prints (`admission webhook "team.jobs.chamber.io" denied the request: ...`).
-- **Watcher**: every managed Job becomes `JobSubmitted` (its Chamber id is `k8s-<uid>`, so a repeat is the same
-  job); a deleted Job becomes `JobCancelRequested`. It lists, watches from the list's resource version, resumes
-  after bookmarks and breaks, and lists again on `410 Gone`; after every list, active Chamber jobs whose Job
-  no longer exists are cancelled, so a Job deleted while the gateway was down is not forgotten.
+- **Watcher**: every managed Job (and JobSet, where its CRD is installed) becomes `JobSubmitted` (its Chamber id
+  is `k8s-<uid>`, so a repeat is the same job); a deleted one becomes `JobCancelRequested`. It lists, watches
+  from the list's resource version, resumes after bookmarks and breaks, and lists again on `410 Gone`; after
+  every list, active Chamber jobs whose workload no longer exists are cancelled, so a Job deleted while the
+  gateway was down is not forgotten.
 """
 
 import asyncio
@@ -30,7 +31,7 @@ from chamber.common.bus import Bus, BusError
 from chamber.common.codec import Decoder
 from chamber.common.contracts import TERMINAL_STATES, JobCancelRequested, JobSubmitted, NodeInventory
 from chamber.common.jobstore import JobStore
-from chamber.common.kube.client import JOBS, KubeClient, Obj
+from chamber.common.kube.client import JOBS, JOBSETS, KubeClient, Obj
 from chamber.common.kube.labels import MANAGED
 from chamber.common.kube.watch import Reflector
 from chamber.common.kube.workloads import (
@@ -106,6 +107,8 @@ class Intake:
         self.store = store
         self.submitted: set[str] = set()
         self.reflectors: list[Reflector] = []
+        self.kinds: set[str] = {"Job"}
+        """The workload kinds watched (JobSet too where its CRD is installed)."""
 
     async def on_job(self, kind: str, job: Obj) -> None:
         uid = str(meta(job).get("uid") or "")
@@ -145,7 +148,7 @@ class Intake:
             ref = record.spec.workload
             if (
                 job_id.startswith(JOB_ID_PREFIX) and record.state not in TERMINAL_STATES and job_id not in present
-                and ref is not None and ref.kind == "Job" and not record.cancel_requested
+                and ref is not None and ref.kind in self.kinds and not record.cancel_requested
                 and (namespaces is None or ref.namespace in namespaces)
             ):  # fmt: skip
                 log.info("kube_intake.job_gone", job_id=job_id, job=ref.name, namespace=ref.namespace)
@@ -169,10 +172,14 @@ class Intake:
 
     async def run(self, stop: asyncio.Event) -> None:
         namespaces: list[str | None] = [*sorted(self._namespaces() or ())] or [None]
+        resources = [JOBS]
+        if await self.client.serves(JOBSETS):
+            resources.append(JOBSETS)
+            self.kinds.add("JobSet")
         self.reflectors = [
-            Reflector(self.client, JOBS, self.on_job, namespace=ns, labels=f"{MANAGED}=true",
-                      on_synced=self.on_synced, name=f"jobs/{ns or '*'}")
-            for ns in namespaces
+            Reflector(self.client, res, self.on_job, namespace=ns, labels=f"{MANAGED}=true",
+                      on_synced=self.on_synced, name=f"{res.plural}/{ns or '*'}")
+            for res in resources for ns in namespaces
         ]  # fmt: skip
         await asyncio.gather(*(r.run(stop) for r in self.reflectors))
 

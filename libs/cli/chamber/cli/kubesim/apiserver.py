@@ -87,6 +87,11 @@ class ChamberKubeEmulator(kmock.KubernetesEmulator):
         # kmock's bundled discovery (what `resources.load_bundled()` reads, without its deprecated loader)
         bundled = importlib.resources.files("kmock._internal").joinpath("resources.json.gz").read_bytes()
         self.resources.load_data(gzip.decompress(bundled))
+        # JobSet's CRD, as if installed (jobset.x-k8s.io/v1alpha2)
+        self.resources["jobset.x-k8s.io/v1alpha2/jobsets"] = kmock.ResourceInfo(
+            kind="JobSet", singular="jobset", namespaced=True, subresources={"status"},
+            verbs={"create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"},
+        )  # fmt: skip
 
     async def __aenter__(self) -> "ChamberKubeEmulator":
         await super().__aenter__()

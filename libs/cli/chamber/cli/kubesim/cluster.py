@@ -3,6 +3,9 @@ controllers play, played here so a Job runs end to end without a cluster.
 
 - **Nodes**: one Kubernetes node per simulated node (same names as the collector's simulated telemetry), with
   allocatable `nvidia.com/gpu`, GPU Feature Discovery labels, zone and rack labels and a `providerID`.
+- **JobSet controller** (`jobset.x-k8s.io/v1alpha2`): one child Job per replica of each replicated Job
+  (`<jobset>-<replicated job>-<index>`, labelled as JobSet labels them), suspended and resumed with the JobSet (the
+  pod template's labels and annotations follow it), and `Completed` / `Failed` from its children.
 - **Job controller** (`batch/v1`): creates one pod per completion index while a Job is not suspended (owned by
   it, labelled as the real controller labels them), deletes its pods when it is suspended, recreates pods that
   were evicted, and marks the Job `Complete` or `Failed`.
@@ -15,6 +18,8 @@ It reconciles everything every `tick_s` (state-based, as controllers are), which
 
 import asyncio
 import contextlib
+import copy
+import functools
 import random
 from collections.abc import Iterable
 from typing import Any
@@ -26,6 +31,7 @@ from chamber.common.kube.workloads import annotations_of, condition, labels_of, 
 
 Obj = dict[str, Any]
 JOBS, PODS, NODES = "batch/v1/jobs", "/v1/pods", "/v1/nodes"
+JOBSETS = "jobset.x-k8s.io/v1alpha2/jobsets"
 
 
 def node_objects(shape: FleetShape, seed: int = 0) -> list[Obj]:
@@ -60,7 +66,15 @@ def node_objects(shape: FleetShape, seed: int = 0) -> list[Obj]:
 
 def webhook_configurations(url: str) -> list[tuple[str, Obj]]:
     """Chamber's admission webhooks (the same rules as the Helm chart's), pointing at `url`."""
-    rules = [{"operations": ["CREATE"], "apiGroups": ["batch"], "apiVersions": ["v1"], "resources": ["jobs"]}]
+    rules = [
+        {"operations": ["CREATE"], "apiGroups": ["batch"], "apiVersions": ["v1"], "resources": ["jobs"]},
+        {
+            "operations": ["CREATE"],
+            "apiGroups": ["jobset.x-k8s.io"],
+            "apiVersions": ["v1alpha2"],
+            "resources": ["jobsets"],
+        },
+    ]
     hooks = []
     for suffix, label in (("team", L.TEAM), ("kueue", L.KUEUE_QUEUE)):
         hooks.append({
@@ -110,6 +124,11 @@ class EmulatedCluster:
                 await asyncio.wait_for(stop.wait(), timeout=self.tick_s)
 
     def reconcile(self) -> None:
+        jobs_by_owner: dict[str, list[Obj]] = {}
+        for job in self.api.read_all(JOBS):
+            jobs_by_owner.setdefault(labels_of(job).get(L.JOBSET_NAME, ""), []).append(job)
+        for jobset in self.api.read_all(JOBSETS):
+            self._jobset(jobset, jobs_by_owner.get(jobset["metadata"]["name"], []))
         pods = self.api.read_all(PODS)
         by_owner: dict[str, list[Obj]] = {}
         for pod in pods:
@@ -120,6 +139,52 @@ class EmulatedCluster:
         for pod in pods:
             owner = jobs.get(labels_of(pod).get(L.CONTROLLER_UID, ""))
             self._kubelet(pod, annotations_of(owner) if owner is not None else {})
+
+    # ---- the JobSet controller -------------------------------------------------------------------------------
+
+    def _jobset(self, jobset: Obj, children: list[Obj]) -> None:
+        meta, spec = jobset["metadata"], jobset.get("spec") or {}
+        ns, name = meta.get("namespace", "default"), meta["name"]
+        mine = {c["metadata"]["name"]: c for c in children if _owned_by(c, meta["uid"])}
+        if condition(jobset, "Completed") or condition(jobset, "Failed"):
+            return
+        suspend = bool(spec.get("suspend"))
+        wanted = 0
+        for rjob in spec.get("replicatedJobs") or []:
+            template = rjob.get("template") or {}
+            for index in range(int(rjob.get("replicas", 1))):
+                wanted += 1
+                child_name = f"{name}-{rjob['name']}-{index}"
+                job_labels = {L.JOBSET_NAME: name, L.REPLICATED_JOB: rjob["name"], L.JOBSET_JOB_INDEX: str(index)}
+                child_spec = copy.deepcopy(template.get("spec") or {})
+                child_spec.setdefault("completionMode", "Indexed")
+                pod_meta = child_spec.setdefault("template", {}).setdefault("metadata", {})
+                pod_meta["labels"] = dict(pod_meta.get("labels") or {}, **job_labels)
+                pod_meta["annotations"] = dict(pod_meta.get("annotations") or {}, **{L.JOBSET_JOB_INDEX: str(index)})
+                child_spec["suspend"] = suspend
+                current = mine.get(child_name)
+                if current is None:
+                    owner = {"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet", "name": name,
+                             "uid": meta["uid"], "controller": True}  # fmt: skip
+                    rjob_labels = (template.get("metadata") or {}).get("labels") or {}
+                    child = {"apiVersion": "batch/v1", "kind": "Job", "spec": child_spec, "metadata": {
+                        "name": child_name, "labels": dict(rjob_labels, **job_labels),
+                        "annotations": dict(meta.get("annotations") or {}), "ownerReferences": [owner]}}  # fmt: skip
+                    self.api.create(JOBS, child, ns)
+                else:
+                    self.api.update(JOBS, ns, child_name, functools.partial(_follow, spec=child_spec))
+        finished = [c for c in mine.values() if condition(c, "Complete")]
+        failed = [c for c in mine.values() if condition(c, "Failed")]
+        if failed or (wanted and len(finished) >= wanted):
+            kind, reason = ("Failed", "FailedJobs") if failed else ("Completed", "AllJobsCompleted")
+
+            def done(js: Obj) -> Obj:
+                status = js.setdefault("status", {})
+                status["conditions"] = [*(status.get("conditions") or []), {
+                    "type": kind, "status": "True", "reason": reason, "lastTransitionTime": now_rfc3339()}]  # fmt: skip
+                return js
+
+            self.api.update(JOBSETS, ns, name, done)
 
     # ---- the Job controller ----------------------------------------------------------------------------------
 
@@ -237,6 +302,20 @@ class EmulatedCluster:
                 code = int(ann.get(L.SIM_EXIT_CODE, "0"))
                 self._started.pop(uid, None)
                 self.api.update(PODS, ns, name, lambda p: _end(p, code))
+
+
+def _owned_by(obj: Obj, uid: str) -> bool:
+    return any(o.get("uid") == uid for o in obj["metadata"].get("ownerReferences") or [])
+
+
+def _follow(job: Obj, *, spec: Obj) -> Obj:
+    """A child Job follows its JobSet: suspended with it, and (while suspended or resuming) its pod template's
+    labels and annotations."""
+    job["spec"]["suspend"] = spec["suspend"]
+    tpl_meta = job["spec"].setdefault("template", {}).setdefault("metadata", {})
+    for key in ("labels", "annotations"):
+        tpl_meta[key] = dict(spec["template"]["metadata"].get(key) or {})
+    return job
 
 
 def _phase(pod: Obj) -> str:

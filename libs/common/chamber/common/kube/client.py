@@ -24,7 +24,7 @@ from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
 from kubernetes.watch.watch import iter_resp_lines
 
-from chamber.common.kube.errors import KubeError, KubeUnavailable, from_status
+from chamber.common.kube.errors import KubeError, KubeForbidden, KubeNotFound, KubeUnavailable, from_status
 
 T = TypeVar("T")
 Obj = dict[str, Any]
@@ -203,6 +203,15 @@ class KubeClient:
         if grace_s is not None:
             body["gracePeriodSeconds"] = grace_s
         return await self.request("DELETE", res.path(namespace, name), body=body)
+
+    async def serves(self, res: Resource) -> bool:
+        """Whether the API server serves this resource (a CRD such as JobSet may not be installed)."""
+        base = f"/apis/{res.group}/{res.version}" if res.group else f"/api/{res.version}"
+        try:
+            doc = await self.request("GET", base)
+        except (KubeNotFound, KubeForbidden):
+            return False
+        return any(r.get("name") == res.plural for r in doc.get("resources") or [])
 
     async def bind(self, namespace: str, pod: str, node: str, uid: str = "") -> None:
         """Bind a pod to a node (what a scheduler does): `pods/binding`. Conflict if it is bound already."""

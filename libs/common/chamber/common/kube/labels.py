@@ -42,6 +42,11 @@ CONTROLLER_UID = "batch.kubernetes.io/controller-uid"
 COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
 GPU_RESOURCE = "nvidia.com/gpu"
 
+# JobSet's (jobset.x-k8s.io): on its child Jobs and their pods.
+JOBSET_NAME = "jobset.sigs.k8s.io/jobset-name"
+REPLICATED_JOB = "jobset.sigs.k8s.io/replicatedjob-name"
+JOBSET_JOB_INDEX = "jobset.sigs.k8s.io/job-index"
+
 # Nodes.
 UNHEALTHY_TAINT = "chamber.io/gpu-unhealthy"
 CORDONED_BY = "chamber.io/cordoned-by"

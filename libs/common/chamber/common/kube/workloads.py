@@ -6,8 +6,9 @@ this pod, how did this pod end. A workload Chamber cannot run is a `Rejection` w
 in `kubectl` (the validating webhook's answer).
 
 Supported: `batch/v1` Job (one replica per completion index: `parallelism == completions`, `Indexed` when more
-than one). JobSet, PyTorchJob and TrainJob are recognised and rejected with a clear message until their
-translation lands (docs/kubernetes.md).
+than one) and `jobset.x-k8s.io/v1alpha2` JobSet (one gang of every pod of every replicated Job, all asking for
+the same GPUs; replica `offset(replicated Job) + job index x parallelism + completion index`). PyTorchJob and
+TrainJob are recognised and rejected with a clear message until their translation lands (docs/kubernetes.md).
 """
 
 import datetime
@@ -22,6 +23,9 @@ from chamber.common.priorities import DEFAULT_CLASSES
 Obj = dict[str, Any]
 JOB_ID_PREFIX = "k8s-"
 MAX_REPLICAS = 1024
+JOB = "batch/v1/Job"
+JOBSET = "jobset.x-k8s.io/v1alpha2/JobSet"
+SUPPORTED = (JOB, JOBSET)
 
 
 class Rejection(ValueError):
@@ -89,7 +93,12 @@ def gpus_of_pod_spec(pod_spec: Obj) -> int:
     return total
 
 
-def replicas_of(job: Obj) -> int:
+def kind_of(obj: Obj) -> str:
+    return f"{obj.get('apiVersion', 'batch/v1')}/{obj.get('kind', 'Job')}"
+
+
+def replicas_of(job: Obj, *, indexed_by_default: bool = False) -> int:
+    """Pods of one `batch/v1` Job spec (a Job's, or one replicated Job's of a JobSet)."""
     spec = job.get("spec") or {}
     parallelism = int(spec.get("parallelism", 1) or 0)
     completions = spec.get("completions")
@@ -100,7 +109,8 @@ def replicas_of(job: Obj) -> int:
             f"spec.completions ({completions}) must equal spec.parallelism ({parallelism}): Chamber runs every "
             "replica of a gang at once"
         )
-    if parallelism > 1 and spec.get("completionMode") != "Indexed":
+    mode = spec.get("completionMode") or ("Indexed" if indexed_by_default else "NonIndexed")
+    if parallelism > 1 and mode != "Indexed":
         raise Rejection("a gang of more than one pod needs spec.completionMode: Indexed (one index per replica)")
     if parallelism > MAX_REPLICAS:
         raise Rejection(f"spec.parallelism ({parallelism}) is above Chamber's limit of {MAX_REPLICAS} replicas")
@@ -117,22 +127,62 @@ def _float(annotations: dict[str, str], key: str) -> float | None:
         raise Rejection(f"annotation {key}={raw!r} is not a number") from exc
 
 
+def replicated_jobs(jobset: Obj) -> list[Obj]:
+    rjobs: list[Obj] = (jobset.get("spec") or {}).get("replicatedJobs") or []
+    return rjobs
+
+
+def jobset_layout(jobset: Obj) -> dict[str, tuple[int, int]]:
+    """Replicated Job name -> (its first replica's index in the gang, pods per child Job)."""
+    layout, offset = {}, 0
+    for rjob in replicated_jobs(jobset):
+        parallelism = int(((rjob.get("template") or {}).get("spec") or {}).get("parallelism", 1) or 1)
+        layout[str(rjob.get("name"))] = (offset, parallelism)
+        offset += int(rjob.get("replicas", 1)) * parallelism
+    return layout
+
+
+def _pod_specs(obj: Obj) -> tuple[list[tuple[str, Obj]], int]:
+    """(where, pod spec) of every pod template of a workload, and how many pods its gang has."""
+    kind = kind_of(obj)
+    if kind == JOB:
+        return [("spec.template.spec", pod_template(obj).get("spec") or {})], replicas_of(obj)
+    if kind == JOBSET:
+        rjobs = replicated_jobs(obj)
+        if not rjobs:
+            raise Rejection("spec.replicatedJobs is empty")
+        specs, total = [], 0
+        for i, rjob in enumerate(rjobs):
+            job = rjob.get("template") or {}
+            total += int(rjob.get("replicas", 1)) * replicas_of(job, indexed_by_default=True)
+            specs.append((f"spec.replicatedJobs[{i}].template.spec.template.spec", pod_template(job).get("spec") or {}))
+        if total > MAX_REPLICAS:
+            raise Rejection(f"the JobSet has {total} pods, above Chamber's limit of {MAX_REPLICAS} replicas")
+        return specs, total
+    raise Rejection(
+        f"{kind} is recognised but not supported yet: submit a batch/v1 Job or a JobSet (docs/kubernetes.md)"
+    )
+
+
 def job_spec(job: Obj, *, largest_node_gpus: int = 0) -> JobSpec:
-    """The Chamber job a `batch/v1` Job stands for. Raises `Rejection` with what to fix."""
-    kind = f"{job.get('apiVersion', 'batch/v1')}/{job.get('kind', 'Job')}"
-    if kind != "batch/v1/Job":
-        raise Rejection(f"{kind} is recognised but not supported yet: submit a batch/v1 Job (docs/kubernetes.md)")
+    """The Chamber job a workload (`batch/v1` Job, JobSet) stands for. Raises `Rejection` with what to fix."""
     m, lab, ann = meta(job), labels_of(job), annotations_of(job)
     team = team_of(job)
     if team is None:
         raise Rejection(f"label {L.TEAM} (or {L.KUEUE_QUEUE}) is missing")
-    tpl_spec = pod_template(job).get("spec") or {}
-    if tpl_spec.get("nodeName"):
-        raise Rejection("spec.template.spec.nodeName is set: Chamber chooses the nodes; remove it")
-    scheduler = tpl_spec.get("schedulerName")
-    if scheduler not in (None, "", "default-scheduler", L.SCHEDULER_NAME):
-        raise Rejection(f"spec.template.spec.schedulerName is {scheduler!r}: Chamber binds these pods itself")
-    gpus = gpus_of_pod_spec(tpl_spec)
+    specs, replicas = _pod_specs(job)
+    counts = set()
+    for where, pod_spec in specs:
+        if pod_spec.get("nodeName"):
+            raise Rejection(f"{where}.nodeName is set: Chamber chooses the nodes; remove it")
+        scheduler = pod_spec.get("schedulerName")
+        if scheduler not in (None, "", "default-scheduler", L.SCHEDULER_NAME):
+            raise Rejection(f"{where}.schedulerName is {scheduler!r}: Chamber binds these pods itself")
+        counts.add(gpus_of_pod_spec(pod_spec))
+    if len(counts) > 1:
+        raise Rejection(f"every pod of the gang must ask for the same number of GPUs (here {sorted(counts)})")
+    gpus = counts.pop()
+    tpl_spec = specs[0][1]
     if gpus < 1:
         raise Rejection(
             f"the pod template asks for no {L.GPU_RESOURCE}: Chamber schedules GPU work; set a {L.GPU_RESOURCE} "
@@ -143,7 +193,6 @@ def job_spec(job: Obj, *, largest_node_gpus: int = 0) -> JobSpec:
             f"each pod asks for {gpus} GPUs but the largest node has {largest_node_gpus}: use more replicas "
             "(parallelism) with fewer GPUs each"
         )
-    replicas = replicas_of(job)
     priority = lab.get(L.PRIORITY, "train")
     if priority not in DEFAULT_CLASSES:
         raise Rejection(f"label {L.PRIORITY}={priority!r} is unknown; use one of {', '.join(DEFAULT_CLASSES)}")
@@ -172,17 +221,23 @@ def job_spec(job: Obj, *, largest_node_gpus: int = 0) -> JobSpec:
 
 
 def admission_patch(job: Obj) -> list[Obj]:
-    """JSON patch the mutating webhook returns for a Job Chamber takes: suspended, marked, its pods for Chamber's
-    scheduler. Idempotent (the patch of a patched Job changes nothing)."""
+    """JSON patch the mutating webhook returns for a workload Chamber takes: suspended, marked, its pods for
+    Chamber's scheduler. Idempotent (the patch of a patched workload changes nothing)."""
     ops: list[Obj] = []
     if not meta(job).get("labels"):
         ops.append({"op": "add", "path": "/metadata/labels", "value": {}})
     ops.append({"op": "add", "path": "/metadata/labels/chamber.io~1managed", "value": "true"})
     ops.append({"op": "add", "path": "/spec/suspend", "value": True})
-    tpl = pod_template(job)
-    if not tpl.get("spec"):
-        ops.append({"op": "add", "path": "/spec/template/spec", "value": {}})
-    ops.append({"op": "add", "path": "/spec/template/spec/schedulerName", "value": L.SCHEDULER_NAME})
+    templates = [("/spec/template", pod_template(job))]
+    if kind_of(job) == JOBSET:
+        templates = [
+            (f"/spec/replicatedJobs/{i}/template/spec/template", pod_template(rjob.get("template") or {}))
+            for i, rjob in enumerate(replicated_jobs(job))
+        ]
+    for path, tpl in templates:
+        if not tpl.get("spec"):
+            ops.append({"op": "add", "path": f"{path}/spec", "value": {}})
+        ops.append({"op": "add", "path": f"{path}/spec/schedulerName", "value": L.SCHEDULER_NAME})
     return ops
 
 
@@ -199,7 +254,7 @@ def condition(obj: Obj, kind: str) -> Obj | None:
 
 def job_outcome(job: Obj) -> tuple[bool, str] | None:
     """(succeeded, message) once the Job completed or failed; None while it is not finished."""
-    if condition(job, "Complete") or condition(job, "SuccessCriteriaMet"):
+    if condition(job, "Complete") or condition(job, "SuccessCriteriaMet") or condition(job, "Completed"):
         return True, ""
     failed = condition(job, "Failed")
     if failed is not None:
@@ -207,13 +262,21 @@ def job_outcome(job: Obj) -> tuple[bool, str] | None:
     return None
 
 
-def replica_of(pod: Obj) -> int:
-    """The replica a Job's pod is (its completion index; 0 for a one-pod Job)."""
-    raw = annotations_of(pod).get(L.COMPLETION_INDEX) or labels_of(pod).get(L.COMPLETION_INDEX) or "0"
-    try:
-        return int(raw)
-    except ValueError:
-        return 0
+def replica_of(pod: Obj, layout: dict[str, tuple[int, int]] | None = None) -> int:
+    """The replica a pod is in its gang: a Job's completion index (0 for a one-pod Job); in a JobSet, its
+    replicated Job's offset + job index x parallelism + completion index (`layout` from `jobset_layout`)."""
+    lab = labels_of(pod)
+
+    def number(key: str) -> int:
+        raw = annotations_of(pod).get(key) or lab.get(key) or "0"
+        return int(raw) if raw.isdigit() else 0
+
+    index = number(L.COMPLETION_INDEX)
+    rjob = lab.get(L.REPLICATED_JOB)
+    if layout is not None and rjob in layout:
+        offset, parallelism = layout[rjob]
+        return offset + number(L.JOBSET_JOB_INDEX) * parallelism + index
+    return index
 
 
 def pod_owner_uid(pod: Obj) -> str:

@@ -20,6 +20,7 @@ on 410), so a restarted scheduler finds everything again; `resync` re-arms what 
 
 import asyncio
 import contextlib
+import copy
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -34,23 +35,31 @@ from chamber.common.contracts import (
     JobStopped,
 )
 from chamber.common.kube import labels as L
-from chamber.common.kube.client import JOBS, PODS, KubeClient, Obj
+from chamber.common.kube.client import JOBS, JOBSETS, PODS, KubeClient, Obj, Resource
 from chamber.common.kube.errors import KubeConflict, KubeError, KubeNotFound
 from chamber.common.kube.watch import Reflector
 from chamber.common.kube.workloads import (
     job_id_for,
     job_outcome,
+    jobset_layout,
     labels_of,
     meta,
     pod_attempt,
     pod_disrupted,
     pod_exit,
     replica_of,
+    replicated_jobs,
     timestamp,
 )
 from chamber.common.log import get_logger
 
 log = get_logger(__name__)
+RESOURCES: dict[str, Resource] = {"Job": JOBS, "JobSet": JOBSETS}
+"""The workload kinds the executor runs, by `WorkloadRef.kind`."""
+NO_WORKLOAD = (
+    "no Kubernetes workload behind this job: with CHAMBER_EXECUTOR=kubernetes, submit a batch/v1 Job or a JobSet "
+    "labelled chamber.io/team (docs/kubernetes.md)"
+)
 Event = JobStarted | JobFinished | JobStopped | JobLaunchFailed
 
 
@@ -72,6 +81,8 @@ class Attempt:
     bound: set[str] = field(default_factory=set)
     """Pods this executor bound (their update may not have been seen yet)."""
     done: bool = False
+    layout: dict[str, tuple[int, int]] | None = None
+    """A JobSet's replica layout (see `jobset_layout`); None for a Job."""
 
     @property
     def key(self) -> tuple[str, int]:
@@ -105,9 +116,8 @@ class KubernetesExecutor:
     async def launch(self, record: JobRecord) -> None:
         await self._ensure_started()
         ref = record.spec.workload
-        if ref is None or ref.kind != "Job":
-            await self._fail(record, "no Kubernetes Job behind this job: with CHAMBER_EXECUTOR=kubernetes, submit "
-                                     "a batch/v1 Job labelled chamber.io/team (docs/kubernetes.md)")  # fmt: skip
+        if ref is None or ref.kind not in RESOURCES:
+            await self._fail(record, NO_WORKLOAD)
             return
         nodes = replica_nodes(record)
         attempt = Attempt(record, nodes, self.clock.now())
@@ -117,9 +127,13 @@ class KubernetesExecutor:
             "annotations": {L.ATTEMPT: str(record.attempt), L.PLACEMENT: ",".join(nodes)},
         }
         try:
-            await self.client.patch(
-                JOBS, ref.name, {"spec": {"suspend": False, "template": {"metadata": template_meta}}}, ref.namespace
-            )
+            if ref.kind == "JobSet":
+                jobset = await self.client.get(JOBSETS, ref.name, ref.namespace)
+                attempt.layout = jobset_layout(jobset)
+                await self.client.patch(JOBSETS, ref.name, _unsuspend_jobset(jobset, template_meta), ref.namespace)
+            else:
+                patch = {"spec": {"suspend": False, "template": {"metadata": template_meta}}}
+                await self.client.patch(JOBS, ref.name, patch, ref.namespace)
         except KubeNotFound:
             await self._fail(record, f"the Job {ref.namespace}/{ref.name} is gone")
             return
@@ -144,9 +158,9 @@ class KubernetesExecutor:
             return
         try:
             if record.cancel_requested:
-                await self.client.delete(JOBS, ref.name, ref.namespace, propagation="Background")
+                await self.client.delete(RESOURCES[ref.kind], ref.name, ref.namespace, propagation="Background")
             else:
-                await self.client.patch(JOBS, ref.name, {"spec": {"suspend": True}}, ref.namespace)
+                await self._suspend(attempt)
             if not attempt.graceful:
                 for pod in list(attempt.pods.values()):
                     with contextlib.suppress(KubeNotFound):
@@ -170,6 +184,10 @@ class KubernetesExecutor:
             elif record.state == JobState.RUNNING:
                 attempt = Attempt(record, replica_nodes(record), self.clock.now(), started=True)
                 self.attempts[record.id] = attempt
+                ref = record.spec.workload
+                if ref is not None and ref.kind == "JobSet":
+                    with contextlib.suppress(KubeError):
+                        attempt.layout = jobset_layout(await self.client.get(JOBSETS, ref.name, ref.namespace))
                 self._adopt_pods(attempt)
                 await self._progress(attempt)
             else:
@@ -188,13 +206,13 @@ class KubernetesExecutor:
         if self._pods is not None:
             return
         self._pods = Reflector(self.client, PODS, self._on_pod, labels=L.JOB_ID, name="pods")
-        self._jobs = Reflector(self.client, JOBS, self._on_job, labels=f"{L.MANAGED}=true", name="jobs")
-        self._tasks = [
-            asyncio.create_task(self._pods.run(self._stop)), asyncio.create_task(self._jobs.run(self._stop)),
-            asyncio.create_task(self._deadlines()),
-        ]  # fmt: skip
+        reflectors = [self._pods, Reflector(self.client, JOBS, self._on_job, labels=f"{L.MANAGED}=true", name="jobs")]
+        if await self.client.serves(JOBSETS):
+            reflectors.append(Reflector(self.client, JOBSETS, self._on_job, labels=f"{L.MANAGED}=true", name="jobsets"))
+        self._tasks = [asyncio.create_task(r.run(self._stop)) for r in reflectors]
+        self._tasks.append(asyncio.create_task(self._deadlines()))
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(asyncio.gather(self._pods.synced.wait(), self._jobs.synced.wait()), timeout=10)
+            await asyncio.wait_for(asyncio.gather(*(r.synced.wait() for r in reflectors)), timeout=10)
 
     def _adopt_pods(self, attempt: Attempt) -> None:
         if self._pods is None:
@@ -238,10 +256,8 @@ class KubernetesExecutor:
         attempt.stopping = f"pod {meta(pod)['name']} on {pod.get('spec', {}).get('nodeName')}: {why}"
         attempt.graceful = False
         attempt.interrupted = True
-        ref = attempt.record.spec.workload
-        if ref is not None:
-            with contextlib.suppress(KubeError):
-                await self.client.patch(JOBS, ref.name, {"spec": {"suspend": True}}, ref.namespace)
+        with contextlib.suppress(KubeError):
+            await self._suspend(attempt)
 
     # ---- moving an attempt along --------------------------------------------------------------------------------
 
@@ -255,11 +271,14 @@ class KubernetesExecutor:
         replicas = attempt.record.spec.replicas
         live = [p for p in attempt.pods.values() if not meta(p).get("deletionTimestamp")]
         unbound = [p for p in live if not (p.get("spec") or {}).get("nodeName") and meta(p)["uid"] not in attempt.bound]
-        indexes = {replica_of(p) for p in live}
+        ref = attempt.record.spec.workload
+        if ref is not None and ref.kind == "JobSet" and attempt.layout is None:
+            return  # its replica layout is read at launch and on resync; without it no pod can be bound
+        indexes = {replica_of(p, attempt.layout) for p in live}
         if unbound and not attempt.binding and indexes >= set(range(replicas)):
             await self._bind(attempt, unbound)
         running = [p for p in live if (p.get("status") or {}).get("phase") == "Running"]
-        if not attempt.started and len({replica_of(p) for p in running}) >= replicas:
+        if not attempt.started and len({replica_of(p, attempt.layout) for p in running}) >= replicas:
             attempt.started = True
             starts = [t for p in running if (t := timestamp((p.get("status") or {}).get("startTime")))]
             started_at = max(starts) if starts else self.clock.now()
@@ -271,7 +290,7 @@ class KubernetesExecutor:
         attempt.binding = True
         try:
             for pod in pods:
-                index = replica_of(pod)
+                index = replica_of(pod, attempt.layout)
                 if index >= len(attempt.nodes):
                     raise KubeConflict(f"pod {meta(pod)['name']} has index {index} beyond the placement")
             await asyncio.gather(*(self._bind_one(attempt, p) for p in pods))
@@ -282,7 +301,7 @@ class KubernetesExecutor:
             attempt.binding = False
 
     async def _bind_one(self, attempt: Attempt, pod: Obj) -> None:
-        node = attempt.nodes[replica_of(pod)]
+        node = attempt.nodes[replica_of(pod, attempt.layout)]
         try:
             await self.client.bind(meta(pod)["namespace"], meta(pod)["name"], node, meta(pod)["uid"])
         except KubeConflict:
@@ -293,11 +312,14 @@ class KubernetesExecutor:
 
     async def _undo(self, attempt: Attempt, reason: str) -> None:
         attempt.done = True
-        ref = attempt.record.spec.workload
-        if ref is not None:
-            with contextlib.suppress(KubeError):
-                await self.client.patch(JOBS, ref.name, {"spec": {"suspend": True}}, ref.namespace)
+        with contextlib.suppress(KubeError):
+            await self._suspend(attempt)
         await self._fail(attempt.record, reason)
+
+    async def _suspend(self, attempt: Attempt) -> None:
+        ref = attempt.record.spec.workload
+        if ref is not None and ref.kind in RESOURCES:
+            await self.client.patch(RESOURCES[ref.kind], ref.name, {"spec": {"suspend": True}}, ref.namespace)
 
     async def _deadlines(self) -> None:
         while not self._stop.is_set():
@@ -351,6 +373,23 @@ class KubernetesExecutor:
             except PublishError as exc:
                 log.warning("kube_executor.publish_failed", job_id=record.id, error=str(exc))
                 await asyncio.sleep(0.5)
+
+
+def _unsuspend_jobset(jobset: Obj, template_meta: Obj) -> Obj:
+    """Merge patch that resumes a JobSet with the attempt on every replicated Job's pod template. Its
+    `replicatedJobs` is a list, which a merge patch replaces whole: the patch carries the whole list and the
+    JobSet's resource version (a concurrent change is a conflict, never a lost edit)."""
+    rjobs = []
+    for rjob in replicated_jobs(jobset):
+        new = copy.deepcopy(rjob)
+        pod_meta = (
+            new.setdefault("template", {}).setdefault("spec", {}).setdefault("template", {}).setdefault("metadata", {})
+        )
+        for key in ("labels", "annotations"):
+            pod_meta[key] = dict(pod_meta.get(key) or {}, **template_meta[key])
+        rjobs.append(new)
+    return {"metadata": {"resourceVersion": meta(jobset).get("resourceVersion")},
+            "spec": {"suspend": False, "replicatedJobs": rjobs}}  # fmt: skip
 
 
 def _pending(attempt: Attempt) -> str:
