@@ -88,6 +88,18 @@ def _bench_scheduler(args: argparse.Namespace) -> int:
     return _emit(result, args.json)
 
 
+def _bench_e2e(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from chamber.cli.bench_e2e import E2EConfig, run
+
+    cfg = E2EConfig(
+        nodes=args.nodes, gpus_per_node=args.gpus_per_node, jobs=args.jobs, pending=args.pending, clients=args.clients,
+        seed=args.seed,
+    )  # fmt: skip
+    return _emit(asyncio.run(run(cfg)), args.json)
+
+
 def _bench_quota(args: argparse.Namespace) -> int:
     from chamber.quota.bench import run
 
@@ -174,6 +186,15 @@ def build_parser() -> argparse.ArgumentParser:
     sched.add_argument("--seed", type=int, default=1)
     sched.add_argument("--json", action="store_true", help="one line of JSON")
     sched.set_defaults(func=_bench_scheduler)
+    e2e = bench.add_parser("e2e", help="HTTP submit to placement through the real services, with a deep queue")
+    e2e.add_argument("--nodes", type=int, default=128)
+    e2e.add_argument("--gpus-per-node", type=int, default=8)
+    e2e.add_argument("--jobs", type=int, default=5000)
+    e2e.add_argument("--pending", type=int, default=0, help="jobs waiting in the queue throughout")
+    e2e.add_argument("--clients", type=int, default=32, help="concurrent HTTP clients")
+    e2e.add_argument("--seed", type=int, default=1)
+    e2e.add_argument("--json", action="store_true", help="one line of JSON")
+    e2e.set_defaults(func=_bench_e2e)
     quota = bench.add_parser("quota", help="fair-share recompute and admission checks")
     quota.add_argument("--teams", type=int, default=1000)
     quota.add_argument("--pools", type=int, default=8)

@@ -6,7 +6,7 @@ import nats
 import nats.errors
 import redis.asyncio as aioredis
 
-from chamber.common.subjects import JOBS_BUCKET, QUOTA_BUCKET, STREAMS, Names
+from chamber.common.subjects import JOBS_BUCKET, LEASES_BUCKET, QUOTA_BUCKET, STREAMS, Names
 
 
 async def delete_namespace(nats_url: str, redis_url: str, namespace: str) -> None:
@@ -16,7 +16,7 @@ async def delete_namespace(nats_url: str, redis_url: str, namespace: str) -> Non
     for spec in STREAMS:
         with contextlib.suppress(nats.errors.Error):
             await js.delete_stream(names.stream(spec))
-    for bucket in (JOBS_BUCKET, QUOTA_BUCKET):
+    for bucket in (JOBS_BUCKET, QUOTA_BUCKET, LEASES_BUCKET):
         with contextlib.suppress(nats.errors.Error):
             await js.delete_key_value(names.bucket(bucket))
     await nc.close()

@@ -8,6 +8,8 @@ from typing import Annotated, Literal
 import msgspec
 
 NAMESPACE_PATTERN = r"^[a-z][a-z0-9_]{0,31}$"
+_POOL = r"[a-z0-9][a-z0-9-]*:[A-Za-z0-9._-]+:[0-9]+(:[0-9.]+)?"
+POOLS_PATTERN = rf"^({_POOL}(,{_POOL})*)?$"
 
 
 class SettingsError(ValueError):
@@ -25,6 +27,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     gpus_per_node: Annotated[int, msgspec.Meta(ge=1, le=64)] = 8
     nodes_per_rack: Annotated[int, msgspec.Meta(ge=1)] = 4
     gpu_model: str = "H100"
+    fleet_pools: Annotated[str, msgspec.Meta(pattern=POOLS_PATTERN)] = ""
+    """Several pools in the simulated fleet, `name:model:nodes[:cost_per_gpu_hour]` separated by commas (e.g.
+    `default:H100:120,busy:H100:8`); empty: one pool of `fleet_nodes` x `gpu_model` named `pool`."""
     telemetry_interval_s: Annotated[float, msgspec.Meta(gt=0)] = 5.0
     inventory_interval_s: Annotated[float, msgspec.Meta(gt=0)] = 30.0
     schedule_interval_s: Annotated[float, msgspec.Meta(gt=0)] = 1.0
@@ -85,6 +90,14 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
         except msgspec.ValidationError as exc:
             name = re.sub(r"^.*`\$\.(\w+)`.*$", r"\1", str(exc))
             raise SettingsError(f"invalid setting CHAMBER_{name.upper()}: {exc}") from exc
+
+    def pools(self) -> list[tuple[str, str, int, float]]:
+        """`fleet_pools` parsed: (name, GPU model, nodes, cost per GPU-hour)."""
+        out = []
+        for item in filter(None, self.fleet_pools.split(",")):
+            name, model, nodes, *cost = item.split(":")
+            out.append((name, model, int(nodes), float(cost[0]) if cost else self.pool_cost_per_gpu_hour))
+        return out
 
     def to_env(self) -> dict[str, str]:
         """The environment that reproduces these settings in a child process."""

@@ -14,7 +14,7 @@ import socket
 from typing import Any
 
 from chamber.collector.aggregator import Aggregator
-from chamber.collector.core.simfleet import FleetShape, SimulatedFleet
+from chamber.collector.core.simfleet import FleetShape, PoolShape, SimulatedFleet
 from chamber.collector.core.source import TelemetryOnly, TelemetrySource
 from chamber.common.bus import Bus, PublishError
 from chamber.common.codec import DecodeError, Decoder
@@ -96,6 +96,7 @@ def simulated_source(ctx: Context) -> SimulatedFleet:
         pool=s.pool,
         cost_per_gpu_hour=s.pool_cost_per_gpu_hour,
         interval_s=s.telemetry_interval_s,
+        pools=tuple(PoolShape(name, model, nodes, cost) for name, model, nodes, cost in s.pools()),
     )
     return SimulatedFleet(shape, seed=s.seed)
 

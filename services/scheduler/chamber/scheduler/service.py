@@ -25,7 +25,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from chamber.common.bus import Bus, BusError
+from chamber.common.bus import Bus, BusError, Consumer
 from chamber.common.codec import Decoder, encode
 from chamber.common.contracts import (
     TERMINAL_STATES,
@@ -64,12 +64,15 @@ STATS_S = 1.0
 
 @dataclass
 class _Pending:
-    """What a pass must still do after its records are written: ledger releases, then executor calls."""
+    """What one pass has to write, release, claim, publish and hand to the executor."""
 
     writes: dict[str, Change] = field(default_factory=dict)
     created: set[str] = field(default_factory=set)
+    """Jobs whose record does not exist in the store yet (written with create, not update)."""
     releases: list[tuple[str, int]] = field(default_factory=list)
     placed: list[Place] = field(default_factory=list)
+    published: list[Change] = field(default_factory=list)
+    conflicts: set[str] = field(default_factory=set)
     launches: list[JobRecord] = field(default_factory=list)
     stops: list[tuple[JobRecord, str, float]] = field(default_factory=list)
 
@@ -120,6 +123,7 @@ class Scheduler:
         self._apply_ms: list[float] = []
         self._placed = 0
         self._reload_needed = False
+        self.consumer: Consumer[Any] | None = None
 
     # ---- start-up ----------------------------------------------------------------------------------------------
 
@@ -142,7 +146,7 @@ class Scheduler:
         await self.bus.watch_latest(self.names.quota_state(), Decoder(QuotaState), self._on_quota)
         self._stop_quota = await self.quota_store.follow(self._on_quota_config)
         await self.bus.nc.subscribe(self.names.subject("health.verdicts.>"), cb=self._on_verdict)
-        consumer = self.bus.consumer(
+        consumer = self.consumer = self.bus.consumer(
             stream=JOBS,
             durable="scheduler",
             filter_subjects=[self.names.subject("jobs.>")],
@@ -190,7 +194,12 @@ class Scheduler:
 
     async def on_events(self, events: list[Any]) -> None:
         """A batch of job events: through the state machine, persisted, then decided on at once. Raises (so the
-        events are redelivered) when a record could not be written; memory is brought back to the store first."""
+        events are redelivered) when a record could not be written; memory is brought back to the store first.
+
+        Round trips per batch: the records the events changed are written (before their GPUs are released, so a
+        crash never leaves a released claim under a record that still holds it); the releases and this pass's
+        claims go to the ledger in one transaction; the new and decided records are written (a job submitted
+        and placed in one pass is written once); the changes are published."""
         async with self._lock:
             if self._reload_needed:
                 await self._reload()
@@ -198,12 +207,11 @@ class Scheduler:
             todo = _Pending()
             for event in events:
                 self._apply_event(event, now, todo)
-            conflicts = await self._persist(todo)
-            await self._release([(job, attempt) for job, attempt in todo.releases if job not in conflicts])
-            await self._decide(now, todo)
+            await self._persist(todo, defer=todo.created)
+            await self._pass(now, todo)
         self._execute(todo)
-        if conflicts:
-            raise StaleWrite(f"job records changed by another writer: {', '.join(sorted(conflicts)[:5])}")
+        if todo.conflicts:
+            raise StaleWrite(f"job records changed by another writer: {', '.join(sorted(todo.conflicts)[:5])}")
 
     def _apply_event(self, event: JobEvent, now: float, todo: _Pending) -> None:
         transition = self.control.apply(event, now)
@@ -303,7 +311,7 @@ class Scheduler:
                         self._last_check = now
                         await self._check_ledger()
                     full = now - self._last_cycle >= interval
-                    await self._decide(now, todo, full=full)
+                    await self._pass(now, todo, full=full)
                     await self._launch_deadlines(now)
             except (LedgerFenced, LeaseLost):
                 raise
@@ -325,8 +333,9 @@ class Scheduler:
 
     # ---- deciding and applying -------------------------------------------------------------------------------
 
-    async def _decide(self, now: float, todo: _Pending, *, full: bool = False) -> None:
-        """One decision pass, applied: claims, records, publishes (the executor is called by the caller)."""
+    async def _pass(self, now: float, todo: _Pending, *, full: bool = False) -> None:
+        """Decide and apply: release what ended and claim what was placed, write the records, publish the changes
+        (the executor is called by the caller, outside the lock)."""
         if full:
             self.control.state.invalidate()
         cycle = self.control.state.ctx is None
@@ -335,10 +344,10 @@ class Scheduler:
         t1 = time.perf_counter()
         if cycle:
             self._last_cycle = now
-        if not decisions:
-            return
-        self._decide_ms.append((t1 - t0) * 1000)
-        refused = await self._claim([d for d in decisions if isinstance(d, Place)])
+        if decisions:
+            self._decide_ms.append((t1 - t0) * 1000)
+        releases = [(job, attempt) for job, attempt in todo.releases if job not in todo.conflicts]
+        refused = await self._claim([d for d in decisions if isinstance(d, Place)], releases)
         for decision in decisions:
             if isinstance(decision, Place) and decision.job_id in refused:
                 continue
@@ -352,23 +361,24 @@ class Scheduler:
                 self.starting[decision.job_id] = (decision.attempt, now)
             elif isinstance(decision, Preempt):
                 todo.stops.append((change.record, decision.reason, decision.grace_s))
-        conflicts = await self._persist(todo)
-        self._apply_ms.append((time.perf_counter() - t1) * 1000)
-        if conflicts:
-            self._check_now()
+        await self._persist(todo)
+        await self._publish(todo)
+        if decisions:
+            self._apply_ms.append((time.perf_counter() - t1) * 1000)
         if refused:
             self._wake.set()  # the fleet moved under this pass: decide again with what we learned
 
-    async def _claim(self, places: list[Place]) -> set[str]:
-        """Claim every placement in one round trip; returns the jobs whose claim was refused (already undone)."""
-        if not places:
-            return set()
+    async def _claim(self, places: list[Place], releases: list[tuple[str, int]]) -> set[str]:
+        """Release ended attempts and claim every placement in one round trip; returns the jobs whose claim was
+        refused (already undone in the state)."""
         claims = [Claim(p.job_id, p.attempt, tuple(g.slot for g in p.gpus)) for p in places]
+        if not claims and not releases:
+            return set()
         try:
-            results = await self.ledger.claim_many(claims)
+            results = await self.ledger.release_and_claim(releases, claims)
         except LedgerNotReady:
             log.warning("scheduler.ledger_lost")
-            await self._rebuild_ledger(list(self.control.records.values()))
+            await self._rebuild_ledger(list(self.control.records.values()))  # the records hold the releases
             results = await self.ledger.claim_many(claims)
         refused: set[str] = set()
         for place, result in zip(places, results, strict=True):
@@ -384,18 +394,19 @@ class Scheduler:
         self._placed += len(places) - len(refused)
         return refused
 
-    async def _persist(self, todo: _Pending) -> set[str]:
-        """Write the records of a pass (one wait for all acks), then publish what changed. Returns the jobs whose
-        write was refused as stale (memory now holds the stored record; their events must be applied again)."""
-        if not todo.writes:
-            return set()
-        changes = list(todo.writes.values())
-        todo.writes = {}
+    async def _persist(self, todo: _Pending, defer: set[str] | None = None) -> None:
+        """Write the pass's records (one wait for all acks), except those in `defer`; they are published later.
+        Writes refused as stale leave memory holding the stored record (`todo.conflicts`: their events must be
+        applied again); any other failure leaves memory ahead of the store, so the next pass starts over."""
+        changes = [c for job, c in todo.writes.items() if not defer or job not in defer]
+        if not changes:
+            return
+        for change in changes:
+            del todo.writes[change.record.id]
         writes = [Write(c.record, 0 if c.record.id in todo.created else self.revisions[c.record.id]) for c in changes]
         results = await self.store.write_many(writes)
         stale: list[JobRecord] = []
         failed: BusError | None = None
-        published: list[Change] = []
         for change, result in zip(changes, results, strict=True):
             record = change.record
             if isinstance(result, StaleWrite):
@@ -409,13 +420,12 @@ class Scheduler:
                 else:
                     self.revisions[record.id] = result
                 if change.publish:
-                    published.append(change)
+                    todo.published.append(change)
         if failed is not None:
             self._reload_needed = True  # memory moved on, the store did not: start over from the store
             raise failed
-        await self._publish(published, todo.placed)
-        todo.placed = []
-        return await self._refresh(stale, todo) if stale else set()
+        if stale:
+            todo.conflicts |= await self._refresh(stale, todo)
 
     async def _refresh(self, stale: list[JobRecord], todo: _Pending) -> set[str]:
         """Writes refused as stale: a submission that was a duplicate of a stored job (take the stored record),
@@ -443,18 +453,23 @@ class Scheduler:
                 self.revisions[record.id] = stored[1]
         return conflicts
 
-    async def _publish(self, changes: list[Change], placed: list[Place]) -> None:
+    async def _publish(self, todo: _Pending) -> None:
         items: list[tuple[str, bytes, dict[str, str] | None]] = []
         now = self.ctx.clock.now()
-        for p in placed:
+        refused = todo.conflicts
+        for p in todo.placed:
+            if p.job_id in refused:
+                continue
             event = JobPlaced(job_id=p.job_id, attempt=p.attempt, gpus=list(p.gpus), reason=p.reason, decided_at=now)
-            items.append(
-                (self.names.decision_placed(p.job_id), encode(event), _msg_id(f"{p.job_id}:{p.attempt}:placed"))
-            )
-        for c in changes:
+            msg_id = _msg_id(f"{p.job_id}:{p.attempt}:placed")
+            items.append((self.names.decision_placed(p.job_id), encode(event), msg_id))
+        for c in todo.published:
             r = c.record
             event_state = JobStateChanged(record=r, previous=str(c.previous or ""), at=r.updated_at)
             items.append((self.names.decision_state(r.id), encode(event_state), _msg_id(f"{r.id}:v{r.version}")))
+        todo.placed, todo.published = [], []
+        if not items:
+            return
         for attempt in range(3):  # message ids make a repeat harmless; a change nobody hears of is not
             results = await self.bus.publish_many(items)
             errors = [r for r in results if isinstance(r, BusError)]

@@ -10,7 +10,7 @@ import kmock
 
 from chamber.cli.kubesim.apiserver import ChamberKubeEmulator
 from chamber.cli.kubesim.cluster import EmulatedCluster, node_objects
-from chamber.collector.core.simfleet import FleetShape
+from chamber.collector.core.simfleet import FleetShape, PoolShape
 from chamber.common.settings import Settings
 
 
@@ -25,6 +25,7 @@ def fleet_shape(settings: Settings) -> FleetShape:
     return FleetShape(
         nodes=settings.fleet_nodes, gpus_per_node=settings.gpus_per_node, nodes_per_rack=settings.nodes_per_rack,
         gpu_model=settings.gpu_model, pool=settings.pool, cost_per_gpu_hour=settings.pool_cost_per_gpu_hour,
+        pools=tuple(PoolShape(name, model, nodes, cost) for name, model, nodes, cost in settings.pools()),
     )  # fmt: skip
 
 
@@ -33,7 +34,8 @@ async def emulated_cluster(
     settings: Settings, *, host: str = "127.0.0.1", port: int = 0, webhook_url: str = "", tick_s: float = 0.1,
     grace_cap_s: float = 3.0, bookmark_interval_s: float = 5.0,
 ) -> AsyncIterator[Running]:  # fmt: skip
-    """Serve an emulated cluster with the settings' fleet as its nodes (and Chamber's webhooks at `webhook_url`)."""
+    """Serve an emulated cluster with the settings' fleet (the collector's simulated nodes) as its nodes, and
+    Chamber's webhooks at `webhook_url`."""
     stop = asyncio.Event()
     async with (
         ChamberKubeEmulator(bookmark_interval_s=bookmark_interval_s) as api,

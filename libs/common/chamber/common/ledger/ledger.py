@@ -104,16 +104,21 @@ class Ledger:
     async def _claim_many(self, claims: Sequence[Claim]) -> tuple[int, list[ClaimResult]]:
         if not claims:
             return 0, []
+        result = await self._run(self._claim, self._claim_keys(), self._claim_args(claims))
+        self._check(result)
+        results = [ClaimResult(c, str(result[1 + 2 * i]), str(result[2 + 2 * i])) for i, c in enumerate(claims)]
+        return int(result[0]), results
+
+    def _claim_keys(self) -> list[str]:
+        return [self.k_owner, self.k_claims, self.k_cordon, self.k_version, self.k_ready, self.k_fence]
+
+    def _claim_args(self, claims: Sequence[Claim]) -> list[str]:
         args: list[str] = [str(self.token)]
         for c in claims:
             if not c.slots:
                 raise ValueError(f"a claim needs at least one slot ({c.job_id})")
             args += [c.job_id, str(c.attempt), str(len(c.slots)), *c.slots]
-        keys = [self.k_owner, self.k_claims, self.k_cordon, self.k_version, self.k_ready, self.k_fence]
-        result = await self._run(self._claim, keys, args)
-        self._check(result)
-        results = [ClaimResult(c, str(result[1 + 2 * i]), str(result[2 + 2 * i])) for i, c in enumerate(claims)]
-        return int(result[0]), results
+        return args
 
     async def claim(self, job_id: str, attempt: int, slots: Iterable[str]) -> int:
         """Claim all `slots` for (job, attempt) or none. Returns the ledger version. Replaying a claim is a no-op."""
@@ -132,6 +137,31 @@ class Ledger:
         result = await self._run(self._release, [self.k_owner, self.k_claims, self.k_version, self.k_fence], args)
         self._check(result)
         return [str(code) == "OK" for code in result[1:]]
+
+    async def release_and_claim(
+        self, releases: Sequence[tuple[str, int]], claims: Sequence[Claim]
+    ) -> list[ClaimResult]:
+        """Release ended attempts, then claim new ones, in one round trip (one transaction of the two scripts):
+        what a scheduling pass does after its events freed GPUs and its decisions reused them."""
+        if not releases:
+            return await self.claim_many(claims)
+        if not claims:
+            await self.release_many(releases)
+            return []
+        release_args = [str(self.token)]
+        for job_id, attempt in releases:
+            release_args += [job_id, str(attempt)]
+        claim_args = self._claim_args(claims)
+        try:
+            async with self.redis.pipeline(transaction=True) as pipe:
+                await self._release([self.k_owner, self.k_claims, self.k_version, self.k_fence], release_args, pipe)
+                await self._claim(self._claim_keys(), claim_args, pipe)
+                released, claimed = await pipe.execute()
+        except redis.exceptions.ConnectionError as exc:
+            raise LedgerUnavailable(str(exc)) from exc
+        self._check(released)
+        self._check(claimed)
+        return [ClaimResult(c, str(claimed[1 + 2 * i]), str(claimed[2 + 2 * i])) for i, c in enumerate(claims)]
 
     async def release(self, job_id: str, attempt: int) -> bool:
         """Release the claim of (job, attempt); False when it was not held (already released or never claimed)."""

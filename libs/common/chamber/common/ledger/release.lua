@@ -7,6 +7,9 @@ local fence = tonumber(redis.call('GET', KEYS[4]) or '0')
 if token < fence then
   return {'FENCED', tostring(fence)}
 end
+if token > fence then
+  redis.call('SET', KEYS[4], ARGV[1])
+end
 local out = {''}
 local changed = false
 for i = 2, #ARGV, 2 do
