@@ -109,7 +109,6 @@ class KubernetesExecutor:
         self._stop = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._pods: Reflector | None = None
-        self._jobs: Reflector | None = None
 
     # ---- the Executor protocol ------------------------------------------------------------------------------
 
@@ -153,7 +152,7 @@ class KubernetesExecutor:
         attempt.stopping = reason or "stopped"
         attempt.graceful = grace_s > 0
         ref = record.spec.workload
-        if ref is None:
+        if ref is None or ref.kind not in RESOURCES:
             await self._stopped(attempt)
             return
         try:
