@@ -49,13 +49,38 @@ def _up(args: argparse.Namespace) -> int:
     try:
         print(f"chamber: {infra.describe()}")
         url = f"http://{settings.http_host}:{settings.http_port}"
+        env: dict[str, str] = {}
+        extra: dict[str, list[str]] = {}
+        if args.kube_emulator:
+            from chamber.cli.kubesim.modes import emulator_mode
+
+            env, extra = emulator_mode(settings)
+            print(f"chamber: emulated Kubernetes API at {env['CHAMBER_KUBE_API']} "
+                  f"(try: python deploy/examples/kube_job.py {env['CHAMBER_KUBE_API']})")  # fmt: skip
         print(f"chamber: starting services; API will be at {url} (OpenAPI at {url}/openapi.json)", flush=True)
         local = local_defaults(os.environ)
-        if local:
+        if local and not args.kube_emulator:
             print("chamber: NVIDIA GPUs found: jobs run as processes on them (node agent, CHAMBER_EXECUTOR=process)")
-        return supervise(infra, url, started, out=lambda line: print(line, flush=True), env_overrides=local)
+            env = {**local, **env}
+        return supervise(infra, url, started, out=lambda line: print(line, flush=True), env_overrides=env, extra=extra)
     finally:
         infra.stop()
+
+
+def _kube_emulator(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from chamber.cli.kubesim.serve import serve
+
+    asyncio.run(serve(Settings.from_env(), args.host, args.port, args.webhook_url))
+    return 0
+
+
+def _webhook_cert(args: argparse.Namespace) -> int:
+    from chamber.cli.webhook_cert import run
+
+    print(f"chamber: {run(args.namespace, args.service, args.secret, args.webhook, args.api)}")
+    return 0
 
 
 def _emit(result: object, one_line: bool) -> int:
@@ -167,7 +192,24 @@ def build_parser() -> argparse.ArgumentParser:
     svc.add_argument("name", choices=sorted(SERVICE_MODULES))
     svc.set_defaults(func=_service)
     up = sub.add_parser("up", help="run the whole system on this machine (embedded NATS and Redis if needed)")
+    up.add_argument(
+        "--kube-emulator",
+        action="store_true",
+        help="run against an emulated Kubernetes API (Jobs in, pods bound, simulated kubelets)",
+    )
     up.set_defaults(func=_up)
+    kemu = sub.add_parser("kube-emulator", help="serve the emulated Kubernetes API and cluster on a port")
+    kemu.add_argument("--host", default="127.0.0.1")
+    kemu.add_argument("--port", type=int, default=0)
+    kemu.add_argument("--webhook-url", default="", help="Chamber's admission webhooks (e.g. http://127.0.0.1:9443)")
+    kemu.set_defaults(func=_kube_emulator)
+    cert = sub.add_parser("webhook-cert", help="issue the admission webhooks' certificate (the Helm chart's hook Job)")
+    cert.add_argument("--namespace", required=True)
+    cert.add_argument("--service", required=True, help="the webhook Service's name")
+    cert.add_argument("--secret", required=True, help="the TLS Secret the gateway mounts")
+    cert.add_argument("--webhook", required=True, help="the webhook configurations' name")
+    cert.add_argument("--api", default="in-cluster", help="the Kubernetes API (in-cluster, kubeconfig or a URL)")
+    cert.set_defaults(func=_webhook_cert)
     simp = sub.add_parser("simulate", help="replay a trace through the real scheduling cores")
     simp.add_argument("--scenario", required=True, help="scenario YAML file")
     simp.add_argument("--policy", default="chamber", choices=["chamber", "fifo", "kueue"])

@@ -326,11 +326,24 @@ def service_specs(infra: Infra, env_overrides: dict[str, str] | None = None) -> 
 
 
 def supervise(
-    infra: Infra, api_url: str, started: float, out: Out = print, env_overrides: dict[str, str] | None = None
+    infra: Infra,
+    api_url: str,
+    started: float,
+    *,
+    out: Out = print,
+    env_overrides: dict[str, str] | None = None,
+    extra: dict[str, list[str]] | None = None,
 ) -> int:
-    """Run the five services (and watch the embedded servers) until Ctrl-C; the exit status."""
+    """Run the five services (and watch the embedded servers) until Ctrl-C; the exit status. `extra`: more
+    children (name -> `chamber` arguments) started before the services, e.g. the emulated Kubernetes API of
+    `chamber up --kube-emulator`."""
+    specs = service_specs(infra, env_overrides)
+    env = specs[0].env
+    before = [
+        Spec(name, [sys.executable, "-m", "chamber.cli.main", *argv], env) for name, argv in (extra or {}).items()
+    ]
     supervisor = Supervisor(
-        service_specs(infra, env_overrides), servers=list(infra.embedded), ready_url=api_url, started=started, out=out,
+        before + specs, servers=list(infra.embedded), ready_url=api_url, started=started, out=out,
         secrets=infra.secrets(),
     )  # fmt: skip
     return asyncio.run(supervisor.run())

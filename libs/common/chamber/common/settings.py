@@ -86,6 +86,22 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     """Where a development admin token is kept: read when it exists, else written at first start (`make up`)."""
     access_log: bool = True
     """One log line per HTTP request (method, path, status, duration, who)."""
+    kube_api: str = ""
+    """The Kubernetes API (docs/kubernetes.md): empty (off), `in-cluster`, `kubeconfig` (`KUBECONFIG` or
+    ~/.kube/config), or a URL (`chamber up --kube-emulator`, `kubectl proxy`)."""
+    kube_namespaces: str = ""
+    """Comma-separated namespaces whose workloads Chamber takes; empty: every namespace."""
+    kube_webhook_host: str = "127.0.0.1"
+    kube_webhook_port: Annotated[int, msgspec.Meta(ge=0, le=65535)] = 9443
+    kube_webhook_cert_dir: str = ""
+    """Directory with `tls.crt` and `tls.key` for the admission webhooks; empty: plain HTTP (the emulator only)."""
+    kube_start_timeout_s: Annotated[float, msgspec.Meta(gt=0)] = 120.0
+    """How long the Kubernetes executor waits for an unsuspended Job's pods to appear, be bound and run."""
+    kube_pool_label: str = "chamber.io/pool"
+    """The node label that names a node's pool (else `CHAMBER_POOL`)."""
+    inventory_source: Literal["self", "kubernetes"] = "self"
+    """`self`: each telemetry source publishes its nodes' inventory; `kubernetes`: the collector's Kubernetes
+    discovery does (node membership, labels, GPU counts), and sources publish telemetry only."""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: object) -> "Settings":

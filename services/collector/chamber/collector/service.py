@@ -21,7 +21,7 @@ from chamber.collector.agent.host import start_runners
 from chamber.collector.agent.server import AgentServer
 from chamber.collector.aggregator import Aggregator
 from chamber.collector.core.simfleet import FleetShape, PoolShape, SimulatedFleet
-from chamber.collector.core.source import TelemetrySource
+from chamber.collector.core.source import TelemetryOnly, TelemetrySource
 from chamber.common.bus import Bus, PublishError
 from chamber.common.codec import DecodeError, Decoder
 from chamber.common.contracts import FaultInjection, GpuXidEvent, Node, Pool, TopologyLabels
@@ -124,6 +124,7 @@ async def _agent(ctx: Context, bus: Bus, stop: asyncio.Event) -> None:
     if runners:
         source.owner = runners[0].owner
     uuids = [g.uuid for g in source.node.gpus]
+    published: TelemetrySource = TelemetryOnly(source) if s.inventory_source == "kubernetes" else source
     pending: set[asyncio.Task[object]] = set()
 
     def on_xid(index: int, xid: int) -> None:
@@ -136,7 +137,7 @@ async def _agent(ctx: Context, bus: Bus, stop: asyncio.Event) -> None:
     watcher = XidWatcher(nvml, reader.physical, on_xid, resolve=reader.xid_targets)
     watcher.start(asyncio.get_running_loop())
     try:
-        await Collector(ctx, bus, source).run(stop)
+        await Collector(ctx, bus, published).run(stop)
     finally:
         watcher.stop()
         for runner in runners:
@@ -165,11 +166,17 @@ async def main(ctx: Context, stop: asyncio.Event) -> None:
             aggregator = Aggregator(ctx, bus, ledger, await JobStore.open(bus))
             await aggregator.start()
             tasks.append(asyncio.create_task(aggregator.run(stop)))
+        kube_inventory = ctx.settings.inventory_source == "kubernetes"
+        if kube_inventory and ctx.settings.kube_api and role != "agent":
+            from chamber.collector import kube_discovery
+
+            tasks.append(asyncio.create_task(kube_discovery.run(ctx, bus, stop)))
         if ledger is not None and role in ("all", "sim"):
             fleet = simulated_source(ctx)
             await follow_faults(ctx, bus, fleet)
             runners = await _runners(ctx, bus, [inv.node for inv in fleet.inventory(ctx.clock.now())], local=True)
-            tasks.append(asyncio.create_task(Collector(ctx, bus, fleet, ledger=ledger).run(stop)))
+            source: TelemetrySource = TelemetryOnly(fleet) if kube_inventory else fleet
+            tasks.append(asyncio.create_task(Collector(ctx, bus, source, ledger=ledger).run(stop)))
         if role in ("agent", "local"):
             tasks.append(asyncio.create_task(_agent(ctx, bus, stop)))
         await asyncio.gather(*tasks)

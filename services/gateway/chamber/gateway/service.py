@@ -49,10 +49,19 @@ async def main(ctx: Context, stop: asyncio.Event) -> None:
     log.info("gateway.listening", url=f"http://{ctx.settings.http_host}:{ctx.settings.http_port}")
     rpc = RpcServer(gateway, ctx.settings.http_host, ctx.settings.grpc_port)
     await rpc.start()
+    intake = None
     try:
         stopped = asyncio.create_task(stop.wait())
-        await asyncio.wait([serving, stopped], return_when=asyncio.FIRST_COMPLETED)
+        if ctx.settings.kube_api:  # Kubernetes intake: admission webhooks and the Job watcher (docs/kubernetes.md)
+            from chamber.gateway import kube_intake
+
+            intake = asyncio.create_task(kube_intake.run(ctx, stop))
+        watched = [serving, stopped] if intake is None else [serving, stopped, intake]
+        await asyncio.wait(watched, return_when=asyncio.FIRST_COMPLETED)
     finally:
         await rpc.stop()
         server.should_exit = True
         await serving
+        if intake is not None:
+            stop.set()
+            await intake  # an intake that failed fails the gateway, so it is restarted rather than half-alive

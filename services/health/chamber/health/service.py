@@ -7,6 +7,7 @@ health-owned cordons are reconciled with the engine's state every few seconds, s
 
 import asyncio
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import yaml
 
@@ -29,6 +30,9 @@ from chamber.common.subjects import HEALTH, TELEMETRY
 from chamber.health.core.engine import Entity, HealthEngine
 from chamber.health.core.rules import DEFAULT_RULES, Rule, RuleError, as_batch, merge_rules
 
+if TYPE_CHECKING:
+    from chamber.health.kube_quarantine import NodeQuarantine
+
 log = get_logger(__name__)
 
 RECONCILE_INTERVAL_S = 5.0
@@ -47,8 +51,12 @@ def cordon_reason(entity: Entity) -> Cordon:
 
 
 class Health:
-    def __init__(self, ctx: Context, bus: Bus, ledger: Ledger, engine: HealthEngine | None = None) -> None:
+    def __init__(
+        self, ctx: Context, bus: Bus, ledger: Ledger, engine: HealthEngine | None = None,
+        kube: "NodeQuarantine | None" = None,
+    ) -> None:  # fmt: skip
         self.ctx = ctx
+        self.kube = kube
         self.bus = bus
         self.ledger = ledger
         self.engine = engine or HealthEngine()
@@ -95,9 +103,13 @@ class Health:
             slots = self._slots(verdict.node, verdict.gpu_index)
             if verdict.state == HealthState.QUARANTINED and not verdict.breaker_open:
                 await self.ledger.cordon(slots, cordon_reason(entity))
+                if self.kube is not None and verdict.gpu_index is None:
+                    self.kube.quarantine(verdict.node, cordon_reason(entity).reason)
             elif verdict.state == HealthState.HEALTHY:
                 keep = self._wanted_cordons()
                 await self.ledger.uncordon([s for s in slots if s not in keep])
+                if self.kube is not None and verdict.gpu_index is None:
+                    self.kube.release(verdict.node)
         await asyncio.gather(*(self._publish(v) for v in verdicts))
 
     async def _publish(self, verdict: GpuHealthVerdict) -> None:
@@ -169,10 +181,18 @@ async def main(ctx: Context, stop: asyncio.Event) -> None:
     engine = HealthEngine(load_rules(ctx.settings.health_rules_file))
     bus = await ctx.bus()
     ledger = ctx.ledger()
-    health = Health(ctx, bus, ledger, engine)
+    kube = None
+    if ctx.settings.kube_api:
+        from chamber.common.kube.client import KubeClient
+        from chamber.health.kube_quarantine import NodeQuarantine
+
+        kube = NodeQuarantine(KubeClient.connect(ctx.settings.kube_api))
+    health = Health(ctx, bus, ledger, engine, kube)
     try:
         await health.start()
         await health.run(stop)
     finally:
+        if kube is not None:
+            await kube.close()
         await bus.close()
         await ledger.close()

@@ -18,3 +18,16 @@ class TelemetrySource(Protocol):
     def sample(self, now: float, allocation: Mapping[str, str]) -> list[NodeTelemetry]:
         """One telemetry batch per node. `allocation` (`node/index` -> job) lets a simulator derive activity."""
         ...
+
+
+class TelemetryOnly:
+    """A source whose inventory someone else publishes (Kubernetes discovery): it reports telemetry only."""
+
+    def __init__(self, source: TelemetrySource) -> None:
+        self.source = source
+
+    def inventory(self, now: float) -> list[NodeInventory]:
+        return []
+
+    def sample(self, now: float, allocation: Mapping[str, str]) -> list[NodeTelemetry]:
+        return self.source.sample(now, allocation)

@@ -21,7 +21,17 @@ def make_executor(ctx: Context, bus: Bus) -> Executor:
         return SimulatedExecutor(bus, ctx.clock)
     if kind == "process":
         return ProcessExecutor(bus, ctx.clock, ctx.settings)
-    raise ExecutorUnavailable(f"CHAMBER_EXECUTOR={kind} is not available in this build; use `simulated` or `process`")
+    if kind == "kubernetes":
+        from chamber.common.kube.client import KubeClient
+        from chamber.scheduler.executor.kubernetes import KubernetesExecutor
+
+        if not ctx.settings.kube_api:
+            raise ExecutorUnavailable(
+                "CHAMBER_EXECUTOR=kubernetes needs CHAMBER_KUBE_API (in-cluster, kubeconfig or a URL)"
+            )
+        client = KubeClient.connect(ctx.settings.kube_api)
+        return KubernetesExecutor(bus, ctx.clock, client, start_timeout_s=ctx.settings.kube_start_timeout_s)
+    raise ExecutorUnavailable(f"CHAMBER_EXECUTOR={kind} is not available in this build")
 
 
 __all__ = ["Executor", "ExecutorUnavailable", "ProcessExecutor", "SimulatedExecutor", "make_executor"]

@@ -1,0 +1,123 @@
+{{/* Names and shared snippets. */}}
+{{- define "chamber.fullname" -}}
+{{- if contains .Chart.Name .Release.Name -}}{{ .Release.Name | trunc 50 | trimSuffix "-" }}{{- else -}}{{ printf "%s-%s" .Release.Name .Chart.Name | trunc 50 | trimSuffix "-" }}{{- end -}}
+{{- end -}}
+
+{{- define "chamber.labels" -}}
+app.kubernetes.io/name: chamber
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{- end -}}
+
+{{- define "chamber.selector" -}}
+app.kubernetes.io/name: chamber
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{- define "chamber.image" -}}
+{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- end -}}
+
+{{- define "chamber.natsUrl" -}}
+{{- if .Values.nats.enabled -}}nats://{{ include "chamber.fullname" . }}-nats:4222{{- else -}}{{ .Values.nats.url }}{{- end -}}
+{{- end -}}
+
+{{- define "chamber.webhookService" -}}{{ include "chamber.fullname" . }}-webhooks{{- end -}}
+{{- define "chamber.webhookSecret" -}}{{ include "chamber.fullname" . }}-webhook-tls{{- end -}}
+
+{{/* The environment every Chamber container shares: where the bus and the ledger are, and how to log. */}}
+{{- define "chamber.env" -}}
+{{- if and (not .Values.nats.enabled) .Values.nats.existingSecret }}
+- name: CHAMBER_NATS_URL
+  valueFrom: {secretKeyRef: {name: {{ .Values.nats.existingSecret }}, key: url}}
+{{- else }}
+- name: CHAMBER_NATS_URL
+  value: {{ include "chamber.natsUrl" . | quote }}
+{{- end }}
+{{- if .Values.valkey.enabled }}
+{{- if .Values.valkey.password }}
+- name: VALKEY_PASSWORD
+  valueFrom: {secretKeyRef: {name: {{ include "chamber.fullname" . }}-valkey, key: password}}
+- name: CHAMBER_REDIS_URL
+  value: "redis://:$(VALKEY_PASSWORD)@{{ include "chamber.fullname" . }}-valkey:6379/0"
+{{- else }}
+- name: CHAMBER_REDIS_URL
+  value: "redis://{{ include "chamber.fullname" . }}-valkey:6379/0"
+{{- end }}
+{{- else if .Values.valkey.existingSecret }}
+- name: CHAMBER_REDIS_URL
+  valueFrom: {secretKeyRef: {name: {{ .Values.valkey.existingSecret }}, key: url}}
+{{- else }}
+- name: CHAMBER_REDIS_URL
+  value: {{ .Values.valkey.url | quote }}
+{{- end }}
+- name: CHAMBER_NAMESPACE
+  value: {{ .Values.busNamespace | quote }}
+- name: CHAMBER_LOG_LEVEL
+  value: {{ .Values.logLevel | quote }}
+- name: CHAMBER_LOG_FORMAT
+  value: {{ .Values.logFormat | quote }}
+- name: CHAMBER_INVENTORY_SOURCE
+  value: kubernetes
+- name: CHAMBER_FLEET_NODES
+  value: "0"
+{{- end -}}
+
+{{- define "chamber.kubeEnv" -}}
+- name: CHAMBER_KUBE_API
+  value: in-cluster
+- name: CHAMBER_KUBE_NAMESPACES
+  value: {{ join "," .Values.kubernetes.namespaces | quote }}
+- name: CHAMBER_KUBE_POOL_LABEL
+  value: {{ .Values.kubernetes.poolLabel | quote }}
+- name: CHAMBER_POOL
+  value: {{ .Values.kubernetes.defaultPool | quote }}
+- name: CHAMBER_POOL_COST_PER_GPU_HOUR
+  value: {{ .Values.kubernetes.costPerGpuHour | quote }}
+{{- end -}}
+
+{{/* A Chamber service's pod spec. Arguments: root, component, env (extra), volumes, mounts, ports. */}}
+{{- define "chamber.podSpec" -}}
+serviceAccountName: {{ include "chamber.fullname" .root }}-{{ .component }}
+automountServiceAccountToken: {{ .kube | default false }}
+{{- with .root.Values.imagePullSecrets }}
+imagePullSecrets: {{ toYaml . | nindent 2 }}
+{{- end }}
+securityContext: {{ toYaml .root.Values.podSecurityContext | nindent 2 }}
+containers:
+  - name: {{ .component }}
+    image: {{ include "chamber.image" .root | quote }}
+    imagePullPolicy: {{ .root.Values.image.pullPolicy }}
+    args: ["service", {{ .service | default .component | quote }}]
+    env:
+      {{- include "chamber.env" .root | nindent 6 }}
+      {{- if .kube }}
+      {{- include "chamber.kubeEnv" .root | nindent 6 }}
+      {{- end }}
+      {{- with .env }}
+      {{- toYaml . | nindent 6 }}
+      {{- end }}
+    {{- with .ports }}
+    ports: {{ toYaml . | nindent 6 }}
+    {{- end }}
+    {{- with .probe }}
+    readinessProbe: {{ toYaml . | nindent 6 }}
+    livenessProbe: {{ toYaml . | nindent 6 }}
+    {{- end }}
+    resources: {{ toYaml .resources | nindent 6 }}
+    securityContext: {{ toYaml .root.Values.securityContext | nindent 6 }}
+    volumeMounts:
+      - {name: tmp, mountPath: /tmp}
+      {{- with .mounts }}
+      {{- toYaml . | nindent 6 }}
+      {{- end }}
+volumes:
+  - name: tmp
+    emptyDir: {}
+  {{- with .volumes }}
+  {{- toYaml . | nindent 2 }}
+  {{- end }}
+{{- end -}}

@@ -1,0 +1,122 @@
+"""`chamber webhook-cert`: the admission webhooks' TLS certificate, self-signed, for the Helm chart's hook Job.
+
+Run as a Helm hook before install/upgrade (creates the Secret the gateway mounts) and after (puts the CA into
+the webhook configurations' `caBundle`, which exist by then). Idempotent: a Secret whose certificate names the
+same service and is valid for more than 30 more days is kept, so an upgrade does not rotate it needlessly.
+(With `certManager.enabled`, cert-manager does all of this instead and this command is not run.)
+"""
+
+import asyncio
+import base64
+import datetime
+from typing import Any
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+from chamber.common.kube.client import KubeClient, Resource
+from chamber.common.kube.errors import KubeNotFound
+
+SECRETS = Resource("", "v1", "secrets", "Secret")
+MUTATING = Resource("admissionregistration.k8s.io", "v1", "mutatingwebhookconfigurations", "", namespaced=False)
+VALIDATING = Resource("admissionregistration.k8s.io", "v1", "validatingwebhookconfigurations", "", namespaced=False)
+RENEW_BEFORE = datetime.timedelta(days=30)
+
+
+def dns_names(service: str, namespace: str) -> list[str]:
+    return [service, f"{service}.{namespace}", f"{service}.{namespace}.svc", f"{service}.{namespace}.svc.cluster.local"]
+
+
+def _pem_key(key: ec.EllipticCurvePrivateKey) -> bytes:
+    return key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+
+
+def issue(names: list[str], now: datetime.datetime, days: int = 730) -> dict[str, bytes]:
+    """A CA and a serving certificate for `names`: PEM `ca.crt`, `tls.crt`, `tls.key`."""
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "chamber-webhook-ca")])
+    ca = (
+        x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name).public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=days * 2))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .sign(ca_key, hashes.SHA256())
+    )  # fmt: skip
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, names[2])]))
+        .issuer_name(ca_name).public_key(key.public_key()).serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=days))
+        .add_extension(x509.SubjectAlternativeName([x509.DNSName(n) for n in names]), critical=False)
+        .add_extension(x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )  # fmt: skip
+    return {
+        "ca.crt": ca.public_bytes(serialization.Encoding.PEM),
+        "tls.crt": cert.public_bytes(serialization.Encoding.PEM),
+        "tls.key": _pem_key(key),
+    }
+
+
+def still_good(secret: dict[str, Any], names: list[str], now: datetime.datetime) -> bool:
+    """The Secret holds a certificate for the same names that is valid for a while yet."""
+    data = secret.get("data") or {}
+    if not all(k in data for k in ("ca.crt", "tls.crt", "tls.key")):
+        return False
+    try:
+        cert = x509.load_pem_x509_certificate(base64.b64decode(data["tls.crt"]))
+        sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(
+            x509.DNSName
+        )
+    except (ValueError, x509.ExtensionNotFound):
+        return False
+    return sorted(sans) == sorted(names) and cert.not_valid_after_utc - now > RENEW_BEFORE
+
+
+async def ensure(client: KubeClient, namespace: str, service: str, secret: str, webhook: str) -> str:
+    now = datetime.datetime.now(tz=datetime.UTC)
+    names = dns_names(service, namespace)
+    try:
+        current: dict[str, Any] | None = await client.get(SECRETS, secret, namespace)
+    except KubeNotFound:
+        current = None
+    if current is not None and still_good(current, names, now):
+        ca_b64 = str(current["data"]["ca.crt"])
+        outcome = "kept"
+    else:
+        pem = issue(names, now)
+        data = {k: base64.b64encode(v).decode() for k, v in pem.items()}
+        body = {"apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/tls",
+                "metadata": {"name": secret, "namespace": namespace}, "data": data}  # fmt: skip
+        if current is None:
+            await client.create(SECRETS, body, namespace)
+        else:
+            await client.request("PUT", SECRETS.path(namespace, secret), body=body)
+        ca_b64 = data["ca.crt"]
+        outcome = "issued"
+    patched = 0
+    for kind in (MUTATING, VALIDATING):
+        try:
+            config = await client.get(kind, webhook)
+        except KubeNotFound:
+            continue  # before install: the configurations do not exist yet; the post-install run patches them
+        hooks = [dict(h, clientConfig=dict(h.get("clientConfig") or {}, caBundle=ca_b64)) for h in config["webhooks"]]
+        await client.patch(kind, webhook, {"webhooks": hooks})
+        patched += 1
+    return f"certificate {outcome} in {namespace}/{secret}; caBundle set on {patched} webhook configuration(s)"
+
+
+def run(namespace: str, service: str, secret: str, webhook: str, api: str = "in-cluster") -> str:
+    async def go() -> str:
+        client = KubeClient.connect(api)
+        try:
+            return await ensure(client, namespace, service, secret, webhook)
+        finally:
+            await client.close()
+
+    return asyncio.run(go())

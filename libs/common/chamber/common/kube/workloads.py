@@ -1,0 +1,320 @@
+"""Kubernetes workloads as Chamber jobs: pure reading of Job objects (plain dicts), no client, no I/O.
+
+One rule for each question, used by the admission webhooks, the intake and the executor alike: is this
+workload Chamber's, which team, what gang (replicas x GPUs), which Chamber job id, is it done, which replica is
+this pod, how did this pod end. A workload Chamber cannot run is a `Rejection` whose message the user sees
+in `kubectl` (the validating webhook's answer).
+
+Supported: `batch/v1` Job (one replica per completion index: `parallelism == completions`, `Indexed` when more
+than one) and `jobset.x-k8s.io/v1alpha2` JobSet (one gang of every pod of every replicated Job, all asking for
+the same GPUs; replica `offset(replicated Job) + job index x parallelism + completion index`). PyTorchJob and
+TrainJob are recognised and rejected with a clear message until their translation lands (docs/kubernetes.md).
+"""
+
+import datetime
+from typing import Any
+
+import msgspec
+
+from chamber.common.contracts import JobSpec, WorkloadRef
+from chamber.common.kube import labels as L
+from chamber.common.priorities import DEFAULT_CLASSES
+
+Obj = dict[str, Any]
+JOB_ID_PREFIX = "k8s-"
+MAX_REPLICAS = 1024
+JOB = "batch/v1/Job"
+JOBSET = "jobset.x-k8s.io/v1alpha2/JobSet"
+SUPPORTED = (JOB, JOBSET)
+
+
+class Rejection(ValueError):
+    """A workload Chamber cannot run, with the reason its owner needs to fix it."""
+
+
+def meta(obj: Obj) -> Obj:
+    m: Obj = obj.get("metadata") or {}
+    return m
+
+
+def labels_of(obj: Obj) -> dict[str, str]:
+    return dict(meta(obj).get("labels") or {})
+
+
+def annotations_of(obj: Obj) -> dict[str, str]:
+    return dict(meta(obj).get("annotations") or {})
+
+
+def team_of(obj: Obj) -> str | None:
+    """`chamber.io/team`, else Kueue's queue name (a Kueue user switches by changing nothing)."""
+    lab = labels_of(obj)
+    return lab.get(L.TEAM) or lab.get(L.KUEUE_QUEUE) or None
+
+
+def is_candidate(obj: Obj) -> bool:
+    """A workload that asks for Chamber (the webhooks act on these only)."""
+    return team_of(obj) is not None
+
+
+def is_managed(obj: Obj) -> bool:
+    return labels_of(obj).get(L.MANAGED) == "true"
+
+
+def job_id_for(uid: str) -> str:
+    """The Chamber job id of a workload: stable for its uid, so every re-delivery names the same job."""
+    return f"{JOB_ID_PREFIX}{uid}"
+
+
+def workload_ref(obj: Obj) -> WorkloadRef:
+    m = meta(obj)
+    return WorkloadRef(
+        api_version=str(obj.get("apiVersion") or "batch/v1"), kind=str(obj.get("kind") or "Job"),
+        namespace=str(m.get("namespace") or "default"), name=str(m.get("name") or ""), uid=str(m.get("uid") or ""),
+    )  # fmt: skip
+
+
+def pod_template(job: Obj) -> Obj:
+    tpl: Obj = (job.get("spec") or {}).get("template") or {}
+    return tpl
+
+
+def gpus_of_pod_spec(pod_spec: Obj) -> int:
+    """GPUs one pod asks for: the sum over its containers' `nvidia.com/gpu` limits (requests when no limit)."""
+    total = 0
+    for container in pod_spec.get("containers") or []:
+        res = container.get("resources") or {}
+        value = (res.get("limits") or {}).get(L.GPU_RESOURCE, (res.get("requests") or {}).get(L.GPU_RESOURCE, 0))
+        try:
+            total += int(str(value))
+        except ValueError as exc:
+            raise Rejection(
+                f"container {container.get('name')!r}: {L.GPU_RESOURCE}={value!r} is not a whole number"
+            ) from exc
+    return total
+
+
+def kind_of(obj: Obj) -> str:
+    return f"{obj.get('apiVersion', 'batch/v1')}/{obj.get('kind', 'Job')}"
+
+
+def replicas_of(job: Obj, *, indexed_by_default: bool = False) -> int:
+    """Pods of one `batch/v1` Job spec (a Job's, or one replicated Job's of a JobSet)."""
+    spec = job.get("spec") or {}
+    parallelism = int(spec.get("parallelism", 1) or 0)
+    completions = spec.get("completions")
+    if parallelism < 1:
+        raise Rejection("spec.parallelism must be at least 1: Chamber runs a Job as a gang of `parallelism` pods")
+    if completions is not None and int(completions) != parallelism:
+        raise Rejection(
+            f"spec.completions ({completions}) must equal spec.parallelism ({parallelism}): Chamber runs every "
+            "replica of a gang at once"
+        )
+    mode = spec.get("completionMode") or ("Indexed" if indexed_by_default else "NonIndexed")
+    if parallelism > 1 and mode != "Indexed":
+        raise Rejection("a gang of more than one pod needs spec.completionMode: Indexed (one index per replica)")
+    if parallelism > MAX_REPLICAS:
+        raise Rejection(f"spec.parallelism ({parallelism}) is above Chamber's limit of {MAX_REPLICAS} replicas")
+    return parallelism
+
+
+def _float(annotations: dict[str, str], key: str) -> float | None:
+    raw = annotations.get(key)
+    if raw is None:
+        return None
+    try:
+        return float(raw)
+    except ValueError as exc:
+        raise Rejection(f"annotation {key}={raw!r} is not a number") from exc
+
+
+def replicated_jobs(jobset: Obj) -> list[Obj]:
+    rjobs: list[Obj] = (jobset.get("spec") or {}).get("replicatedJobs") or []
+    return rjobs
+
+
+def jobset_layout(jobset: Obj) -> dict[str, tuple[int, int]]:
+    """Replicated Job name -> (its first replica's index in the gang, pods per child Job)."""
+    layout, offset = {}, 0
+    for rjob in replicated_jobs(jobset):
+        parallelism = int(((rjob.get("template") or {}).get("spec") or {}).get("parallelism", 1) or 1)
+        layout[str(rjob.get("name"))] = (offset, parallelism)
+        offset += int(rjob.get("replicas", 1)) * parallelism
+    return layout
+
+
+def _pod_specs(obj: Obj) -> tuple[list[tuple[str, Obj]], int]:
+    """(where, pod spec) of every pod template of a workload, and how many pods its gang has."""
+    kind = kind_of(obj)
+    if kind == JOB:
+        return [("spec.template.spec", pod_template(obj).get("spec") or {})], replicas_of(obj)
+    if kind == JOBSET:
+        rjobs = replicated_jobs(obj)
+        if not rjobs:
+            raise Rejection("spec.replicatedJobs is empty")
+        specs, total = [], 0
+        for i, rjob in enumerate(rjobs):
+            job = rjob.get("template") or {}
+            total += int(rjob.get("replicas", 1)) * replicas_of(job, indexed_by_default=True)
+            specs.append((f"spec.replicatedJobs[{i}].template.spec.template.spec", pod_template(job).get("spec") or {}))
+        if total > MAX_REPLICAS:
+            raise Rejection(f"the JobSet has {total} pods, above Chamber's limit of {MAX_REPLICAS} replicas")
+        return specs, total
+    raise Rejection(
+        f"{kind} is recognised but not supported yet: submit a batch/v1 Job or a JobSet (docs/kubernetes.md)"
+    )
+
+
+def job_spec(job: Obj, *, largest_node_gpus: int = 0) -> JobSpec:
+    """The Chamber job a workload (`batch/v1` Job, JobSet) stands for. Raises `Rejection` with what to fix."""
+    m, lab, ann = meta(job), labels_of(job), annotations_of(job)
+    team = team_of(job)
+    if team is None:
+        raise Rejection(f"label {L.TEAM} (or {L.KUEUE_QUEUE}) is missing")
+    specs, replicas = _pod_specs(job)
+    counts = set()
+    for where, pod_spec in specs:
+        if pod_spec.get("nodeName"):
+            raise Rejection(f"{where}.nodeName is set: Chamber chooses the nodes; remove it")
+        scheduler = pod_spec.get("schedulerName")
+        if scheduler not in (None, "", "default-scheduler", L.SCHEDULER_NAME):
+            raise Rejection(f"{where}.schedulerName is {scheduler!r}: Chamber binds these pods itself")
+        counts.add(gpus_of_pod_spec(pod_spec))
+    if len(counts) > 1:
+        raise Rejection(f"every pod of the gang must ask for the same number of GPUs (here {sorted(counts)})")
+    gpus = counts.pop()
+    tpl_spec = specs[0][1]
+    if gpus < 1:
+        raise Rejection(
+            f"the pod template asks for no {L.GPU_RESOURCE}: Chamber schedules GPU work; set a {L.GPU_RESOURCE} "
+            f"limit, or remove the {L.TEAM} label to leave this Job to the default scheduler"
+        )
+    if largest_node_gpus and gpus > largest_node_gpus:
+        raise Rejection(
+            f"each pod asks for {gpus} GPUs but the largest node has {largest_node_gpus}: use more replicas "
+            "(parallelism) with fewer GPUs each"
+        )
+    priority = lab.get(L.PRIORITY, "train")
+    if priority not in DEFAULT_CLASSES:
+        raise Rejection(f"label {L.PRIORITY}={priority!r} is unknown; use one of {', '.join(DEFAULT_CLASSES)}")
+    topology = None
+    if level := ann.get(L.TOPOLOGY):
+        if level not in ("node", "rack", "zone"):
+            raise Rejection(f"annotation {L.TOPOLOGY}={level!r}: use node, rack or zone")
+        topology = {"level": level, "required": ann.get(L.TOPOLOGY_REQUIRED, "true") != "false"}
+    preemptible = ann.get(L.PREEMPTIBLE)
+    grace = tpl_spec.get("terminationGracePeriodSeconds", 30)
+    containers = tpl_spec.get("containers") or [{}]
+    raw: Obj = {
+        "name": str(m.get("name") or m.get("generateName") or "job")[:128], "team": team,
+        "gpus_per_replica": gpus, "replicas": replicas, "priority": priority, "pool": lab.get(L.POOL),
+        "gpu_model": ann.get(L.GPU_MODEL), "topology": topology,
+        "checkpoint_grace_s": float(grace or 0), "min_runtime_s": _float(ann, L.MIN_RUNTIME_S) or 0.0,
+        "checkpoint_interval_s": _float(ann, L.CHECKPOINT_INTERVAL_S),
+        "max_runtime_s": (job.get("spec") or {}).get("activeDeadlineSeconds"),
+        "preemptible": None if preemptible is None else preemptible == "true",
+        "image": containers[0].get("image"), "workload": msgspec.structs.asdict(workload_ref(job)),
+    }  # fmt: skip
+    try:
+        return msgspec.convert(raw, JobSpec)
+    except msgspec.ValidationError as exc:
+        raise Rejection(f"cannot run this Job: {exc}") from exc
+
+
+def admission_patch(job: Obj) -> list[Obj]:
+    """JSON patch the mutating webhook returns for a workload Chamber takes: suspended, marked, its pods for
+    Chamber's scheduler. Idempotent (the patch of a patched workload changes nothing)."""
+    ops: list[Obj] = []
+    if not meta(job).get("labels"):
+        ops.append({"op": "add", "path": "/metadata/labels", "value": {}})
+    ops.append({"op": "add", "path": "/metadata/labels/chamber.io~1managed", "value": "true"})
+    ops.append({"op": "add", "path": "/spec/suspend", "value": True})
+    templates = [("/spec/template", pod_template(job))]
+    if kind_of(job) == JOBSET:
+        templates = [
+            (f"/spec/replicatedJobs/{i}/template/spec/template", pod_template(rjob.get("template") or {}))
+            for i, rjob in enumerate(replicated_jobs(job))
+        ]
+    for path, tpl in templates:
+        if not tpl.get("spec"):
+            ops.append({"op": "add", "path": f"{path}/spec", "value": {}})
+        ops.append({"op": "add", "path": f"{path}/spec/schedulerName", "value": L.SCHEDULER_NAME})
+    return ops
+
+
+# ---- the state of Jobs and pods, as the executor reads it ------------------------------------------------------
+
+
+def condition(obj: Obj, kind: str) -> Obj | None:
+    for cond in (obj.get("status") or {}).get("conditions") or []:
+        if cond.get("type") == kind and cond.get("status") == "True":
+            c: Obj = cond
+            return c
+    return None
+
+
+def job_outcome(job: Obj) -> tuple[bool, str] | None:
+    """(succeeded, message) once the Job completed or failed; None while it is not finished."""
+    if condition(job, "Complete") or condition(job, "SuccessCriteriaMet") or condition(job, "Completed"):
+        return True, ""
+    failed = condition(job, "Failed")
+    if failed is not None:
+        return False, f"{failed.get('reason', 'Failed')}: {failed.get('message', '')}".rstrip(": ")
+    return None
+
+
+def replica_of(pod: Obj, layout: dict[str, tuple[int, int]] | None = None) -> int:
+    """The replica a pod is in its gang: a Job's completion index (0 for a one-pod Job); in a JobSet, its
+    replicated Job's offset + job index x parallelism + completion index (`layout` from `jobset_layout`)."""
+    lab = labels_of(pod)
+
+    def number(key: str) -> int:
+        raw = annotations_of(pod).get(key) or lab.get(key) or "0"
+        return int(raw) if raw.isdigit() else 0
+
+    index = number(L.COMPLETION_INDEX)
+    rjob = lab.get(L.REPLICATED_JOB)
+    if layout is not None and rjob in layout:
+        offset, parallelism = layout[rjob]
+        return offset + number(L.JOBSET_JOB_INDEX) * parallelism + index
+    return index
+
+
+def pod_owner_uid(pod: Obj) -> str:
+    lab = labels_of(pod)
+    return lab.get(L.CONTROLLER_UID) or lab.get("controller-uid") or ""
+
+
+def pod_attempt(pod: Obj) -> int | None:
+    raw = annotations_of(pod).get(L.ATTEMPT)
+    return int(raw) if raw is not None and raw.isdigit() else None
+
+
+def pod_exit(pod: Obj) -> tuple[int | None, str]:
+    """(exit code, reason) of a pod's first terminated container: `OOMKilled`, `Error`, `Completed` ..."""
+    for status in (pod.get("status") or {}).get("containerStatuses") or []:
+        term = (status.get("state") or {}).get("terminated")
+        if term:
+            code = term.get("exitCode")
+            return (int(code) if code is not None else None), str(term.get("reason") or "")
+    return None, ""
+
+
+def pod_disrupted(pod: Obj) -> str:
+    """Why a pod was taken away (eviction, preemption by the kubelet, node gone); empty when it was not."""
+    status = pod.get("status") or {}
+    target = condition(pod, "DisruptionTarget")
+    if target is not None:
+        return str(target.get("reason") or "DisruptionTarget")
+    if status.get("reason") in ("Evicted", "NodeLost", "Shutdown", "Terminated"):
+        return str(status["reason"])
+    return ""
+
+
+def timestamp(value: str | None) -> float | None:
+    """An RFC 3339 time from the API as seconds since the epoch."""
+    if not value:
+        return None
+    try:
+        return datetime.datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None

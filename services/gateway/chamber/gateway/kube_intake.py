@@ -1,0 +1,217 @@
+"""Kubernetes intake: admission webhooks and the Job watcher that turn labelled Jobs into Chamber jobs.
+
+Runs inside the gateway (the API edge) when `CHAMBER_KUBE_API` is set:
+
+- **Mutating webhook** (`POST /mutate`): a Job labelled `chamber.io/team` (or Kueue's queue name) is suspended
+  on creation, marked `chamber.io/managed=true`, and its pods get `schedulerName: chamber`, so no pod exists
+  while it waits and none is placed by anyone but Chamber.
+- **Validating webhook** (`POST /validate`): a Job Chamber cannot run is refused with the reason, which
+  `kubectl apply` prints (`admission webhook "team.jobs.chamber.io" denied the request: ...`).
+- **Watcher**: every managed Job (and JobSet, where its CRD is installed) becomes `JobSubmitted` (its Chamber id
+  is `k8s-<uid>`, so a repeat is the same job); a deleted one becomes `JobCancelRequested`. It lists, watches
+  from the list's resource version, resumes after bookmarks and breaks, and lists again on `410 Gone`; after
+  every list, active Chamber jobs whose workload no longer exists are cancelled, so a Job deleted while the
+  gateway was down is not forgotten.
+"""
+
+import asyncio
+import base64
+import contextlib
+import json
+import os
+from collections.abc import Generator
+from typing import Any
+
+import uvicorn
+from litestar import Litestar, get, post
+from litestar.params import JSONBody
+from litestar.status_codes import HTTP_200_OK
+
+from chamber.common.bus import Bus, BusError
+from chamber.common.codec import Decoder
+from chamber.common.contracts import TERMINAL_STATES, JobCancelRequested, JobSubmitted, NodeInventory
+from chamber.common.jobstore import JobStore
+from chamber.common.kube.client import JOBS, JOBSETS, KubeClient, Obj
+from chamber.common.kube.labels import MANAGED
+from chamber.common.kube.watch import Reflector
+from chamber.common.kube.workloads import (
+    JOB_ID_PREFIX,
+    Rejection,
+    admission_patch,
+    is_candidate,
+    job_id_for,
+    job_outcome,
+    job_spec,
+    meta,
+    timestamp,
+)
+from chamber.common.log import get_logger
+from chamber.common.runtime import Context
+
+log = get_logger(__name__)
+
+
+class Admission:
+    """The webhooks' decisions (pure apart from the inventory they read: the largest node's GPU count)."""
+
+    def __init__(self) -> None:
+        self.largest_node_gpus = 0
+
+    def review(self, review: Obj, *, mutating: bool) -> Obj:
+        request = review.get("request") or {}
+        uid = request.get("uid", "")
+        obj = request.get("object") or {}
+        response: Obj = {"uid": uid, "allowed": True}
+        if request.get("operation") == "CREATE" and is_candidate(obj):
+            if mutating:
+                patch = json.dumps(admission_patch(obj)).encode()
+                response.update(patchType="JSONPatch", patch=base64.b64encode(patch).decode())
+            else:
+                try:
+                    job_spec(obj, largest_node_gpus=self.largest_node_gpus)
+                except Rejection as exc:
+                    response.update(allowed=False, status={"code": 400, "reason": "BadRequest",
+                                                           "message": f"chamber: {exc}"})  # fmt: skip
+        return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": response}
+
+
+def webhook_app(admission: Admission) -> Litestar:
+    @post("/mutate", status_code=HTTP_200_OK)
+    async def mutate(data: JSONBody[dict[str, Any]]) -> dict[str, Any]:
+        return admission.review(data, mutating=True)
+
+    @post("/validate", status_code=HTTP_200_OK)
+    async def validate(data: JSONBody[dict[str, Any]]) -> dict[str, Any]:
+        return admission.review(data, mutating=False)
+
+    @get("/healthz")
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    return Litestar([mutate, validate, healthz], openapi_config=None)
+
+
+class _Server(uvicorn.Server):
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
+        yield
+
+
+class Intake:
+    """Managed Jobs in, job events out."""
+
+    def __init__(self, ctx: Context, bus: Bus, client: KubeClient, store: JobStore) -> None:
+        self.ctx = ctx
+        self.bus = bus
+        self.client = client
+        self.store = store
+        self.submitted: set[str] = set()
+        self.reflectors: list[Reflector] = []
+        self.kinds: set[str] = {"Job"}
+        """The workload kinds watched (JobSet too where its CRD is installed)."""
+
+    async def on_job(self, kind: str, job: Obj) -> None:
+        uid = str(meta(job).get("uid") or "")
+        if not uid:
+            return
+        job_id = job_id_for(uid)
+        if kind == "DELETED":
+            self.submitted.discard(job_id)
+            await self._publish(self.bus.names.job_cancel(job_id),
+                                JobCancelRequested(job_id=job_id, requested_at=self.ctx.clock.now()),
+                                f"{job_id}:cancel")  # fmt: skip
+            return
+        if job_outcome(job) is not None:
+            self.submitted.discard(job_id)  # finished: the scheduler has its outcome from the executor
+            return
+        if job_id in self.submitted:
+            return
+        try:
+            spec = job_spec(job)
+        except Rejection as exc:
+            log.warning("kube_intake.rejected", job=meta(job).get("name"), namespace=meta(job).get("namespace"),
+                        reason=str(exc))  # fmt: skip
+            return
+        submitted_at = timestamp(meta(job).get("creationTimestamp")) or self.ctx.clock.now()
+        await self._publish(self.bus.names.job_submit(job_id),
+                            JobSubmitted(job_id=job_id, spec=spec, submitted_at=submitted_at), job_id)  # fmt: skip
+        self.submitted.add(job_id)
+        log.info("kube_intake.submitted", job_id=job_id, job=spec.name, team=spec.team, gpus=spec.gpus)
+
+    async def on_synced(self, jobs: dict[str, Obj]) -> None:
+        """After a (re)list of every watched namespace: cancel active Chamber jobs whose Job is gone."""
+        if not all(r.synced.is_set() for r in self.reflectors):
+            return
+        present = {job_id_for(uid) for r in self.reflectors for uid in r.objects}
+        namespaces = self._namespaces()
+        for job_id, (record, _) in (await self.store.load_all()).items():
+            ref = record.spec.workload
+            if (
+                job_id.startswith(JOB_ID_PREFIX) and record.state not in TERMINAL_STATES and job_id not in present
+                and ref is not None and ref.kind in self.kinds and not record.cancel_requested
+                and (namespaces is None or ref.namespace in namespaces)
+            ):  # fmt: skip
+                log.info("kube_intake.job_gone", job_id=job_id, job=ref.name, namespace=ref.namespace)
+                await self._publish(self.bus.names.job_cancel(job_id),
+                                    JobCancelRequested(job_id=job_id, requested_at=self.ctx.clock.now()),
+                                    f"{job_id}:cancel")  # fmt: skip
+
+    def _namespaces(self) -> set[str] | None:
+        raw = self.ctx.settings.kube_namespaces
+        return {n.strip() for n in raw.split(",") if n.strip()} or None
+
+    async def _publish(self, subject: str, event: Any, msg_id: str) -> None:
+        for attempt in range(5):
+            try:
+                await self.bus.publish(subject, event, msg_id=msg_id)
+                return
+            except BusError as exc:
+                log.warning("kube_intake.publish_failed", subject=subject, error=str(exc), attempt=attempt + 1)
+                await asyncio.sleep(0.2 * 2**attempt)
+        raise BusError(f"could not publish {msg_id}")
+
+    async def run(self, stop: asyncio.Event) -> None:
+        namespaces: list[str | None] = [*sorted(self._namespaces() or ())] or [None]
+        resources = [JOBS]
+        if await self.client.serves(JOBSETS):
+            resources.append(JOBSETS)
+            self.kinds.add("JobSet")
+        self.reflectors = [
+            Reflector(self.client, res, self.on_job, namespace=ns, labels=f"{MANAGED}=true",
+                      on_synced=self.on_synced, name=f"{res.plural}/{ns or '*'}")
+            for res in resources for ns in namespaces
+        ]  # fmt: skip
+        await asyncio.gather(*(r.run(stop) for r in self.reflectors))
+
+
+def _ssl(cert_dir: str) -> dict[str, str]:
+    if not cert_dir:
+        return {}
+    return {"ssl_certfile": os.path.join(cert_dir, "tls.crt"), "ssl_keyfile": os.path.join(cert_dir, "tls.key")}
+
+
+async def run(ctx: Context, stop: asyncio.Event) -> None:
+    """The webhooks and the watcher, until `stop`."""
+    s = ctx.settings
+    bus = await ctx.bus()
+    client = KubeClient.connect(s.kube_api)
+    admission = Admission()
+
+    def on_inventory(inv: NodeInventory) -> None:
+        admission.largest_node_gpus = max(admission.largest_node_gpus, len(inv.node.gpus))
+
+    await bus.watch_latest(bus.names.subject("inventory.>"), Decoder(NodeInventory), on_inventory)
+    config = uvicorn.Config(webhook_app(admission), host=s.kube_webhook_host, port=s.kube_webhook_port,
+                            log_config=None, access_log=False, **_ssl(s.kube_webhook_cert_dir))  # type: ignore[arg-type]  # fmt: skip
+    server = _Server(config)
+    serving = asyncio.create_task(server.serve())
+    intake = Intake(ctx, bus, client, await JobStore.open(bus))
+    watching = asyncio.create_task(intake.run(stop))
+    log.info("kube_intake.started", api=client.host, webhooks=f"{s.kube_webhook_host}:{s.kube_webhook_port}")
+    try:
+        await stop.wait()
+    finally:
+        server.should_exit = True
+        await asyncio.gather(serving, watching, return_exceptions=True)
+        await client.close()
+        await bus.close()

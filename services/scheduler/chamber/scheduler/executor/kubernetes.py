@@ -1,0 +1,402 @@
+"""The Kubernetes executor: a placed job's suspended Job is unsuspended and its pods bound where the ledger says.
+
+- **Launch**: the Job gets the attempt and the placement on its pod template (`chamber.io/attempt`,
+  `chamber.io/placement`, label `chamber.io/job-id`) and `suspend: false`; the Job controller creates one pod per
+  replica (`schedulerName: chamber`, so no other scheduler touches them). When every replica's pod of the attempt
+  exists, each is bound to its replica's node through the Binding API. All or none: nothing is bound until all
+  pods are there, and if a binding fails the Job is suspended again (its pods go) and the launch reported failed.
+- **Reports** (on `jobs.lifecycle.<job>`): `JobStarted` when every replica runs; `JobFinished` when the Job is
+  `Complete` or `Failed` (exit code and `OOMKilled` from the pods); `JobStopped` when a stop finished (no pod of
+  the attempt left), or, interrupted, when a pod of a running attempt was evicted or its node failed;
+  `JobLaunchFailed` when the Job is gone, a binding failed, or the attempt was not running within
+  `CHAMBER_KUBE_START_TIMEOUT_S` (the reason names the pods still pending).
+- **Stop**: suspend the Job; the Job controller deletes its pods, which get SIGTERM and their
+  `terminationGracePeriodSeconds` (the intake made that the job's checkpoint grace). A stop without grace (a
+  failed GPU) also deletes the pods at once. A cancel deletes the Job.
+
+The executor follows pods (label `chamber.io/job-id`) and managed Jobs with the reflector (list, watch, relist
+on 410), so a restarted scheduler finds everything again; `resync` re-arms what the records say.
+"""
+
+import asyncio
+import contextlib
+import copy
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from chamber.common.bus import Bus, PublishError
+from chamber.common.clock import Clock
+from chamber.common.contracts import (
+    JobFinished,
+    JobLaunchFailed,
+    JobRecord,
+    JobStarted,
+    JobState,
+    JobStopped,
+)
+from chamber.common.kube import labels as L
+from chamber.common.kube.client import JOBS, JOBSETS, PODS, KubeClient, Obj, Resource
+from chamber.common.kube.errors import KubeConflict, KubeError, KubeNotFound
+from chamber.common.kube.watch import Reflector
+from chamber.common.kube.workloads import (
+    job_id_for,
+    job_outcome,
+    jobset_layout,
+    labels_of,
+    meta,
+    pod_attempt,
+    pod_disrupted,
+    pod_exit,
+    replica_of,
+    replicated_jobs,
+    timestamp,
+)
+from chamber.common.log import get_logger
+
+log = get_logger(__name__)
+RESOURCES: dict[str, Resource] = {"Job": JOBS, "JobSet": JOBSETS}
+"""The workload kinds the executor runs, by `WorkloadRef.kind`."""
+NO_WORKLOAD = (
+    "no Kubernetes workload behind this job: with CHAMBER_EXECUTOR=kubernetes, submit a batch/v1 Job or a JobSet "
+    "labelled chamber.io/team (docs/kubernetes.md)"
+)
+Event = JobStarted | JobFinished | JobStopped | JobLaunchFailed
+
+
+@dataclass
+class Attempt:
+    record: JobRecord
+    nodes: list[str]
+    """The node of each replica, by completion index."""
+    launched_at: float
+    started: bool = False
+    binding: bool = False
+    stopping: str = ""
+    """Why it is being stopped; empty while it is not."""
+    graceful: bool = True
+    interrupted: bool = False
+    """Stopped by a failure (a pod evicted, its node gone), not on request."""
+    pods: dict[str, Obj] = field(default_factory=dict)
+    """uid -> the attempt's pods as last seen."""
+    bound: set[str] = field(default_factory=set)
+    """Pods this executor bound (their update may not have been seen yet)."""
+    done: bool = False
+    layout: dict[str, tuple[int, int]] | None = None
+    """A JobSet's replica layout (see `jobset_layout`); None for a Job."""
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return self.record.id, self.record.attempt
+
+
+def replica_nodes(record: JobRecord) -> list[str]:
+    """The node of each replica: a placement lists the gang's GPUs replica by replica."""
+    if record.placement is None:
+        return []
+    per = record.spec.gpus_per_replica
+    gpus = record.placement.gpus
+    return [gpus[r * per].node for r in range(record.spec.replicas) if r * per < len(gpus)]
+
+
+class KubernetesExecutor:
+    def __init__(self, bus: Bus, clock: Clock, client: KubeClient, *, start_timeout_s: float = 120.0) -> None:
+        self.bus = bus
+        self.clock = clock
+        self.client = client
+        self.start_timeout_s = start_timeout_s
+        self.attempts: dict[str, Attempt] = {}
+        """job id -> its current attempt."""
+        self._stop = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._pods: Reflector | None = None
+
+    # ---- the Executor protocol ------------------------------------------------------------------------------
+
+    async def launch(self, record: JobRecord) -> None:
+        await self._ensure_started()
+        ref = record.spec.workload
+        if ref is None or ref.kind not in RESOURCES:
+            await self._fail(record, NO_WORKLOAD)
+            return
+        nodes = replica_nodes(record)
+        attempt = Attempt(record, nodes, self.clock.now())
+        self.attempts[record.id] = attempt
+        template_meta = {
+            "labels": {L.JOB_ID: record.id},
+            "annotations": {L.ATTEMPT: str(record.attempt), L.PLACEMENT: ",".join(nodes)},
+        }
+        try:
+            if ref.kind == "JobSet":
+                jobset = await self.client.get(JOBSETS, ref.name, ref.namespace)
+                attempt.layout = jobset_layout(jobset)
+                await self.client.patch(JOBSETS, ref.name, _unsuspend_jobset(jobset, template_meta), ref.namespace)
+            else:
+                patch = {"spec": {"suspend": False, "template": {"metadata": template_meta}}}
+                await self.client.patch(JOBS, ref.name, patch, ref.namespace)
+        except KubeNotFound:
+            await self._fail(record, f"the Job {ref.namespace}/{ref.name} is gone")
+            return
+        except KubeError as exc:
+            await self._fail(record, f"could not unsuspend {ref.namespace}/{ref.name}: {exc}")
+            return
+        log.info("kube_executor.launched", job_id=record.id, attempt=record.attempt, nodes=nodes)
+        await self._progress(attempt)
+
+    async def stop(self, record: JobRecord, reason: str, grace_s: float = 0.0) -> None:
+        await self._ensure_started()
+        attempt = self.attempts.get(record.id)
+        if attempt is None or attempt.record.attempt != record.attempt:
+            attempt = Attempt(record, replica_nodes(record), self.clock.now(), started=record.state == JobState.RUNNING)
+            self.attempts[record.id] = attempt
+            self._adopt_pods(attempt)
+        attempt.stopping = reason or "stopped"
+        attempt.graceful = grace_s > 0
+        ref = record.spec.workload
+        if ref is None or ref.kind not in RESOURCES:
+            await self._stopped(attempt)
+            return
+        try:
+            if record.cancel_requested:
+                await self.client.delete(RESOURCES[ref.kind], ref.name, ref.namespace, propagation="Background")
+            else:
+                await self._suspend(attempt)
+            if not attempt.graceful:
+                for pod in list(attempt.pods.values()):
+                    with contextlib.suppress(KubeNotFound):
+                        await self.client.delete(PODS, meta(pod)["name"], ref.namespace, grace_s=0)
+        except KubeNotFound:
+            attempt.pods.clear()
+        except KubeError as exc:
+            log.warning("kube_executor.stop_failed", job_id=record.id, error=str(exc))
+        await self._progress(attempt)
+
+    async def resync(self, records: Iterable[JobRecord]) -> None:
+        await self._ensure_started()
+        for record in records:
+            if record.placement is None:
+                continue
+            if record.cancel_requested:
+                await self.stop(record, "cancelled")
+            elif record.stopping:
+                grace = max(0.0, record.updated_at + record.spec.checkpoint_grace_s - self.clock.now())
+                await self.stop(record, record.stop_reason, grace if record.stop_kind == "preempt" else 0.0)
+            elif record.state == JobState.RUNNING:
+                attempt = Attempt(record, replica_nodes(record), self.clock.now(), started=True)
+                self.attempts[record.id] = attempt
+                ref = record.spec.workload
+                if ref is not None and ref.kind == "JobSet":
+                    with contextlib.suppress(KubeError):
+                        attempt.layout = jobset_layout(await self.client.get(JOBSETS, ref.name, ref.namespace))
+                self._adopt_pods(attempt)
+                await self._progress(attempt)
+            else:
+                await self.launch(record)
+
+    async def close(self) -> None:
+        self._stop.set()
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.client.close()
+
+    # ---- following the cluster ---------------------------------------------------------------------------------
+
+    async def _ensure_started(self) -> None:
+        if self._pods is not None:
+            return
+        self._pods = Reflector(self.client, PODS, self._on_pod, labels=L.JOB_ID, name="pods")
+        reflectors = [self._pods, Reflector(self.client, JOBS, self._on_job, labels=f"{L.MANAGED}=true", name="jobs")]
+        if await self.client.serves(JOBSETS):
+            reflectors.append(Reflector(self.client, JOBSETS, self._on_job, labels=f"{L.MANAGED}=true", name="jobsets"))
+        self._tasks = [asyncio.create_task(r.run(self._stop)) for r in reflectors]
+        self._tasks.append(asyncio.create_task(self._deadlines()))
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.gather(*(r.synced.wait() for r in reflectors)), timeout=10)
+
+    def _adopt_pods(self, attempt: Attempt) -> None:
+        if self._pods is None:
+            return
+        for pod in self._pods.objects.values():
+            if labels_of(pod).get(L.JOB_ID) == attempt.record.id and pod_attempt(pod) == attempt.record.attempt:
+                attempt.pods[meta(pod)["uid"]] = pod
+
+    async def _on_pod(self, kind: str, pod: Obj) -> None:
+        attempt = self.attempts.get(labels_of(pod).get(L.JOB_ID, ""))
+        if attempt is None or pod_attempt(pod) != attempt.record.attempt:
+            return
+        uid = meta(pod)["uid"]
+        if kind == "DELETED":
+            attempt.pods.pop(uid, None)
+        else:
+            attempt.pods[uid] = pod
+        if kind == "DELETED" or pod_disrupted(pod):
+            await self._maybe_interrupted(attempt, pod)
+        await self._progress(attempt)
+
+    async def _on_job(self, kind: str, job: Obj) -> None:
+        attempt = self.attempts.get(job_id_for(str(meta(job).get("uid") or "")))
+        ref = attempt.record.spec.workload if attempt is not None else None
+        if attempt is None or ref is None or ref.uid != meta(job).get("uid"):
+            return
+        if kind == "DELETED":
+            if not attempt.started and not attempt.stopping:
+                await self._fail(attempt.record, f"the Job {ref.namespace}/{ref.name} was deleted")
+                attempt.done = True
+            return
+        outcome = job_outcome(job)
+        if outcome is not None and not attempt.done:
+            await self._finished(attempt, *outcome)
+
+    async def _maybe_interrupted(self, attempt: Attempt, pod: Obj) -> None:
+        """A pod of a running attempt was evicted or lost while nobody asked: the attempt is interrupted."""
+        why = pod_disrupted(pod)
+        if attempt.stopping or attempt.done or not attempt.started or not why:
+            return
+        attempt.stopping = f"pod {meta(pod)['name']} on {pod.get('spec', {}).get('nodeName')}: {why}"
+        attempt.graceful = False
+        attempt.interrupted = True
+        with contextlib.suppress(KubeError):
+            await self._suspend(attempt)
+
+    # ---- moving an attempt along --------------------------------------------------------------------------------
+
+    async def _progress(self, attempt: Attempt) -> None:
+        if attempt.done:
+            return
+        if attempt.stopping:
+            if not attempt.pods:
+                await self._stopped(attempt)
+            return
+        replicas = attempt.record.spec.replicas
+        live = [p for p in attempt.pods.values() if not meta(p).get("deletionTimestamp")]
+        unbound = [p for p in live if not (p.get("spec") or {}).get("nodeName") and meta(p)["uid"] not in attempt.bound]
+        ref = attempt.record.spec.workload
+        if ref is not None and ref.kind == "JobSet" and attempt.layout is None:
+            return  # its replica layout is read at launch and on resync; without it no pod can be bound
+        indexes = {replica_of(p, attempt.layout) for p in live}
+        if unbound and not attempt.binding and indexes >= set(range(replicas)):
+            await self._bind(attempt, unbound)
+        running = [p for p in live if (p.get("status") or {}).get("phase") == "Running"]
+        if not attempt.started and len({replica_of(p, attempt.layout) for p in running}) >= replicas:
+            attempt.started = True
+            starts = [t for p in running if (t := timestamp((p.get("status") or {}).get("startTime")))]
+            started_at = max(starts) if starts else self.clock.now()
+            await self._report(attempt.record, JobStarted(job_id=attempt.record.id, attempt=attempt.record.attempt,
+                                                          started_at=started_at), "started")  # fmt: skip
+
+    async def _bind(self, attempt: Attempt, pods: list[Obj]) -> None:
+        """Bind every replica's pod to its node, all together; any failure undoes the launch."""
+        attempt.binding = True
+        try:
+            for pod in pods:
+                index = replica_of(pod, attempt.layout)
+                if index >= len(attempt.nodes):
+                    raise KubeConflict(f"pod {meta(pod)['name']} has index {index} beyond the placement")
+            await asyncio.gather(*(self._bind_one(attempt, p) for p in pods))
+            log.info("kube_executor.bound", job_id=attempt.record.id, pods=len(pods))
+        except KubeError as exc:
+            await self._undo(attempt, f"binding failed: {exc}")
+        finally:
+            attempt.binding = False
+
+    async def _bind_one(self, attempt: Attempt, pod: Obj) -> None:
+        node = attempt.nodes[replica_of(pod, attempt.layout)]
+        try:
+            await self.client.bind(meta(pod)["namespace"], meta(pod)["name"], node, meta(pod)["uid"])
+        except KubeConflict:
+            current = await self.client.get(PODS, meta(pod)["name"], meta(pod)["namespace"])
+            if (current.get("spec") or {}).get("nodeName") != node:  # bound elsewhere, or a new pod: fail
+                raise
+        attempt.bound.add(meta(pod)["uid"])
+
+    async def _undo(self, attempt: Attempt, reason: str) -> None:
+        attempt.done = True
+        with contextlib.suppress(KubeError):
+            await self._suspend(attempt)
+        await self._fail(attempt.record, reason)
+
+    async def _suspend(self, attempt: Attempt) -> None:
+        ref = attempt.record.spec.workload
+        if ref is not None and ref.kind in RESOURCES:
+            await self.client.patch(RESOURCES[ref.kind], ref.name, {"spec": {"suspend": True}}, ref.namespace)
+
+    async def _deadlines(self) -> None:
+        while not self._stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), timeout=1.0)
+            now = self.clock.now()
+            for attempt in list(self.attempts.values()):
+                if attempt.done or attempt.started or attempt.stopping:
+                    continue
+                if now - attempt.launched_at > self.start_timeout_s:
+                    await self._undo(attempt, f"not running within {self.start_timeout_s:g} s: {_pending(attempt)}")
+
+    async def _finished(self, attempt: Attempt, succeeded: bool, message: str) -> None:
+        attempt.done = True
+        code, reason = None, ""
+        for pod in attempt.pods.values():
+            code, reason = pod_exit(pod)
+            if code:
+                break
+        if code:
+            message = "; ".join(p for p in (reason, f"exit code {code}", message) if p)
+        record = attempt.record
+        event = JobFinished(job_id=record.id, attempt=record.attempt, finished_at=self.clock.now(), succeeded=succeeded,
+                            message=message, exit_code=code, started_at=record.started_at)  # fmt: skip
+        await self._report(record, event, "finished")
+        self.attempts.pop(record.id, None)
+
+    async def _stopped(self, attempt: Attempt) -> None:
+        attempt.done = True
+        record = attempt.record
+        event = JobStopped(job_id=record.id, attempt=record.attempt, stopped_at=self.clock.now(),
+                           reason=attempt.stopping, graceful=attempt.graceful, started_at=record.started_at,
+                           interrupted=attempt.interrupted)  # fmt: skip
+        await self._report(record, event, "stopped")
+        self.attempts.pop(record.id, None)
+
+    async def _fail(self, record: JobRecord, reason: str) -> None:
+        log.warning("kube_executor.launch_failed", job_id=record.id, attempt=record.attempt, reason=reason)
+        event = JobLaunchFailed(job_id=record.id, attempt=record.attempt, failed_at=self.clock.now(), reason=reason)
+        await self._report(record, event, "launch-failed")
+        if (a := self.attempts.get(record.id)) is not None and a.record.attempt == record.attempt:
+            self.attempts.pop(record.id, None)
+
+    async def _report(self, record: JobRecord, event: Event, what: str) -> None:
+        """Publish a report until JetStream stores it (the message id makes a repeat harmless)."""
+        for _ in range(20):
+            try:
+                await self.bus.publish(self.bus.names.job_lifecycle(record.id), event,
+                                       msg_id=f"{record.id}:{record.attempt}:{what}")  # fmt: skip
+                return
+            except PublishError as exc:
+                log.warning("kube_executor.publish_failed", job_id=record.id, error=str(exc))
+                await asyncio.sleep(0.5)
+
+
+def _unsuspend_jobset(jobset: Obj, template_meta: Obj) -> Obj:
+    """Merge patch that resumes a JobSet with the attempt on every replicated Job's pod template. Its
+    `replicatedJobs` is a list, which a merge patch replaces whole: the patch carries the whole list and the
+    JobSet's resource version (a concurrent change is a conflict, never a lost edit)."""
+    rjobs = []
+    for rjob in replicated_jobs(jobset):
+        new = copy.deepcopy(rjob)
+        pod_meta = (
+            new.setdefault("template", {}).setdefault("spec", {}).setdefault("template", {}).setdefault("metadata", {})
+        )
+        for key in ("labels", "annotations"):
+            pod_meta[key] = dict(pod_meta.get(key) or {}, **template_meta[key])
+        rjobs.append(new)
+    return {"metadata": {"resourceVersion": meta(jobset).get("resourceVersion")},
+            "spec": {"suspend": False, "replicatedJobs": rjobs}}  # fmt: skip
+
+
+def _pending(attempt: Attempt) -> str:
+    """Why an attempt is not running yet, for the launch-failed reason."""
+    if not attempt.pods:
+        return "the Job controller created no pods (see `kubectl describe job`: quota, LimitRange, admission)"
+    parts = []
+    for pod in attempt.pods.values():
+        status, node = pod.get("status") or {}, (pod.get("spec") or {}).get("nodeName")
+        parts.append(f"{meta(pod)['name']} {status.get('phase', 'Pending')} {'on ' + node if node else '(unbound)'}")
+    return "; ".join(parts[:5])

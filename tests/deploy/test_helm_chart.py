@@ -1,0 +1,159 @@
+"""The Helm chart, rendered and linted by the real Helm engine (helm-python-sdk: Helm v4's Go code), every
+manifest validated against the Kubernetes schemas (kubernetes-validate, strict) of each supported version."""
+
+import functools
+import json
+from pathlib import Path
+from typing import Any
+
+import helm_python
+import kubernetes_validate
+import pytest
+import yaml
+
+CHART = Path(__file__).resolve().parents[2] / "deploy" / "helm" / "chamber"
+KUBE_VERSIONS = ("1.32.0", "1.33.0", "1.34.0", "1.35.0")
+"""The Kubernetes versions Chamber supports (Chart.yaml: kubeVersion >= 1.32)."""
+CRD_KINDS = {"ServiceMonitor", "Certificate", "Issuer"}
+"""Custom resources (Prometheus Operator, cert-manager) that the Kubernetes schemas do not cover."""
+
+VARIANTS: dict[str, dict[str, Any]] = {
+    "default": {},
+    "external-nats-and-valkey": {
+        "nats": {"enabled": False, "url": "nats://nats.infra:4222"},
+        "valkey": {"enabled": False, "existingSecret": "chamber-redis"},
+    },
+    "clustered-nats-with-password": {"nats": {"replicas": 3}, "valkey": {"password": "s3cret"}},
+    "cert-manager-and-observability": {
+        "certManager": {"enabled": True},
+        "metrics": {"serviceMonitor": {"enabled": True, "labels": {"release": "prometheus"}}},
+        "grafana": {"dashboard": {"enabled": True}},
+    },
+    "locked-down": {
+        "networkPolicy": {"enabled": True, "apiFrom": [{"namespaceSelector": {"matchLabels": {"team": "ml"}}}]},
+        "kubernetes": {"namespaces": ["ml", "research"]},
+        "nodeAgent": {"enabled": False},
+        "quota": {"config": "teams: {}\n"},
+        "health": {"rules": "[]\n"},
+    },
+}
+
+
+@functools.cache
+def rendered(variant: str) -> tuple[dict[str, Any], ...]:
+    return tuple(render(VARIANTS[variant]))
+
+
+def render(values: dict[str, Any]) -> list[dict[str, Any]]:
+    chart = helm_python.Chart.load(CHART)
+    out = chart.render(values, name="chamber", namespace="chamber", is_install=True)
+    docs = []
+    for path, text in out.items():
+        if path.endswith("NOTES.txt"):
+            continue
+        docs += [d for d in yaml.safe_load_all(text) if d]
+    return docs
+
+
+def kinds(docs: list[dict[str, Any]]) -> dict[str, int]:
+    counted: dict[str, int] = {}
+    for doc in docs:
+        counted[doc["kind"]] = counted.get(doc["kind"], 0) + 1
+    return dict(sorted(counted.items()))
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_the_chart_lints_clean(variant: str) -> None:
+    report = helm_python.lint(CHART, VARIANTS[variant], strict=True, namespace="chamber", kube_version="v1.33.0")
+    problems = [m for m in report["messages"] if m["severity"] >= 2]
+    assert not problems, problems
+    assert not report["errors"], report["errors"]
+
+
+@pytest.mark.parametrize("version", KUBE_VERSIONS)
+def test_every_manifest_of_every_variant_is_valid_kubernetes(version: str) -> None:
+    unique = {json.dumps(doc, sort_keys=True): doc for variant in VARIANTS for doc in rendered(variant)}
+    for doc in unique.values():
+        if doc["kind"] in CRD_KINDS:
+            continue
+        try:
+            kubernetes_validate.validate(doc, version, strict=True)
+        except kubernetes_validate.ValidationError as exc:
+            raise AssertionError(f"{doc['kind']} {doc['metadata']['name']} on {version}: {exc}") from exc
+
+
+def test_the_default_install_runs_everything_with_a_standby_scheduler() -> None:
+    docs = render({})
+    assert kinds(docs) == {
+        "ClusterRole": 5, "ClusterRoleBinding": 5, "ConfigMap": 1, "DaemonSet": 1, "Deployment": 5, "Job": 1,
+        "MutatingWebhookConfiguration": 1, "PodDisruptionBudget": 1, "Role": 1, "RoleBinding": 1, "Service": 6,
+        "ServiceAccount": 7, "StatefulSet": 2, "ValidatingWebhookConfiguration": 1,
+    }  # fmt: skip
+    by_name = {(d["kind"], d["metadata"]["name"]): d for d in docs}
+    scheduler = by_name[("Deployment", "chamber-scheduler")]
+    assert scheduler["spec"]["replicas"] == 2
+    env = {e["name"]: e.get("value") for e in scheduler["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["CHAMBER_EXECUTOR"] == "kubernetes"
+    assert env["CHAMBER_KUBE_API"] == "in-cluster"
+    assert env["CHAMBER_NATS_URL"] == "nats://chamber-nats:4222"
+    agent = by_name[("DaemonSet", "chamber-node-agent")]["spec"]["template"]["spec"]
+    assert agent["runtimeClassName"] == "nvidia"
+    assert agent["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    hook = by_name[("Job", "chamber-webhook-cert")]
+    assert "pre-install" in hook["metadata"]["annotations"]["helm.sh/hook"]
+    webhook = by_name[("MutatingWebhookConfiguration", "chamber")]["webhooks"][0]
+    assert webhook["clientConfig"]["service"]["name"] == "chamber-webhooks"
+    assert webhook["objectSelector"]["matchExpressions"][0]["key"] == "chamber.io/team"
+
+
+def test_rbac_is_least_privilege() -> None:
+    roles = {d["metadata"]["name"]: d["rules"] for d in render({}) if d["kind"] == "ClusterRole"}
+    verbs = {name: {(r["resources"][0], v) for r in rules for v in r["verbs"]} for name, rules in roles.items()}
+    assert verbs["chamber-gateway"] == {("jobs", "list"), ("jobs", "watch"), ("jobsets", "list"), ("jobsets", "watch")}
+    assert verbs["chamber-collector"] == {("nodes", "list"), ("nodes", "watch")}
+    assert ("pods/binding", "create") in verbs["chamber-scheduler"]
+    assert ("pods/eviction", "create") in verbs["chamber-health"]
+    creates = {(name, r["resources"][0]) for name, rules in roles.items() for r in rules for v in r["verbs"]
+               if v in ("*", "create") and r["resources"][0] in ("jobs", "nodes", "secrets")}  # fmt: skip
+    assert not creates, "no service creates Jobs, nodes or secrets"
+    webhooks = ["mutatingwebhookconfigurations", "validatingwebhookconfigurations"]
+    expected = {"apiGroups": ["admissionregistration.k8s.io"], "resourceNames": ["chamber"], "verbs": ["get", "patch"]}
+    assert roles["chamber-webhook-cert"] == [dict(expected, resources=webhooks)], (
+        "the certificate hook may touch Chamber's webhook configurations and nothing else"
+    )
+
+
+def test_variants_switch_parts_on_and_off() -> None:
+    external = kinds(render(VARIANTS["external-nats-and-valkey"]))
+    assert "StatefulSet" not in external
+    gateway = next(
+        d for d in render(VARIANTS["external-nats-and-valkey"]) if d["metadata"]["name"] == "chamber-gateway"
+    )
+    env = {e["name"]: e for e in gateway["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["CHAMBER_REDIS_URL"]["valueFrom"]["secretKeyRef"] == {"name": "chamber-redis", "key": "url"}
+    clustered = render(VARIANTS["clustered-nats-with-password"])
+    conf = next(d for d in clustered if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "chamber-nats")
+    assert conf["data"]["nats.conf"].count("nats://chamber-nats-") == 3
+    observed = kinds(render(VARIANTS["cert-manager-and-observability"]))
+    assert observed["ServiceMonitor"] == 1
+    assert observed["Certificate"] == 1
+    assert "Job" not in observed, "cert-manager issues the certificate: no hook Job"
+    dashboard = next(
+        d for d in render(VARIANTS["cert-manager-and-observability"]) if d["metadata"]["name"] == "chamber-dashboard"
+    )
+    assert '"uid": "chamber-fleet"' in dashboard["data"]["chamber-fleet.json"]
+    assert kinds(render(VARIANTS["locked-down"]))["NetworkPolicy"] == 5
+
+
+@pytest.mark.parametrize(
+    ("values", "complaint"),
+    [
+        ({"scheduler": {"replicas": 0}}, "minimum"),
+        ({"nats": {"enabled": False}}, "nats"),
+        ({"gateway": {"webhook": {"failurePolicy": "Sometimes"}}}, "failurePolicy"),
+        ({"schedular": {}}, "schedular"),
+    ],
+)
+def test_values_schema_refuses_bad_values(values: dict[str, Any], complaint: str) -> None:
+    with pytest.raises(helm_python.HelmError, match=complaint):
+        render(values)

@@ -1,0 +1,209 @@
+"""The emulated Kubernetes API server, driven by the official `kubernetes` client: what kmock 0.8 lacked and
+Chamber relies on (identity fields, selectors, PUT, binding, eviction with budgets, watches that resume and
+expire, strategic merge, discovery), and the reflector surviving a 410."""
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from chamber.cli.kubesim.serve import Running, emulated_cluster
+from chamber.common.kube.client import NODES, PODS, KubeClient
+from chamber.common.kube.errors import KubeConflict, KubeTooManyRequests
+from chamber.common.kube.watch import Reflector
+from chamber.common.settings import Settings
+from tests.support.kube import call, official
+from tests.support.services import eventually
+
+
+@pytest.fixture
+async def cluster() -> AsyncIterator[Running]:
+    async with emulated_cluster(Settings(fleet_nodes=2, gpus_per_node=8), tick_s=0.05, bookmark_interval_s=0.2) as run:
+        yield run
+
+
+def pod(name: str = "", *, labels: dict[str, str] | None = None, generate: str = "") -> dict[str, object]:
+    meta: dict[str, object] = {"labels": labels or {}}
+    if name:
+        meta["name"] = name
+    if generate:
+        meta["generateName"] = generate
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta,
+            "spec": {"containers": [{"name": "c", "image": "busybox"}], "schedulerName": "chamber"}}  # fmt: skip
+
+
+async def test_objects_get_identity_and_generated_names(cluster: Running) -> None:
+    core = client.CoreV1Api(official(cluster.url))
+    a = await call(core.create_namespaced_pod, "default", pod(generate="worker-"))
+    b = await call(core.create_namespaced_pod, "default", pod(generate="worker-"))
+    assert a.metadata.name.startswith("worker-")
+    assert a.metadata.name != b.metadata.name
+    assert a.metadata.uid
+    assert a.metadata.uid != b.metadata.uid
+    assert int(b.metadata.resource_version) > int(a.metadata.resource_version)
+    assert a.metadata.creation_timestamp is not None
+    with pytest.raises(ApiException) as exc:
+        await call(core.create_namespaced_pod, "default", pod(a.metadata.name))
+    assert exc.value.status == 409
+
+
+async def test_label_and_field_selectors_filter_lists(cluster: Running) -> None:
+    core = client.CoreV1Api(official(cluster.url))
+    await call(core.create_namespaced_pod, "default", pod("a", labels={"team": "nlp", "tier": "gpu"}))
+    await call(core.create_namespaced_pod, "default", pod("b", labels={"team": "vision"}))
+
+    def names(pods: Any) -> list[str]:
+        return sorted(p.metadata.name for p in pods.items)
+
+    assert names(await call(core.list_namespaced_pod, "default", label_selector="team=nlp")) == ["a"]
+    assert names(await call(core.list_namespaced_pod, "default", label_selector="team in (nlp,vision),!tier")) == ["b"]
+    assert names(await call(core.list_namespaced_pod, "default", label_selector="tier")) == ["a"]
+    assert names(await call(core.list_namespaced_pod, "default", field_selector="metadata.name=b")) == ["b"]
+    assert len((await call(client.CoreV1Api(official(cluster.url)).list_node)).items) == 2
+
+
+async def test_binding_assigns_once_and_put_replaces_with_optimistic_concurrency(cluster: Running) -> None:
+    kube = KubeClient.connect(cluster.url)
+    core = client.CoreV1Api(official(cluster.url))
+    created = await call(core.create_namespaced_pod, "default", pod("p"))
+    await kube.bind("default", "p", "node-0000", created.metadata.uid)
+    bound = await call(core.read_namespaced_pod, "p", "default")
+    assert bound.spec.node_name == "node-0000"
+    with pytest.raises(KubeConflict, match="already assigned"):
+        await kube.bind("default", "p", "node-0001")
+    stale = created.to_dict()
+    stale["metadata"]["labels"] = {"x": "y"}
+    with pytest.raises(ApiException) as exc:
+        await call(core.replace_namespaced_pod, "p", "default", client.V1Pod.from_dict(stale))
+    assert exc.value.status == 409, "a PUT with an old resourceVersion is a conflict"
+    await kube.close()
+
+
+async def test_eviction_honours_disruption_budgets(cluster: Running) -> None:
+    kube = KubeClient.connect(cluster.url)
+    core, policy = client.CoreV1Api(official(cluster.url)), client.PolicyV1Api(official(cluster.url))
+    for name in ("w0", "w1"):
+        await call(core.create_namespaced_pod, "default", pod(name, labels={"app": "serve"}))
+        await kube.bind("default", name, "node-0000")
+
+    async def all_running() -> bool:
+        pods = await call(core.list_namespaced_pod, "default")
+        return all(p.status.phase == "Running" for p in pods.items)
+
+    await eventually(all_running, what="both pods running")
+    pdb = {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": "serve"},
+           "spec": {"minAvailable": 2, "selector": {"matchLabels": {"app": "serve"}}}}  # fmt: skip
+    await call(policy.create_namespaced_pod_disruption_budget, "default", pdb)
+    with pytest.raises(KubeTooManyRequests, match="disruption budget"):
+        await kube.evict("default", "w0")
+    await call(policy.patch_namespaced_pod_disruption_budget, "serve", "default", {"spec": {"minAvailable": 1}})
+    await kube.evict("default", "w0")
+    evicted = await call(core.read_namespaced_pod, "w0", "default")
+    assert evicted.metadata.deletion_timestamp is not None
+    assert any(c.type == "DisruptionTarget" for c in evicted.status.conditions)
+    await kube.close()
+
+
+async def test_strategic_merge_replaces_taints_and_merges_containers(cluster: Running) -> None:
+    core = client.CoreV1Api(official(cluster.url))
+    await call(core.patch_node, "node-0000", {"spec": {"taints": [{"key": "a", "effect": "NoSchedule"}]}})
+    await call(core.patch_node, "node-0000", {"spec": {"taints": [{"key": "b", "effect": "NoSchedule"}]}})
+    node = await call(core.read_node, "node-0000")
+    assert [t.key for t in node.spec.taints] == ["b"], "taints are an atomic list, as in the real API"
+    await call(core.create_namespaced_pod, "default", pod("p"))
+    patch = {"spec": {"containers": [{"name": "sidecar", "image": "envoy"}]}}
+    patched = await call(core.patch_namespaced_pod, "p", "default", patch)
+    assert sorted(c.name for c in patched.spec.containers) == ["c", "sidecar"], "containers merge by name"
+
+
+async def test_discovery_reports_the_core_group_version_as_v1(cluster: Running) -> None:
+    api = official(cluster.url)
+    resources = await call(client.CoreV1Api(api).get_api_resources)
+    assert resources.group_version == "v1"
+    assert any(r.name == "pods/binding" for r in resources.resources)
+
+
+async def test_a_watch_resumes_from_its_resource_version_and_gets_410_once_history_is_gone(cluster: Running) -> None:
+    kube = KubeClient.connect(cluster.url)
+    core = client.CoreV1Api(official(cluster.url))
+    _, rv = await kube.list(PODS, "default")
+    await call(core.create_namespaced_pod, "default", pod("late"))
+    stream = await kube.open_watch(PODS, "default", resource_version=rv, timeout_s=1)
+    events: list[dict[str, object]] = []
+    await kube.iterate(stream, events.append)
+    assert [e["type"] for e in events if e["type"] != "BOOKMARK"] == ["ADDED"]
+    assert any(e["type"] == "BOOKMARK" for e in events), "bookmarks were asked for and sent"
+    cluster.api.compact()
+    stream = await kube.open_watch(PODS, "default", resource_version=rv, timeout_s=1)
+    expired: list[dict[str, object]] = []
+    await kube.iterate(stream, expired.append)
+    assert expired[0]["type"] == "ERROR"
+    assert expired[0]["object"]["code"] == 410  # type: ignore[index]
+    await kube.close()
+
+
+async def test_the_reflector_relists_after_410_and_reports_what_changed_meanwhile(cluster: Running) -> None:
+    kube = KubeClient.connect(cluster.url)
+    core = client.CoreV1Api(official(cluster.url))
+    await call(core.create_namespaced_pod, "default", pod("stays"))
+    await call(core.create_namespaced_pod, "default", pod("goes"))
+    seen: list[tuple[str, str]] = []
+
+    async def on_event(kind: str, obj: dict[str, object]) -> None:
+        seen.append((kind, obj["metadata"]["name"]))  # type: ignore[index]
+
+    stop = asyncio.Event()
+    reflector = Reflector(kube, PODS, on_event, namespace="default")
+    task = asyncio.create_task(reflector.run(stop))
+    await reflector.synced.wait()
+    assert sorted(seen) == [("ADDED", "goes"), ("ADDED", "stays")]
+    cluster.api.drop_watches()  # the watch breaks; while it is down, history is compacted away ...
+    cluster.api.compact()
+    cluster.api.remove("/v1/pods", "default", "goes")  # ... and an object is deleted
+    cluster.api.compact()
+    await eventually(lambda: ("DELETED", "goes") in seen, what="the deletion seen through a relist")
+    assert reflector.lists == 2, "410 Gone made it list again"
+    await call(core.create_namespaced_pod, "default", pod("new"))
+    await eventually(lambda: ("ADDED", "new") in seen, what="watching again after the relist")
+    stop.set()
+    await task
+    await kube.close()
+
+
+async def test_the_emulated_kubelet_runs_a_bound_pod_and_nodes_carry_gpu_labels(cluster: Running) -> None:
+    kube = KubeClient.connect(cluster.url)
+    nodes, _ = await kube.list(NODES)
+    labels = nodes[0]["metadata"]["labels"]
+    assert labels["nvidia.com/gpu.product"] == "NVIDIA-H100"
+    assert nodes[0]["status"]["allocatable"]["nvidia.com/gpu"] == "8"
+    await kube.create(PODS, pod("run"), "default")
+    await kube.bind("default", "run", "node-0001")
+
+    async def running() -> bool:
+        return bool((await kube.get(PODS, "run", "default"))["status"]["phase"] == "Running")
+
+    await eventually(running, what="the kubelet started the pod")
+    await kube.close()
+
+
+async def test_the_webhook_certificate_hook_issues_once_and_injects_the_ca(cluster: Running) -> None:
+    from chamber.cli.kubesim.cluster import webhook_configurations
+    from chamber.cli.webhook_cert import MUTATING, SECRETS, VALIDATING, ensure
+
+    kube = KubeClient.connect(cluster.url)
+    before = await ensure(kube, "chamber", "chamber-webhooks", "chamber-webhook-tls", "chamber")
+    assert before.startswith("certificate issued")
+    assert "on 0 webhook" in before, "pre-install: no configurations yet"
+    for rkey, obj in webhook_configurations("https://unused"):
+        cluster.api.create(rkey, obj)
+    after = await ensure(kube, "chamber", "chamber-webhooks", "chamber-webhook-tls", "chamber")
+    assert after.startswith("certificate kept"), "post-install: the same certificate"
+    assert "on 2 webhook" in after, "post-install: the CA in both configurations"
+    secret = await kube.get(SECRETS, "chamber-webhook-tls", "chamber")
+    for kind in (MUTATING, VALIDATING):
+        config = await kube.get(kind, "chamber")
+        assert {h["clientConfig"]["caBundle"] for h in config["webhooks"]} == {secret["data"]["ca.crt"]}
+    await kube.close()

@@ -1,0 +1,141 @@
+"""Reading Kubernetes Jobs as Chamber jobs: one rule for the webhooks, the intake and the executor."""
+
+from typing import Any
+
+import jsonpatch
+import pytest
+
+from chamber.common.kube.workloads import (
+    Rejection,
+    admission_patch,
+    job_id_for,
+    job_outcome,
+    job_spec,
+    jobset_layout,
+    pod_disrupted,
+    pod_exit,
+    replica_of,
+)
+from tests.support.kube import gpu_job
+
+
+def with_(job: dict[str, Any], path: str, value: object) -> dict[str, Any]:
+    *parents, leaf = path.split(".")
+    node = job
+    for part in parents:
+        node = node.setdefault(part, {})
+    node[leaf] = value
+    return job
+
+
+def test_a_job_becomes_a_gang_of_its_replicas_with_the_pod_template_gpus() -> None:
+    job = gpu_job(
+        "llama", replicas=4, gpus=8, priority="research", grace_s=45, annotations={"chamber.io/topology": "rack"}
+    )
+    job["metadata"].update(namespace="ml", uid="u-1")
+    spec = job_spec(job)
+    assert (spec.name, spec.team, spec.replicas, spec.gpus_per_replica, spec.priority) == (
+        "llama",
+        "nlp",
+        4,
+        8,
+        "research",
+    )
+    assert spec.checkpoint_grace_s == 45, "the pods' termination grace is the checkpoint grace"
+    assert spec.topology is not None
+    assert spec.topology.level == "rack"
+    assert spec.topology.required
+    assert spec.workload is not None
+    assert (spec.workload.namespace, spec.workload.uid) == ("ml", "u-1")
+    assert job_id_for("u-1") == "k8s-u-1"
+
+
+def test_kueue_queue_name_is_the_team() -> None:
+    job = gpu_job("a", team="team-a", team_label="kueue.x-k8s.io/queue-name")
+    assert job_spec(job).team == "team-a"
+
+
+REJECTIONS = [
+    ("no GPUs", gpu_job("a", gpus=0), "asks for no nvidia.com/gpu"),
+    ("more GPUs than the largest node", gpu_job("a", gpus=16), "largest node has 8"),
+    ("gang without indexes", with_(gpu_job("a", replicas=2), "spec.completionMode", "NonIndexed"), "Indexed"),
+    ("completions differ", with_(gpu_job("a", replicas=2), "spec.completions", 4), "must equal spec.parallelism"),
+    ("pinned to a node", with_(gpu_job("a"), "spec.template.spec.nodeName", "n1"), "nodeName is set"),
+    ("another scheduler", with_(gpu_job("a"), "spec.template.spec.schedulerName", "volcano"), "binds these pods"),
+    ("unknown priority", gpu_job("a", priority="vip"), "is unknown"),
+    ("bad team name", gpu_job("a", team="Team_A"), "cannot run this Job"),
+    ("bad topology", gpu_job("a", annotations={"chamber.io/topology": "pod"}), "use node, rack or zone"),
+    (
+        "a PyTorchJob",
+        with_(with_(gpu_job("a"), "apiVersion", "kubeflow.org/v1"), "kind", "PyTorchJob"),
+        "not supported",
+    ),
+]
+
+
+@pytest.mark.parametrize(("case", "job", "message"), REJECTIONS, ids=[c[0] for c in REJECTIONS])
+def test_jobs_chamber_cannot_run_are_rejected_with_what_to_fix(case: str, job: dict[str, Any], message: str) -> None:
+    with pytest.raises(Rejection, match=message):
+        job_spec(job, largest_node_gpus=8)
+
+
+def test_the_admission_patch_suspends_marks_and_is_idempotent() -> None:
+    job = gpu_job("a")
+    del job["metadata"]["labels"]
+    job["metadata"]["labels"] = {"chamber.io/team": "nlp"}
+    job["spec"]["suspend"] = False
+    once = jsonpatch.apply_patch(job, admission_patch(job))
+    assert once["spec"]["suspend"] is True
+    assert once["metadata"]["labels"]["chamber.io/managed"] == "true"
+    assert once["spec"]["template"]["spec"]["schedulerName"] == "chamber"
+    assert jsonpatch.apply_patch(once, admission_patch(once)) == once
+
+
+def test_outcomes_and_pod_readings() -> None:
+    done = {"status": {"conditions": [{"type": "Complete", "status": "True"}]}}
+    failed = {"status": {"conditions": [{"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded"}]}}
+    assert job_outcome(done) == (True, "")
+    assert job_outcome(failed) == (False, "BackoffLimitExceeded")
+    assert job_outcome({"status": {"conditions": [{"type": "Suspended", "status": "True"}]}}) is None
+    pod = {
+        "metadata": {"annotations": {"batch.kubernetes.io/job-completion-index": "3"}},
+        "status": {"containerStatuses": [{"state": {"terminated": {"exitCode": 137, "reason": "OOMKilled"}}}],
+                   "conditions": [{"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI"}]},
+    }  # fmt: skip
+    assert replica_of(pod) == 3
+    assert pod_exit(pod) == (137, "OOMKilled")
+    assert pod_disrupted(pod) == "EvictionByEvictionAPI"
+
+
+def jobset(*groups: tuple[str, int, int, int]) -> dict[str, Any]:
+    """A JobSet of replicated Jobs (name, child Jobs, pods per child, GPUs per pod)."""
+    rjobs = [
+        {"name": name, "replicas": replicas, "template": {"spec": gpu_job(name, replicas=pods, gpus=gpus)["spec"]}}
+        for name, replicas, pods, gpus in groups
+    ]
+    return {"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
+            "metadata": {"name": "js", "labels": {"chamber.io/team": "nlp"}, "uid": "u"},
+            "spec": {"replicatedJobs": rjobs}}  # fmt: skip
+
+
+def test_a_jobset_is_one_gang_of_all_its_pods_in_a_stable_order() -> None:
+    js = jobset(("driver", 1, 1, 8), ("workers", 2, 4, 8))
+    spec = job_spec(js)
+    assert (spec.replicas, spec.gpus_per_replica) == (9, 8)
+    assert spec.workload is not None
+    assert spec.workload.kind == "JobSet"
+    layout = jobset_layout(js)
+    assert layout == {"driver": (0, 1), "workers": (1, 4)}
+    pod = {"metadata": {"labels": {"jobset.sigs.k8s.io/replicatedjob-name": "workers",
+                                   "jobset.sigs.k8s.io/job-index": "1",
+                                   "batch.kubernetes.io/job-completion-index": "2"}}}  # fmt: skip
+    assert replica_of(pod, layout) == 1 + 1 * 4 + 2
+    patched = jsonpatch.apply_patch(js, admission_patch(js))
+    assert patched["spec"]["suspend"] is True
+    schedulers = {r["template"]["spec"]["template"]["spec"]["schedulerName"] for r in patched["spec"]["replicatedJobs"]}
+    assert schedulers == {"chamber"}
+
+
+def test_a_jobset_whose_pods_ask_for_different_gpus_is_rejected() -> None:
+    with pytest.raises(Rejection, match="same number of GPUs"):
+        job_spec(jobset(("launcher", 1, 1, 0), ("workers", 2, 1, 8)))
