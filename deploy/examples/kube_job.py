@@ -10,9 +10,11 @@ here the emulator's kubelets run each pod for the `chamber.io/sim-duration-s` an
 
 import argparse
 import json
+import os
 import sys
 import time
 import urllib.request
+from pathlib import Path
 
 from kubernetes import client, config
 
@@ -49,10 +51,19 @@ def job(name: str, replicas: int, gpus: int, seconds: float) -> dict[str, object
     }
 
 
+def _dev_token() -> str:
+    path = Path(".chamber") / "dev-admin-token"
+    return path.read_text().strip() if path.exists() else ""
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("api", help="the API server URL (chamber up --kube-emulator prints it) or `kubeconfig`")
     parser.add_argument("--chamber", default="http://127.0.0.1:8080", help="Chamber's API")
+    parser.add_argument(
+        "--token", default=os.environ.get("CHAMBER_TOKEN") or _dev_token(),
+        help="a Chamber API token to read the job with (default: CHAMBER_TOKEN, else `make up`'s development token)",
+    )  # fmt: skip
     parser.add_argument("--name", default=f"llama-ft-{int(time.time()) % 100000}")
     parser.add_argument("--replicas", type=int, default=2)
     parser.add_argument("--gpus", type=int, default=4)
@@ -78,7 +89,10 @@ def main() -> int:
         where = ", ".join(f"{p.metadata.name}@{p.spec.node_name or '-'}:{p.status.phase}" for p in pods)
         conditions = [c.type for c in current.status.conditions or [] if c.status == "True"]
         try:
-            with urllib.request.urlopen(f"{args.chamber}/v1/jobs/{job_id}", timeout=2) as resp:
+            asked = urllib.request.Request(f"{args.chamber}/v1/jobs/{job_id}")
+            if args.token:
+                asked.add_header("Authorization", f"Bearer {args.token}")
+            with urllib.request.urlopen(asked, timeout=2) as resp:
                 state = json.loads(resp.read()).get("state", "?")
         except OSError:
             state = "(not yet in Chamber)"

@@ -15,13 +15,14 @@ from chamber.cli.infra import free_port
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 EXAMPLE = Path(__file__).resolve().parents[2] / "deploy" / "examples" / "kube_job.py"
+TOKEN = "walkthrough-admin-token-0123456789"
 
 
 def test_chamber_up_with_the_kube_emulator_runs_an_ordinary_job(tmp_path: Path) -> None:
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("CHAMBER_")} | {
         "CHAMBER_EMBEDDED": "1", "CHAMBER_HTTP_PORT": str(port), "CHAMBER_METRICS_PORT": "0",
-        "CHAMBER_FLEET_NODES": "4", "PYTHONUNBUFFERED": "1",
+        "CHAMBER_FLEET_NODES": "4", "PYTHONUNBUFFERED": "1", "CHAMBER_ADMIN_TOKEN": TOKEN,
     }  # fmt: skip
     log = tmp_path / "up.log"
     started = time.monotonic()
@@ -36,7 +37,8 @@ def test_chamber_up_with_the_kube_emulator_runs_an_ordinary_job(tmp_path: Path) 
         found = re.search(r"emulated Kubernetes API at (http://\S+)", log.read_text())
         assert found, log.read_text()
         example = subprocess.run(
-            [sys.executable, str(EXAMPLE), found.group(1), "--chamber", f"http://127.0.0.1:{port}", "--seconds", "2"],
+            [sys.executable, str(EXAMPLE), found.group(1), "--chamber", f"http://127.0.0.1:{port}", "--seconds", "2",
+             "--token", TOKEN],
             env=env, capture_output=True, text=True, timeout=120, check=False,
         )  # fmt: skip
         said = example.stdout

@@ -78,9 +78,11 @@ def shaped(info: Any, depth: int = 0) -> st.SearchStrategy[Any]:
     if isinstance(info, mi.EnumType):
         return st.sampled_from([m.value for m in info.cls])
     if isinstance(info, mi.ListType | mi.VarTupleType | mi.SetType | mi.FrozenSetType):
-        return st.lists(shaped(info.item_type, depth + 1), max_size=3 if depth < 4 else 0)
+        lo = info.min_length or 0
+        return st.lists(shaped(info.item_type, depth + 1), min_size=lo, max_size=max(lo, 3 if depth < 4 else 0))
     if isinstance(info, mi.DictType):
-        return st.dictionaries(st.text(min_size=1, max_size=8), shaped(info.value_type, depth + 1), max_size=3)
+        keys = shaped(info.key_type, depth + 1)
+        return st.dictionaries(keys, shaped(info.value_type, depth + 1), min_size=info.min_length or 0, max_size=3)
     if isinstance(info, mi.AnyType):
         return json_values
     raise NotImplementedError(f"no strategy for {info!r}")

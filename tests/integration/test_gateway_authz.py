@@ -132,7 +132,7 @@ async def test_every_endpoint_with_every_role(admin: AsyncTestClient[Any]) -> No
                 wrong.append(f"{ep.method} {ep.path} as {caller.label}: got {got}, want {want}: {resp.text[:200]}")
             if got in (401, 403):
                 assert resp.headers["content-type"].startswith("application/problem+json")
-    assert len(table) * len(CALLERS) == 31 * 6
+    assert len(table) * len(CALLERS) == 32 * 6
     assert not wrong, "\n".join(wrong)
 
 

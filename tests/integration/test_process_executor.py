@@ -14,7 +14,6 @@ from typing import Any
 import httpx
 import msgspec
 import pytest
-from litestar.testing import AsyncTestClient
 
 from chamber.cli.infra import free_port
 from chamber.collector import service as collector
@@ -34,10 +33,9 @@ from chamber.common.runtime import make_context
 from chamber.common.settings import Settings
 from chamber.common.subjects import INVENTORY
 from chamber.gateway import service as gateway
-from chamber.gateway.api import create_app
-from chamber.gateway.state import GatewayState
 from chamber.scheduler import service as scheduler
 from tests.support.agents import in_state, job_events, no_leftovers, process_settings, record, replica_reports
+from tests.support.gateway import bearer, gateway_client
 from tests.support.jobs import command
 from tests.support.services import eventually, running
 
@@ -179,7 +177,9 @@ async def test_logs_are_served_and_followed(proc: Settings, bus: Bus, tmp_path: 
     with no_leftovers(tmp_path / "agent"):
         async with (
             running(small, *services),
-            httpx.AsyncClient(base_url=f"http://127.0.0.1:{small.http_port}", timeout=30) as client,
+            httpx.AsyncClient(
+                base_url=f"http://127.0.0.1:{small.http_port}", timeout=30, headers=bearer(small.admin_token)
+            ) as client,
         ):
             await submit(bus, "chatty", JobSpec(name="chatty", team="ml", gpus_per_replica=1,
                                                 command=command("chatty", 60, 40, 40)))  # fmt: skip
@@ -217,7 +217,7 @@ async def test_logs_are_served_and_followed(proc: Settings, bus: Bus, tmp_path: 
 
 
 async def test_workloads_are_validated_at_submission(proc: Settings, cleanup: None) -> None:
-    async with AsyncTestClient(app=create_app(GatewayState(make_context(proc, "gateway")))) as client:
+    async with gateway_client(proc) as client:
         base: dict[str, Any] = {"name": "j", "team": "ml", "gpus_per_replica": 1}
         cases = {
             "no command": (base | {"duration_s": 5}, "command: required"),
@@ -234,7 +234,7 @@ async def test_workloads_are_validated_at_submission(proc: Settings, cleanup: No
         ok = await client.post("/v1/jobs", json=base | {"command": ["true"], "env": {"LR": "3e-4"}})
         assert ok.status_code == 201, ok.text
     simulated = msgspec.structs.replace(proc, executor="simulated")
-    async with AsyncTestClient(app=create_app(GatewayState(make_context(simulated, "gateway")))) as client:
+    async with gateway_client(simulated) as client:
         resp = await client.post("/v1/jobs", json={"name": "j", "team": "ml", "gpus_per_replica": 1,
                                                    "command": ["python", "train.py"]})  # fmt: skip
         assert resp.status_code == 400

@@ -6,8 +6,19 @@ from collections.abc import Sequence
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from chamber.common.contracts import Cordon, GpuRef, JobRecord, Node
+from chamber.common.contracts import (
+    Cordon,
+    GpuRef,
+    JobRecord,
+    Node,
+    OrgConfig,
+    PoolConfig,
+    QuotaConfig,
+    TeamConfig,
+    TeamQuota,
+)
 from chamber.common.priorities import DEFAULT_CLASSES
+from chamber.common.quota import QuotaBook, validate
 from chamber.scheduler.core.decisions import Nominate, Place, Preempt, Wait
 from chamber.scheduler.core.model import pending_from
 from chamber.scheduler.core.placement import find_placement
@@ -18,8 +29,13 @@ PRIORITIES = ["inference", "train", "research", "best-effort"]
 NOW = 10_000.0
 
 
+World = tuple[list[Node], list[JobRecord], dict[str, Cordon], QuotaBook | None]
+
+
 @st.composite
-def worlds(draw: st.DrawFn) -> tuple[list[Node], list[JobRecord], dict[str, Cordon]]:
+def worlds(draw: st.DrawFn) -> World:
+    """Random fleets with running jobs (some stopping), waiting jobs (some nominated GPUs for the preemption
+    they wait on), cordons, and often team quotas."""
     nodes = [
         make_node(f"n{i}").gpus(draw(st.sampled_from([4, 8]))).rack(f"r{i % 3}").build()
         for i in range(draw(st.integers(1, 6)))
@@ -40,9 +56,12 @@ def worlds(draw: st.DrawFn) -> tuple[list[Node], list[JobRecord], dict[str, Cord
             .started_at(NOW - draw(st.integers(0, 3000)))
             .min_runtime_s(draw(st.sampled_from([0, 600])))
             .grace_s(draw(st.sampled_from([0, 30])))
+            .team(draw(st.sampled_from(["a", "b"])))
         )
         if draw(st.booleans()):
             builder = builder.estimate(draw(st.integers(100, 5000)))
+        if draw(st.integers(0, 3)) == 0:
+            builder = builder.stopping()
         jobs.append(builder.build())
     for i in range(draw(st.integers(0, 12))):  # pending jobs
         builder = (
@@ -56,13 +75,42 @@ def worlds(draw: st.DrawFn) -> tuple[list[Node], list[JobRecord], dict[str, Cord
             builder = builder.estimate(draw(st.integers(10, 5000)))
         if draw(st.integers(0, 4)) == 0:
             builder = builder.topology(draw(st.sampled_from(["node", "rack"])))
+        spec = builder.build().spec
+        stopping_on = {g for r in jobs if r.stopping and r.placement for g in r.placement.gpus}
+        room = [g for g in stopping_on if not any(g in (n for n in p.nominated) for p in jobs)]
+        if spec.replicas == 1 and draw(st.integers(0, 4)) == 0:
+            # a preemptor waiting for its victims: GPUs of stopping jobs (and free ones) set aside for it
+            node = draw(st.sampled_from(nodes)).name
+            mine = [g.index for g in room if g.node == node] + free[node]
+            if len(mine) >= spec.gpus_per_replica:
+                picked = mine[: spec.gpus_per_replica]
+                free[node] = [i for i in free[node] if i not in picked]
+                builder = builder.nominated(*[(node, i) for i in picked])
         jobs.append(builder.build())
     slots = [f"{n.name}/{g.index}" for n in nodes for g in n.gpus]
     cordoned = {
         s: draw(st.sampled_from([fatal("xid"), degraded("thermal")]))
         for s in draw(st.lists(st.sampled_from(slots), max_size=3))
     }
-    return nodes, jobs, cordoned
+    quota = None
+    if draw(st.booleans()):
+        capacity = sum(len(n.gpus) for n in nodes)
+        nominal_a = draw(st.integers(0, capacity))
+        limit = draw(st.sampled_from([None, 0, 4]))
+        quota = validate(
+            QuotaConfig(
+                pools=[PoolConfig(name="default", gpu_model="H100")],
+                orgs=[OrgConfig(name="org")],
+                teams=[
+                    TeamConfig(name="a", org="org", cohort="c",
+                               quotas=[TeamQuota(pool="default", nominal=nominal_a, borrowing_limit=limit)]),
+                    TeamConfig(name="b", org="org", cohort="c",
+                               quotas=[TeamQuota(pool="default", nominal=capacity - nominal_a)]),
+                ],
+            ),
+            capacity={"default": capacity},
+        )  # fmt: skip
+    return nodes, jobs, cordoned, quota
 
 
 def _owners(jobs: Sequence[JobRecord]) -> dict[str, str]:
@@ -71,11 +119,14 @@ def _owners(jobs: Sequence[JobRecord]) -> dict[str, str]:
 
 @settings(max_examples=300, deadline=None)
 @given(worlds())
-def test_one_cycle_keeps_every_invariant(world: tuple[list[Node], list[JobRecord], dict[str, Cordon]]) -> None:
-    nodes, jobs, cordoned = world
+def test_one_cycle_keeps_every_invariant(world: World) -> None:
+    nodes, jobs, cordoned, quota = world
     owners = _owners(jobs)
     by_id = {j.id: j for j in jobs}
-    state = SchedulingState.from_snapshot(nodes, owners, cordoned, jobs)
+    # GPUs set aside for a preemptor are nobody else's, unless its plan fell through (a GPU of it is cordoned).
+    nominated_to = {g.slot: j.id for j in jobs for g in j.nominated if not any(n.slot in cordoned for n in j.nominated)}
+    state = SchedulingState.from_snapshot(nodes, owners, cordoned, jobs, quota=quota)
+    usage_before = dict(state.usage.items())
     decisions = state.cycle(NOW)
     taken = dict(owners)
     placed: dict[str, tuple[GpuRef, ...]] = {}
@@ -90,6 +141,7 @@ def test_one_cycle_keeps_every_invariant(world: tuple[list[Node], list[JobRecord
         if isinstance(d, Place):
             for g in d.gpus:
                 assert g.slot not in taken, f"{g.slot} double-booked"
+                assert nominated_to.get(g.slot, d.job_id) == d.job_id, f"{g.slot} was set aside for another job"
                 taken[g.slot] = d.job_id
             placed[d.job_id] = d.gpus
         if isinstance(d, Preempt):
@@ -98,8 +150,26 @@ def test_one_cycle_keeps_every_invariant(world: tuple[list[Node], list[JobRecord
             if not d.interrupt:
                 assert DEFAULT_CLASSES[victim.spec.priority].preemptible, "non-preemptible jobs are never preempted"
                 assert d.by is not None
-                assert DEFAULT_CLASSES[by_id[d.by].spec.priority].value > DEFAULT_CLASSES[victim.spec.priority].value
-    # A lower-priority job never takes capacity a waiting higher-priority job could use now.
+                by = by_id[d.by]
+                higher = DEFAULT_CLASSES[by.spec.priority].value > DEFAULT_CLASSES[victim.spec.priority].value
+                if quota is None or by.spec.team == victim.spec.team:
+                    assert higher, "within a team (or without quotas) only strictly higher priority preempts"
+                else:
+                    team = victim.spec.team
+                    nominal = quota.quota(team, "default").nominal
+                    assert usage_before.get((team, "default"), 0) > nominal, "another team is taken from to reclaim"
+    if quota is not None:
+        for job_id in placed:
+            job = by_id[job_id]
+            if job.nominated or DEFAULT_CLASSES[job.spec.priority].preemptible:
+                continue
+            team = job.spec.team
+            firm = sum(
+                len(r.gpus) for r in state.running.values() if r.team == team and not r.preemptible and not r.stopping
+            )
+            assert firm <= quota.quota(team, "default").nominal, "non-preemptible work stays within the nominal"
+        return
+    # Without quotas: a lower-priority job never takes capacity a waiting higher-priority job could use now.
     waiting = [by_id[d.job_id] for d in decisions if isinstance(d, Wait) and by_id[d.job_id].placement is None]
     ctx = state.ctx
     reserved = {g.slot for g in ctx.reservation.gpus} if ctx and ctx.reservation else set()
@@ -108,8 +178,8 @@ def test_one_cycle_keeps_every_invariant(world: tuple[list[Node], list[JobRecord
             continue
         hp = pending_from(h)
         for low_id, gpus in placed.items():
-            if pending_from(by_id[low_id]).priority >= hp.priority:
-                continue
+            if pending_from(by_id[low_id]).priority >= hp.priority or by_id[low_id].nominated:
+                continue  # (GPUs set aside for a preemptor before this cycle are its own)
             bonus: dict[str, list[int]] = {}
             for g in gpus:
                 if g.slot not in reserved:
@@ -121,11 +191,9 @@ def test_one_cycle_keeps_every_invariant(world: tuple[list[Node], list[JobRecord
 
 @settings(max_examples=60, deadline=None)
 @given(worlds(), st.lists(st.integers(1, 600), min_size=20, max_size=20))
-def test_every_job_runs_to_completion_and_no_gpu_is_ever_shared(
-    world: tuple[list[Node], list[JobRecord], dict[str, Cordon]], durations: list[int]
-) -> None:
+def test_every_job_runs_to_completion_and_no_gpu_is_ever_shared(world: World, durations: list[int]) -> None:
     """Drive cycles with jobs finishing and preempted jobs stopping and returning: everything completes."""
-    nodes, jobs, _ = world
+    nodes, jobs, _, _ = world
     capacity = {n.name: len(n.gpus) for n in nodes}
     jobs = [j for j in jobs if j.placement is None and _fits_somewhere(j, capacity)]
     state = SchedulingState.from_snapshot(nodes, {}, {}, jobs)

@@ -126,7 +126,7 @@ def run(timeout_s: float = 180.0) -> dict[str, Any]:
             "CHAMBER_EMBEDDED": "1", "CHAMBER_HTTP_PORT": str(port), "CHAMBER_METRICS_PORT": "0",
             "CHAMBER_NAMESPACE": f"devcheck{secrets.token_hex(3)}", "CHAMBER_EXECUTOR": "process",
             "CHAMBER_COLLECTOR_ROLE": "local", "CHAMBER_AGENT_STATE_DIR": tmp, "CHAMBER_TELEMETRY_INTERVAL_S": "1",
-            "CHAMBER_NVML_MODULE": module, "PYTHONUNBUFFERED": "1",
+            "CHAMBER_NVML_MODULE": module, "PYTHONUNBUFFERED": "1", "CHAMBER_ADMIN_TOKEN": TOKEN,
         }  # fmt: skip
         log_path = Path(tmp) / "chamber-up.log"
         with open(log_path, "wb") as log:
@@ -166,20 +166,28 @@ def _run_job(url: str, kind: str, command: list[str], deadline: float) -> dict[s
         if view["state"] in ("succeeded", "failed", "cancelled"):
             break
         time.sleep(0.1)
+    status, body = _http(url, "GET", f"/v1/jobs/{job_id}/events")
+    events = json.loads(body).get("events", []) if status == 200 else []
+    lifecycle = [{"kind": e["kind"], "after_s": round(e["at"] - events[0]["at"], 3)} for e in events] if events else []
     status, body = _http(url, "GET", f"/v1/jobs/{job_id}/logs")
     output = body.decode(errors="replace") if status == 200 else f"({status}: {body!r})"
     match = VISIBLE.search(output)
     visible = match.group(1) if match else None
     return {
         "id": job_id, "workload": kind, "nodes": nodes, "placement": placement, "state": view.get("state"),
-        "reason": view.get("reason"), "timeline": timeline, "cuda_visible_devices": visible, "output": output[-2000:],
+        "reason": view.get("reason"), "timeline": timeline, "events": lifecycle, "cuda_visible_devices": visible,
+        "output": output[-2000:],
     }  # fmt: skip
+
+
+TOKEN = f"device-check-{secrets.token_hex(16)}"
+"""The admin token of the check's own, throwaway Chamber."""
 
 
 def _http(url: str, method: str, path: str, body: object = None) -> tuple[int, bytes]:
     data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(f"{url}{path}", data=data, method=method,
-                                     headers={"content-type": "application/json"})  # fmt: skip
+    headers = {"content-type": "application/json", "authorization": f"Bearer {TOKEN}"}
+    request = urllib.request.Request(f"{url}{path}", data=data, method=method, headers=headers)
     try:
         with urllib.request.urlopen(request, timeout=5) as resp:
             return int(resp.status), bytes(resp.read())

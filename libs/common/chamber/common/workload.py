@@ -2,11 +2,14 @@
 gateway answers 400) and where they are launched (the process executor refuses a job submitted under another
 executor, so it fails with the same words instead of running nothing).
 
-The contract's types already bound sizes and the shape of environment names; these are the rules across fields.
+The contract's types already bound sizes; these are the rules across fields, and the shape of environment names.
 """
+
+import re
 
 from chamber.common.contracts import JobSpec
 
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 RESERVED_ENV = frozenset({"CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "MASTER_ADDR", "MASTER_PORT"})
 """Set by the node agent for each replica; a job may not override them (CUDA_VISIBLE_DEVICES is its isolation)."""
 RESERVED_PREFIXES = ("CHAMBER_",)
@@ -44,6 +47,8 @@ def _shape_problem(spec: JobSpec) -> str | None:
     elif spec.env or spec.working_dir:
         return "command: env and working_dir need a command to run"
     for name, value in spec.env.items():
+        if not ENV_NAME.fullmatch(name):
+            return f"env.{name}: not a variable name (letters, digits and _, not starting with a digit)"
         if name in RESERVED_ENV or name.startswith(RESERVED_PREFIXES):
             return f"env.{name}: set by Chamber for each replica; it cannot be overridden"
         if "\0" in value:

@@ -76,16 +76,23 @@ class _Pending:
     """Jobs whose record does not exist in the store yet (written with create, not update)."""
     releases: list[tuple[str, int]] = field(default_factory=list)
     placed: list[Place] = field(default_factory=list)
+    announce: dict[str, list[Change]] = field(default_factory=dict)
+    """Every transition of each record in this pass, in order (a job started and finished in one batch is still
+    announced as both on DECISIONS)."""
     published: list[Change] = field(default_factory=list)
     conflicts: set[str] = field(default_factory=set)
+    placing: dict[str, JobRecord] = field(default_factory=dict)
+    """Placed records not written yet: launched only once they are (a launch never runs ahead of its record)."""
     launches: list[JobRecord] = field(default_factory=list)
     stops: list[tuple[JobRecord, str, float]] = field(default_factory=list)
 
     def write(self, change: Change) -> None:
+        """The record is written once per pass (its latest version); every change to announce is published."""
         first = self.writes.get(change.record.id)
         previous = first.previous if first is not None else change.previous
-        publish = change.publish or (first is not None and first.publish)
-        self.writes[change.record.id] = Change(change.record, previous, publish)
+        self.writes[change.record.id] = Change(change.record, previous, change.publish)
+        if change.publish:
+            self.announce.setdefault(change.record.id, []).append(change)
 
 
 class Scheduler:
@@ -233,16 +240,18 @@ class Scheduler:
         crash never leaves a released claim under a record that still holds it); the releases and this pass's
         claims go to the ledger in one transaction; the new and decided records are written (a job submitted
         and placed in one pass is written once); the changes are published."""
-        async with self._lock:
-            if self._reload_needed:
-                await self._reload()
-            now = self.ctx.clock.now()
-            todo = _Pending()
-            for event in events:
-                self._apply_event(event, now, todo)
-            await self._persist(todo, defer=todo.created)
-            await self._pass(now, todo)
-        self._execute(todo)
+        todo = _Pending()
+        try:
+            async with self._lock:
+                if self._reload_needed:
+                    await self._reload()
+                now = self.ctx.clock.now()
+                for event in events:
+                    self._apply_event(event, now, todo)
+                await self._persist(todo, defer=todo.created)
+                await self._pass(now, todo)
+        finally:
+            self._execute(todo)  # what was claimed and written is launched even if a later step failed
         if todo.conflicts:
             raise StaleWrite(f"job records changed by another writer: {', '.join(sorted(todo.conflicts)[:5])}")
 
@@ -350,6 +359,7 @@ class Scheduler:
                 raise
             except Exception:
                 log.exception("scheduler.pass_failed")
+                self._execute(todo)
                 await asyncio.sleep(0.5)
                 continue
             self._execute(todo)
@@ -390,7 +400,7 @@ class Scheduler:
             todo.write(change)
             if isinstance(decision, Place):
                 todo.placed.append(decision)
-                todo.launches.append(change.record)
+                todo.placing[decision.job_id] = change.record
                 self.starting[decision.job_id] = (decision.attempt, now)
             elif isinstance(decision, Preempt):
                 todo.stops.append((change.record, decision.reason, decision.grace_s))
@@ -448,12 +458,13 @@ class Scheduler:
                 failed = result
             else:
                 todo.created.discard(record.id)
+                if record.id in todo.placing:
+                    todo.launches.append(todo.placing.pop(record.id))
                 if record.state in TERMINAL_STATES:
                     self.revisions.pop(record.id, None)
                 else:
                     self.revisions[record.id] = result
-                if change.publish:
-                    todo.published.append(change)
+                todo.published.extend(todo.announce.pop(record.id, []))
         if failed is not None:
             self._reload_needed = True  # memory moved on, the store did not: start over from the store
             raise failed

@@ -36,7 +36,9 @@ class Topology(Contract, frozen=True):
     """Required: wait until it fits so. Preferred: so if possible, else anywhere."""
 
 
-EnvName = Annotated[str, msgspec.Meta(min_length=1, max_length=256, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
+EnvName = Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
+"""A variable name; its shape (`[A-Za-z_][A-Za-z0-9_]*`) is checked by `chamber.common.workload`, which can say
+which name is wrong (a decoder cannot point at a dictionary key)."""
 Argv = Annotated[list[Annotated[str, msgspec.Meta(max_length=65536)]], msgspec.Meta(min_length=1, max_length=4096)]
 EnvVars = Annotated[dict[EnvName, Annotated[str, msgspec.Meta(max_length=65536)]], msgspec.Meta(max_length=1024)]
 WorkingDir = Annotated[str, msgspec.Meta(min_length=1, max_length=4096)]
@@ -132,7 +134,7 @@ class JobRecord(Contract, frozen=True):
     nominated: list[GpuRef] = msgspec.field(default_factory=list)
     """GPUs set aside for this job while the jobs it preempted stop; nobody else may take them."""
     waiting_for: list[str] = msgspec.field(default_factory=list)
-    """While nominated: the jobs preempted for it that it waits for."""
+    """While nominated: the attempts preempted for it that it waits for, as `job/attempt`."""
     stopping: bool = False
     """The executor was asked to stop the current attempt (preemption or interruption) and has not confirmed yet."""
     stop_reason: str = ""

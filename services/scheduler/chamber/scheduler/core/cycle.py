@@ -15,7 +15,6 @@ preemption plans) is kept in a `CycleContext` until something invalidates it, so
 decided against it without a new cycle (`decide_arrivals`).
 """
 
-import bisect
 import heapq
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
@@ -40,6 +39,8 @@ from chamber.scheduler.core.reasons import Reason, WaitKind, placed_on
 from chamber.scheduler.core.state import SchedulingState
 
 NO_PRIORITY = -(10**9)
+Head = tuple[tuple[int, int, float, float, str], int, "SubQueue | ParkGroup"]
+"""(queue order, tie-break, a sub-queue or a parked group) in a cycle's walk."""
 
 
 @dataclass
@@ -55,6 +56,12 @@ class CycleContext:
     reclaimable: bool = False
     """Some running job is on borrowed capacity: a team within its quota may reclaim it whatever the priorities."""
     backfill_tested: int = 0
+    tests: int = 0
+    """Sub-queue heads looked at in this cycle (bounded by `max_tests_per_cycle`)."""
+    fresh: set[str] = field(default_factory=set)
+    """Jobs placed under this context."""
+    borrowing: bool = True
+    """Whether jobs that would borrow may be placed now (the cycle's second pass, and arrivals after it)."""
     refused: dict[tuple[str, str | None, str | None, bool, int], tuple[int, Reason]] = field(default_factory=dict)
     """(team, pool, model, preemptible, priority) -> the fewest GPUs its quota refused this cycle, and why: a
     larger job of the same kind is refused too (usage only grows within a cycle), without asking again."""
@@ -80,10 +87,16 @@ class CycleContext:
         return found
 
     def victims(self, state: SchedulingState) -> Iterator[RunningJob]:
-        """Preemptible running jobs in victim-cost order, sorted once per context (costs fixed at `cost_at`)."""
+        """Preemptible running jobs in victim-cost order, sorted once per context (costs fixed at `cost_at`).
+        Jobs placed under this context are not among them: stopping what was just started would only waste the
+        launch (and a job the cycle's order put first is not undone by one it put later)."""
         if self._victims is None:
             self._victims = sorted(
-                ((victim_cost(r, self.cost_at), r) for r in state.running.values() if r.preemptible),
+                (
+                    (victim_cost(r, self.cost_at), r)
+                    for r in state.running.values()
+                    if r.preemptible and r.id not in self.fresh
+                ),
                 key=lambda item: item[0],
             )
         return (r for _, r in self._victims)
@@ -102,15 +115,6 @@ class CycleContext:
         if self._stopping is not None:
             key = (job.team, job.pool)
             self._stopping[key] = self._stopping.get(key, 0) + len(job.gpus)
-
-    def placed(self, job: RunningJob) -> None:
-        """A job placed under this context: it is a possible victim from now on."""
-        if not job.preemptible:
-            return
-        if self.lowest_victim is None or job.priority < self.lowest_victim:
-            self.lowest_victim = job.priority
-        if self._victims is not None:
-            bisect.insort(self._victims, (victim_cost(job, self.cost_at), job), key=lambda item: item[0])
 
     def hold_reservation(self, res: Reservation, index: FleetIndex) -> None:
         self.reservation = res
@@ -173,7 +177,7 @@ class _Cycle:
         standing = state.standing
         if not state.quota_on:
             queue.wake_all()
-        heads: list[tuple[tuple[int, int, float, float, str], int, SubQueue | ParkGroup]] = []
+        heads: list[Head] = []
         for n, sq in enumerate(queue.subqueues()):
             head = queue.head_of(sq)
             if head is not None:
@@ -182,22 +186,40 @@ class _Cycle:
         for group, parking in queue.parked.items():  # looked at in their turn, and woken only if admitted then
             n += 1
             heads.append((parking.order, n, group))
+        # Two passes under quotas (as Kueue orders its heads): first every job its team's guarantee admits, then
+        # the ones that would borrow, so a borrower never takes in a cycle what a guaranteed job needs in it.
+        ctx.borrowing = not state.quota_on
+        deferred = self._walk(heads, decisions)
+        if deferred:
+            ctx.borrowing = True
+            self._walk(deferred, decisions)
+        return decisions
+
+    def _walk(
+        self,
+        heads: list[tuple[tuple[int, int, float, float, str], int, SubQueue | ParkGroup]],
+        decisions: list[Decision],
+    ) -> list[tuple[tuple[int, int, float, float, str], int, SubQueue | ParkGroup]]:
+        """Walk sub-queue heads in queue order; returns the heads set aside because they would borrow."""
+        state, ctx, queue = self.state, self.ctx, self.state.queue
+        cap, standing = self.config.standing_cap, state.standing
         heapq.heapify(heads)
-        tests = 0
-        while heads and tests < self.config.max_tests_per_cycle:
-            _, n, item = heapq.heappop(heads)
+        deferred: list[Head] = []
+        n = len(heads)
+        while heads and ctx.tests < self.config.max_tests_per_cycle:
+            key, n_item, item = heapq.heappop(heads)
             if not isinstance(item, SubQueue):
                 for woken in self._wake(item):
                     head = queue.head_of(woken)
                     if head is not None:
                         n += 1
-                        heapq.heappush(heads, (order_key(head, standing, cap), n + len(heads), woken))
+                        heapq.heappush(heads, (order_key(head, standing, cap), n, woken))
                 continue
             sq = item
             job = queue.head_of(sq)
             if job is None:
                 continue
-            tests += 1
+            ctx.tests += 1
             if job.team in ctx.blocked_teams:
                 continue
             if self._exhausted(job):
@@ -205,16 +227,20 @@ class _Cycle:
                 break
             if self._hopeless(job):
                 continue  # its sub-queue stays as it was: nothing this cycle could do for it
-            if self.consider(job, decisions) == "blocked":
+            outcome = self.consider(job, decisions)
+            if outcome == "borrower":
+                deferred.append((key, n_item, sq))
+                continue
+            if outcome == "blocked":
                 if self.config.strict_fifo_per_team:
                     ctx.blocked_teams.add(job.team)
                     continue
-                tests += self._backfill_behind(sq.key, decisions)
+                ctx.tests += self._backfill_behind(sq.key, decisions)
                 continue
             nxt = queue.head_of(sq)
             if nxt is not None:
-                heapq.heappush(heads, (order_key(nxt, standing, cap), n, sq))
-        return decisions
+                heapq.heappush(heads, (order_key(nxt, standing, cap), n_item, sq))
+        return deferred
 
     # ---- shortcuts that keep a cycle O(sub-queues that can move) ---------------------------------------------
 
@@ -303,6 +329,8 @@ class _Cycle:
             decisions.append(Wait(job.id, known[1]))
             return "blocked"
         adm = admissions(state, job, ctx)
+        if not ctx.borrowing and adm.options and all(o.borrowing for o in adm.options):
+            return "borrower"  # its turn comes after every job its team's guarantee admits
         for option in adm.options:
             if option.shape in ctx.blocked:
                 continue
@@ -455,7 +483,7 @@ class _Cycle:
         self, job: PendingJob, gpus: tuple[GpuRef, ...], reason: str, decisions: list[Decision], borrowing: bool = False
     ) -> None:
         decisions.append(self.state.place(job, gpus, reason, self.ctx.now, borrowing))
-        self.ctx.placed(self.state.running[job.id])
+        self.ctx.fresh.add(job.id)
 
     def _preempt_for(
         self,
@@ -477,16 +505,10 @@ class _Cycle:
                 Preempt(victim.id, victim.attempt, grace, f"preempted by {job.id} (priority {job.priority}){why}; "
                         f"{grace:g} s to checkpoint", by=job.id)
             )  # fmt: skip
-        job.waiting_for = tuple(names)
+        job.waiting_for = tuple(f"{v.id}/{v.attempt}" for v in victims)
         self.state.nominate(job, gpus)
-        decisions.append(
-            Nominate(
-                job.id,
-                gpus,
-                f"preempting {', '.join(names)}{why} for {job.shape.describe()}; starts when they stop",
-                victims=tuple(names),
-            )
-        )
+        reason = f"preempting {', '.join(names)}{why} for {job.shape.describe()}; starts when they stop"
+        decisions.append(Nominate(job.id, gpus, reason, victims=tuple(names)))
 
     def _place_nominated(self, decisions: list[Decision]) -> None:
         state = self.state
@@ -496,7 +518,11 @@ class _Cycle:
                 state.drop_nomination(job_id)  # the plan no longer holds: the job competes again
                 continue
             blocked_by = {state.holder[g.slot] for g in gpus if g.slot in state.holder}
-            blocked_by.update(v for v in job.waiting_for if v in state.running and state.running[v].stopping)
+            for victim in job.waiting_for:  # "job/attempt": a victim placed again since does not hold it up
+                victim_id, _, attempt = victim.rpartition("/")
+                run = state.running.get(victim_id)
+                if run is not None and str(run.attempt) == attempt:
+                    blocked_by.add(victim_id)
             if blocked_by:
                 reason = f"waiting for {', '.join(sorted(blocked_by))} to stop (preempted for it)"
                 decisions.append(Wait(job_id, Reason(WaitKind.PREEMPTING, reason)))

@@ -87,11 +87,12 @@ def apply_event(record: JobRecord | None, event: JobEvent, now: float) -> Transi
 
 
 def _started(record: JobRecord, reported: float | None, until: float) -> float:
-    """When the attempt started: from the record, else from the executor's report, else (never reported) at
-    `until`, so nothing is counted that nobody saw run."""
-    if record.started_at is not None:
-        return record.started_at
-    return reported if reported is not None else until
+    """When the attempt started: as the executor reports it with the attempt's end (it knows; after a restart it
+    may have started the attempt again), else from the record, else (never reported) at `until`, so nothing is
+    counted that nobody saw run."""
+    if reported is not None:
+        return reported
+    return record.started_at if record.started_at is not None else until
 
 
 def _launch_failed(record: JobRecord, event: JobLaunchFailed, now: float) -> Transition:

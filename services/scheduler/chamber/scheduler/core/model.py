@@ -111,7 +111,7 @@ class PendingJob:
     checkpoint_grace_s: float = 0.0
     nominated: tuple[GpuRef, ...] = ()
     waiting_for: tuple[str, ...] = ()
-    """While nominated: the victims it waits for (besides whoever holds its nominated GPUs)."""
+    """While nominated: the victims it waits for, `job/attempt` (besides whoever holds its nominated GPUs)."""
 
     def requeued(self, attempt: int, saved_s: float) -> "PendingJob":
         """The job back in the queue after attempt `attempt` was preempted, `saved_s` of its work checkpointed."""

@@ -63,8 +63,9 @@ def plan_preemption(
     by_cost: bool = False,
 ) -> PreemptionPlan | None:
     """`allowed` replaces the default victim rule (quota: own team by priority, other teams only by reclaim).
-    `budgets` caps the GPUs taken from each listed team (what it borrows above its nominal): any of a borrowing
-    team's jobs may go, so fragmentation cannot hide the borrowed capacity, but never more than it borrows.
+    `budgets` is what each listed team borrows above its nominal: a team's jobs may be taken while it still
+    borrows before each of them (Kueue's rule), so the last one taken may leave it a little below its nominal
+    when its jobs are larger than what it borrows; otherwise fragmentation could hide borrowed capacity for good.
     `quota_need` (team, pool, gpus): the victims must also free that many GPUs of that team's quota in that pool
     (the job displaces its own team's lower-priority work). `by_cost`: `running` is already in cost order."""
     parts = index.partitions_for(job.shape)
@@ -130,8 +131,8 @@ def _search(
     freed_quota = 0
     for victim in candidates:
         if budgets is not None and victim.team in budgets:
-            if spent.get(victim.team, 0) + len(victim.gpus) > budgets[victim.team]:
-                continue
+            if spent.get(victim.team, 0) >= budgets[victim.team]:
+                continue  # it no longer borrows once the victims taken so far are gone
             spent[victim.team] = spent.get(victim.team, 0) + len(victim.gpus)
         for name, n in _freed(victim, only):
             counter.add(name, n)
