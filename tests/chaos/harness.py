@@ -34,6 +34,10 @@ SHAPES = [(1, 1), (2, 1), (4, 1), (8, 1), (8, 2), (4, 2)]
 """(GPUs per replica, replicas) of the jobs, as in the crash test."""
 
 
+ADMIN_TOKEN = "chaos-admin-token-0123456789abcdef"
+"""The run's own Chamber is given this first admin token (its API needs one, as every Chamber's does)."""
+
+
 @dataclass
 class ChaosConfig:
     jobs: int = 2000
@@ -86,7 +90,8 @@ class ChaosRun:
         self.redis.start()
         try:
             self._start_up()
-            async with httpx.AsyncClient(base_url=self.api, timeout=10) as http:
+            auth = {"authorization": f"Bearer {ADMIN_TOKEN}"}
+            async with httpx.AsyncClient(base_url=self.api, timeout=10, headers=auth) as http:
                 await self._wait_ready(http)
                 started_at = time.time()
                 await asyncio.gather(self._submit_all(http), self._inject_faults())
@@ -120,6 +125,8 @@ class ChaosRun:
             "CHAMBER_NATS_URL": self.nats.url,
             "CHAMBER_REDIS_URL": self.redis.url,
             "CHAMBER_NAMESPACE": self.namespace,
+            "CHAMBER_ADMIN_TOKEN": ADMIN_TOKEN,
+            "CHAMBER_GRPC_PORT": "0",
             "CHAMBER_HTTP_PORT": str(self.port),
             "CHAMBER_METRICS_PORT": "0",
             "CHAMBER_FLEET_NODES": str(self.cfg.nodes),

@@ -16,13 +16,6 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 SHORT = ChaosConfig(jobs=300, kills=4, nats_restarts=1, redis_flushes=1, stall_s=20.0, seed=3)
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="the scheduler before its rewrite: messages a killed instance fetched wait for the 30 s ack_wait (jobs "
-    "seen late, succeeded without a start, the fleet idle), a relaunch charges the restart gap as run time, a "
-    "publish failing in a NATS restart strands a placed job (docs/reliability.md, known failures). Remove this "
-    "mark once the rewritten scheduler passes.",
-)
 async def test_a_short_chaos_run_keeps_every_invariant(tmp_path: Path) -> None:
     report = await run_chaos(SHORT, tmp_path)
     print(json.dumps(report, indent=1))

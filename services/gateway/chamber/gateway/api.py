@@ -41,6 +41,7 @@ def create_app(gateway: GatewayState) -> Litestar:
             *DASHBOARD_ROUTES,
         ],
         state=State({"gateway": gateway}),
+        logging_config=None,  # the service's own logging (structlog) is configured once, at start; not a second one
         middleware=[DefineMiddleware(edge_middleware(gateway))],
         guards=[authorize],
         before_request=strict_body,
