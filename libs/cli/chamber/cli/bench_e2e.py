@@ -34,6 +34,8 @@ from chamber.common.settings import Settings
 from chamber.common.subjects import Names
 
 SERVICES = ("collector", "scheduler", "health", "quota", "gateway")
+TOKEN = f"bench-{secrets.token_hex(16)}"
+"""The benchmark's own Chamber gets this first admin token; submits are authenticated, as a user's are."""
 BUSY_NODES = 4
 SHAPES = [(1, 1), (2, 1), (4, 1), (8, 1), (8, 2), (8, 4)]
 CLASSES = ["research", "best-effort"]
@@ -93,7 +95,7 @@ async def run(cfg: E2EConfig) -> dict[str, Any]:
         nats_url=infra.nats_url, redis_url=infra.redis_url, namespace=namespace, http_port=free_port(),
         metrics_port=free_port(), fleet_nodes=cfg.nodes, gpus_per_node=cfg.gpus_per_node,
         fleet_pools=f"default:H100:{cfg.nodes},busy:H100:{BUSY_NODES}", telemetry_interval_s=5.0, log_format="json",
-        log_level="WARNING",
+        log_level="WARNING", admin_token=TOKEN, grpc_port=free_port(),
     )  # fmt: skip
     log_dir = Path(tempfile.mkdtemp(prefix="chamber-bench-e2e-"))
     services = _Services(settings, log_dir)
@@ -126,7 +128,8 @@ async def _bench(cfg: E2EConfig, settings: Settings, services: _Services) -> dic
     await bus.nc.subscribe(names.scheduler_stats(), cb=on_stats)
     rng = random.Random(cfg.seed)
     connector = aiohttp.TCPConnector(limit=cfg.clients)
-    async with aiohttp.ClientSession(api, connector=connector) as http:
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    async with aiohttp.ClientSession(api, connector=connector, headers=auth) as http:
         await _until(lambda: _fleet_ready(http, total_gpus), 60, "the services are up with every GPU", services)
         blockers = [
             {"name": f"blocker-{i}", "team": "serving", "gpus_per_replica": cfg.gpus_per_node, "priority": "inference",

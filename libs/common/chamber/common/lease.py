@@ -3,7 +3,8 @@
 The lease is one key in a bucket whose entries expire after `ttl_s` (the bucket's max age). A candidate creates
 the key (refused while someone holds it); the holder renews it with compare-and-set on its revision every
 `ttl_s / 4`; a holder that stops renewing (crashed, paused, cut off) loses it when the entry expires, and a
-standby's next attempt succeeds. A clean shutdown deletes the key so a standby takes over at once.
+standby's next attempt succeeds. A clean shutdown deletes the key so a standby takes over at once, and so does a
+candidate on the same host as a holder whose process is gone (a crashed leader restarted by `chamber up`).
 
 The revision at which a holder acquired the lease is its **fencing token**. KV revisions are stream sequence
 numbers: they only grow, survive NATS restarts (file storage) and are never reused, so a newer leader always has
@@ -70,12 +71,37 @@ class Lease:
         try:
             self._revision = await self.kv.create(self.name, self.holder.encode())
         except nats.js.errors.KeyWrongLastSequenceError:
-            return False
+            if not await self._holder_died_here():
+                return False
+            try:
+                self._revision = await self.kv.create(self.name, self.holder.encode())
+            except nats.js.errors.KeyWrongLastSequenceError:
+                return False
         except nats.errors.Error as exc:
             log.warning("lease.acquire_failed", lease=self.name, error=str(exc))
             return False
         self.token = self._revision
         log.info("lease.acquired", lease=self.name, holder=self.holder, token=self.token)
+        return True
+
+    async def _holder_died_here(self) -> bool:
+        """The holder was a process on this host that no longer exists (it crashed and was restarted here, as
+        `chamber up` does): take its lease back now rather than after it expires. Anything else (another host, a
+        live process, a pid reused by another process) waits for the expiry, the safe direction."""
+        try:
+            entry = await self.kv.get(self.name)
+        except (nats.js.errors.KeyNotFoundError, nats.errors.Error):
+            return False
+        holder = (entry.value or b"").decode(errors="replace")
+        _, _, place = holder.rpartition("@")
+        host, _, pid = place.rpartition(":")
+        if host != socket.gethostname() or not pid.isdigit() or _alive(int(pid)):
+            return False
+        try:
+            await self.kv.delete(self.name, last=entry.revision)
+        except nats.errors.Error:
+            return False
+        log.warning("lease.taken_from_dead_holder", lease=self.name, holder=holder)
         return True
 
     async def acquire(self, stop: asyncio.Event, poll_s: float = 0.25) -> bool:
@@ -129,3 +155,13 @@ class Lease:
         self.token = 0
         with contextlib.suppress(nats.errors.Error):
             await self.kv.delete(self.name, last=self._revision)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
