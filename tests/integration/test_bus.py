@@ -3,6 +3,7 @@
 import pytest
 
 from chamber.common.bus import Bus
+from chamber.common.bus.errors import BusError, PublishError, WrongLastSequence
 from chamber.common.codec import Decoder
 from chamber.common.contracts import JobCancelRequested, JobEvent
 from chamber.common.subjects import DEADLETTER, JOBS, STREAMS, TELEMETRY
@@ -32,6 +33,31 @@ async def test_publish_with_a_message_id_is_stored_once(bus: Bus) -> None:
     assert second.duplicate
     info = await bus.js.stream_info(bus.names.stream(JOBS))
     assert info.state.messages == 1
+
+
+async def test_publish_many_returns_each_messages_ack_or_refusal_in_order(bus: Bus) -> None:
+    """Every reply becomes a result (nats-py's own async publish loses error replies): acks, compare-and-set
+    refusals and subjects no stream stores, in one batch, none raising and none waiting for the timeout."""
+    await bus.ensure_streams()
+    cas = "Nats-Expected-Last-Subject-Sequence"
+    first, stored = await bus.publish_many(
+        [(bus.names.job_cancel("a"), b"{}", None), (bus.names.job_cancel("b"), b"{}", {"Nats-Msg-Id": "b"})]
+    )
+    assert not isinstance(first, BusError) and not isinstance(stored, BusError)
+    assert stored.seq == first.seq + 1
+    results = await bus.publish_many(
+        [
+            (bus.names.job_cancel("b"), b"{}", {"Nats-Msg-Id": "b"}),  # a repeat
+            (bus.names.job_cancel("a"), b"{}", {cas: "0"}),  # "a" exists: refused
+            (bus.names.job_cancel("a"), b"{}", {cas: str(first.seq)}),  # the right revision
+            (bus.names.subject("nowhere.at.all"), b"{}", None),  # no stream stores it
+        ]
+    )
+    repeat, refused, accepted, nowhere = results
+    assert not isinstance(repeat, BusError) and repeat.duplicate and repeat.seq == stored.seq
+    assert isinstance(refused, WrongLastSequence)
+    assert not isinstance(accepted, BusError) and accepted.seq > stored.seq
+    assert isinstance(nowhere, PublishError) and "no stream" in str(nowhere)
 
 
 async def test_a_message_is_acked_only_after_the_handler_succeeds(bus: Bus) -> None:

@@ -22,7 +22,8 @@ from nats.js.api import (
 from nats.js.kv import KeyValue
 
 from chamber.common.bus.consumer import BatchHandler, Consumer, EventHandler
-from chamber.common.bus.errors import BusError, BusUnavailable, PublishError, WrongLastSequence
+from chamber.common.bus.errors import BusError, BusUnavailable, PublishError
+from chamber.common.bus.pipeline import AckPipeline
 from chamber.common.bus.reading import read_stream
 from chamber.common.codec import DecodeError, Decoder, encode
 from chamber.common.log import get_logger
@@ -44,6 +45,7 @@ class Bus:
         self.service = service
         self._consumers: list[Consumer[Any]] = []
         self._subscriptions: list[Any] = []
+        self._pipeline = AckPipeline(nc)
 
     @classmethod
     async def connect(cls, url: str, names: Names, service: str, *, timeout_s: float = 30.0) -> "Bus":
@@ -107,10 +109,10 @@ class Bus:
     async def publish(self, subject: str, event: msgspec.Struct, *, msg_id: str | None = None) -> PubAck:
         """Publish to JetStream and wait for the store's ack. `msg_id` makes retries harmless (de-duplicated)."""
         headers = {MSG_ID: msg_id} if msg_id else None
-        try:
-            return await self.js.publish(subject, encode(event), headers=headers, timeout=5.0)
-        except nats.errors.Error as exc:
-            raise PublishError(f"publish to {subject} not acknowledged: {exc}") from exc
+        (result,) = await self._pipeline.publish_many([(subject, encode(event), headers)])
+        if isinstance(result, BusError):
+            raise type(result)(f"publish to {subject}: {result}")
+        return result
 
     async def publish_nowait(self, subject: str, event: msgspec.Struct) -> None:
         """Fire and forget (core NATS; a stream on the subject still stores it). For telemetry: a sample lost to
@@ -220,22 +222,8 @@ class Bus:
 
     async def publish_many(self, items: Sequence[tuple[str, bytes, dict[str, str] | None]]) -> list[PubAck | BusError]:
         """Publish many messages with one wait for all their acks: they are all in flight at once. Each result is
-        the ack or the error for that message, in order; nothing raises, so one refusal does not hide the rest.
-
-        Concurrent `publish` calls rather than nats-py's `publish_async`: in nats-py 2.16 an error reply to an
-        async publish (e.g. a compare-and-set refused) raises inside its reply handler, so the future never
-        completes and the refusal is lost.
-        """
-
-        async def one(subject: str, data: bytes, headers: dict[str, str] | None) -> PubAck | BusError:
-            try:
-                return await self.js.publish(subject, data, headers=headers, timeout=5.0)
-            except nats.js.errors.APIError as exc:
-                return _api_error(exc)
-            except (nats.errors.Error, TimeoutError) as exc:
-                return PublishError(f"publish to {subject} not acknowledged: {exc!r}")
-
-        return list(await asyncio.gather(*(one(*item) for item in items)))
+        the ack or the error for that message, in order; nothing raises, so one refusal does not hide the rest."""
+        return await self._pipeline.publish_many(items)
 
     async def key_value(self, bucket: str, *, history: int = 1) -> KeyValue:
         name = self.names.bucket(bucket)
@@ -271,6 +259,7 @@ class Bus:
         """Stop consumers (in-flight handlers finish and ack), then drain the connection."""
         for consumer in self._consumers:
             await consumer.stop()
+        await self._pipeline.close()
         for sub in self._subscriptions:
             with contextlib.suppress(nats.errors.Error):
                 await sub.unsubscribe()
@@ -291,13 +280,3 @@ async def _log_disconnected() -> None:
 
 async def _log_reconnected() -> None:
     log.info("nats.reconnected")
-
-
-WRONG_LAST_SEQUENCE = 10071
-"""JetStream's error code for a compare-and-set publish whose expected last sequence did not match."""
-
-
-def _api_error(exc: "nats.js.errors.APIError") -> BusError:
-    if exc.err_code == WRONG_LAST_SEQUENCE:
-        return WrongLastSequence(str(exc))
-    return PublishError(f"publish refused: {exc}")
