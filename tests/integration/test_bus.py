@@ -43,7 +43,8 @@ async def test_publish_many_returns_each_messages_ack_or_refusal_in_order(bus: B
     first, stored = await bus.publish_many(
         [(bus.names.job_cancel("a"), b"{}", None), (bus.names.job_cancel("b"), b"{}", {"Nats-Msg-Id": "b"})]
     )
-    assert not isinstance(first, BusError) and not isinstance(stored, BusError)
+    assert not isinstance(first, BusError)
+    assert not isinstance(stored, BusError)
     assert stored.seq == first.seq + 1
     results = await bus.publish_many(
         [
@@ -54,10 +55,14 @@ async def test_publish_many_returns_each_messages_ack_or_refusal_in_order(bus: B
         ]
     )
     repeat, refused, accepted, nowhere = results
-    assert not isinstance(repeat, BusError) and repeat.duplicate and repeat.seq == stored.seq
+    assert not isinstance(repeat, BusError)
+    assert repeat.duplicate
+    assert repeat.seq == stored.seq
     assert isinstance(refused, WrongLastSequence)
-    assert not isinstance(accepted, BusError) and accepted.seq > stored.seq
-    assert isinstance(nowhere, PublishError) and "no stream" in str(nowhere)
+    assert not isinstance(accepted, BusError)
+    assert accepted.seq > stored.seq
+    assert isinstance(nowhere, PublishError)
+    assert "no stream" in str(nowhere)
 
 
 async def test_a_message_is_acked_only_after_the_handler_succeeds(bus: Bus) -> None:
