@@ -77,6 +77,16 @@ class JobBuilder:
     preempted_times: int = 0
     nominated_gpus: tuple[tuple[str, int], ...] = ()
     is_stopping: bool = False
+    job_name: str | None = None
+    run: float = 0.0
+
+    def ran(self, seconds: float) -> "JobBuilder":
+        """Work done in earlier attempts."""
+        return replace(self, run=seconds)
+
+    def named(self, name: str) -> "JobBuilder":
+        """The job's name (default: its id): what the runtime predictor matches history by."""
+        return replace(self, job_name=name)
 
     def estimate(self, seconds: float) -> "JobBuilder":
         return replace(self, max_runtime=seconds)
@@ -128,7 +138,7 @@ class JobBuilder:
 
     def spec(self) -> JobSpec:
         return JobSpec(
-            name=self.id,
+            name=self.job_name or self.id,
             team=self.team_name,
             gpus_per_replica=self.per_replica,
             replicas=self.n_replicas,
@@ -159,6 +169,7 @@ class JobBuilder:
             preemptions=self.preempted_times,
             nominated=[GpuRef(n, i) for n, i in self.nominated_gpus],
             stopping=self.is_stopping,
+            run_s=self.run,
         )
 
 

@@ -176,7 +176,7 @@ def test_one_cycle_keeps_every_invariant(world: World) -> None:
     # Without quotas: a lower-priority job never takes capacity a waiting higher-priority job could use now.
     waiting = [by_id[d.job_id] for d in decisions if isinstance(d, Wait) and by_id[d.job_id].placement is None]
     ctx = state.ctx
-    reserved = {g.slot for g in ctx.reservation.gpus} if ctx and ctx.reservation else set()
+    reserved = {g.slot for r in ctx.reservations for g in r.gpus} if ctx else set()
     for h in waiting:
         if h.nominated:
             continue

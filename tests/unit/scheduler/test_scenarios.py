@@ -6,7 +6,8 @@ import pytest
 
 from chamber.common.contracts import Cordon, JobRecord, Node
 from chamber.scheduler.core.decisions import Nominate, Place, Preempt, Wait
-from chamber.scheduler.core.state import SchedulingState
+from chamber.scheduler.core.estimates import RuntimePredictor
+from chamber.scheduler.core.state import SchedulerConfig, SchedulingState
 from tests.support.builders import degraded, fatal, make_job, make_node
 
 NOW = 1000.0
@@ -27,6 +28,13 @@ class Scenario:
     standing: dict[str, float] = field(default_factory=dict)
     borrowed: frozenset[str] = frozenset()
     grace: dict[str, float] = field(default_factory=dict)
+    config: SchedulerConfig = field(default_factory=SchedulerConfig)
+    history: list[tuple[str, str, int, float]] = field(default_factory=list)
+    """Finished jobs the runtime predictor has seen: (team, name, GPUs, run seconds)."""
+
+
+EASY = SchedulerConfig(max_reservations=1)
+"""Classic EASY backfill: one reservation, for the first blocked head."""
 
 
 def n8(name: str, rack: str = "rack-0") -> Node:
@@ -153,6 +161,7 @@ SCENARIOS = [
             J("head").gpus(8, replicas=2).at(0).build(),
         ],
         waiting={"head": "reserved, earliest start in 40 min"},
+        config=EASY,
     ),
     Scenario(
         "EASY: a short job backfills into reserved capacity, a long one does not",
@@ -165,6 +174,7 @@ SCENARIOS = [
         ],
         placed={"short": {"b"}},
         waiting={"head": "reserved", "long": "reserved for head"},
+        config=EASY,
     ),
     Scenario(
         "EASY: a job without an estimate only uses capacity the reservation does not need",
@@ -177,6 +187,88 @@ SCENARIOS = [
         ],
         placed={"open": {"c"}},
         waiting={"head": "reserved", "open2": "reserved for head"},
+        config=EASY,
+    ),
+    Scenario(
+        "several reservations: the second blocked gang drains another node instead of waiting for the same one",
+        [n8("a"), n8("b")],
+        [
+            J("r1").running_on(*holding("r1", "a", 8)).estimate(3600).started_at(NOW - 1200).build(),
+            J("r2").running_on(*holding("r2", "b", 4)).estimate(7200).started_at(NOW - 1200).build(),
+            J("h1").gpus(8).at(0).build(),
+            J("h2").gpus(8).at(1).build(),
+            J("small").gpus(4).at(2).build(),
+        ],
+        waiting={"h1": "earliest start in 40 min", "h2": "earliest start in 1.7 h", "small": "reserved for"},
+        config=SchedulerConfig(max_reservations=2),
+    ),
+    Scenario(
+        "classic EASY reserves for the first gang only: the free half of b goes to a small job",
+        [n8("a"), n8("b")],
+        [
+            J("r1").running_on(*holding("r1", "a", 8)).estimate(3600).started_at(NOW - 1200).build(),
+            J("r2").running_on(*holding("r2", "b", 4)).estimate(7200).started_at(NOW - 1200).build(),
+            J("h1").gpus(8).at(0).build(),
+            J("h2").gpus(8).at(1).build(),
+            J("small").gpus(4).at(2).build(),
+        ],
+        placed={"small": {"b"}},
+        waiting={"h1": "earliest start in 40 min"},
+        config=EASY,
+    ),
+    # ---- order policy: shortest predicted first, least attained service, age protection
+    Scenario(
+        "spf: of two jobs of one team and shape, the one predicted shorter (from the team's history) goes first",
+        [make_node("a").gpus(1).build()],
+        [J("long").named("pretrain").at(0).build(), J("short").named("eval").at(1).build()],
+        placed={"short": {"a"}},
+        waiting={"long": "waiting"},
+        history=[("team-a", "pretrain", 1, 36000.0), ("team-a", "eval", 1, 600.0)],
+    ),
+    Scenario(
+        "fifo order: the same two jobs in submit order",
+        [make_node("a").gpus(1).build()],
+        [J("long").named("pretrain").at(0).build(), J("short").named("eval").at(1).build()],
+        placed={"long": {"a"}},
+        history=[("team-a", "pretrain", 1, 36000.0), ("team-a", "eval", 1, 600.0)],
+        config=SchedulerConfig(order="fifo"),
+    ),
+    Scenario(
+        "spf: a job waiting longer than max_wait_s is aged: it goes first however long it is predicted to run",
+        [make_node("a").gpus(1).build()],
+        [J("long").named("pretrain").at(NOW - 90_000).build(), J("short").named("eval").at(1).build()],
+        placed={"long": {"a"}},
+        history=[("team-a", "pretrain", 1, 36000.0), ("team-a", "eval", 1, 600.0)],
+        config=SchedulerConfig(order="spf", max_wait_s=86_400),
+    ),
+    Scenario(
+        "spf: an aged job of a lower fair-share standing still goes ahead of a team with a better standing",
+        [make_node("a").gpus(1).build()],
+        [
+            J("old").team("rich").at(NOW - 90_000).build(),
+            J("new").team("poor").at(1).build(),
+        ],
+        placed={"old": {"a"}},
+        standing={"rich": -1.0, "poor": 1.0},
+    ),
+    Scenario(
+        "las: a job that already ran (preempted, requeued) waits behind one that has not run at all",
+        [make_node("a").gpus(1).build()],
+        [J("ran").at(0).preempted(1).ran(3600).build(), J("fresh").at(1).build()],
+        placed={"fresh": {"a"}},
+        config=SchedulerConfig(order="las", standing_cap=0),
+    ),
+    Scenario(
+        "backfill with a predicted runtime: a job without a user estimate, predicted short, uses reserved GPUs",
+        [n8("a"), n8("b")],
+        [
+            J("r").running_on(*holding("r", "a", 8)).estimate(3600).started_at(NOW - 1200).build(),
+            J("head").gpus(8, replicas=2).at(0).build(),
+            J("quick").named("eval").gpus(4).at(1).build(),
+        ],
+        placed={"quick": {"b"}},
+        waiting={"head": "reserved"},
+        history=[("team-a", "eval", 4, 300.0)],
     ),
     Scenario(
         "a head blocked by jobs without estimates still holds its capacity",
@@ -187,6 +279,7 @@ SCENARIOS = [
             J("small").gpus(1).estimate(10).at(1).build(),
         ],
         waiting={"head": "earliest start unknown", "small": "reserved for head"},
+        config=EASY,
     ),
     # ---- preemption
     Scenario(
@@ -359,9 +452,13 @@ SCENARIOS = [
 @pytest.mark.parametrize("sc", SCENARIOS, ids=[s.name for s in SCENARIOS])
 def test_scenario(sc: Scenario) -> None:
     owners = {g.slot: f"{r.id}/{r.attempt}" for r in sc.jobs if r.placement for g in r.placement.gpus}
+    predictor = RuntimePredictor()
+    for team, name, gpus, run_s in sc.history:
+        predictor.observe(team, name, gpus, run_s)
     state = SchedulingState.from_snapshot(
-        sc.nodes, owners, sc.cordoned, sc.jobs, standing=sc.standing, borrowed=sc.borrowed
-    )
+        sc.nodes, owners, sc.cordoned, sc.jobs, standing=sc.standing, borrowed=sc.borrowed, config=sc.config,
+        predictor=predictor,
+    )  # fmt: skip
     decisions = state.cycle(NOW)
     placed = {d.job_id: d.gpus for d in decisions if isinstance(d, Place)}
     assert set(placed) == set(sc.placed), decisions

@@ -212,8 +212,10 @@ def build_parser() -> argparse.ArgumentParser:
     cert.set_defaults(func=_webhook_cert)
     simp = sub.add_parser("simulate", help="replay a trace through the real scheduling cores")
     simp.add_argument("--scenario", required=True, help="scenario YAML file")
-    simp.add_argument("--policy", default="chamber", choices=["chamber", "fifo", "kueue"])
-    simp.add_argument("--compare", default="", help="several policies side by side, e.g. fifo,kueue,chamber")
+    simp.add_argument(
+        "--policy", default="chamber", help="chamber (default), spf, las, fair-fifo, kueue, isolated or fifo"
+    )
+    simp.add_argument("--compare", default="", help="several policies side by side, e.g. fifo,fair-fifo,chamber")
     simp.add_argument("--out", default="sim-out", help="directory for report.json, report.md, plots, events")
     simp.add_argument("--seed", type=int, default=None, help="seed of the fault model")
     simp.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a scenario key")

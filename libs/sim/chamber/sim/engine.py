@@ -1,14 +1,21 @@
 """The discrete-event simulation: a virtual clock, the trace's arrivals, jobs finishing, preemptions and faults,
 decided by the real scheduling core (`SchedulingState`) with the real quota arithmetic.
 
-Decisions never see a job's true duration, only the estimate a user would give (when the scenario supplies one).
-Policies:
-- `fifo`: isolated virtual clusters (each team within its quota, no borrowing), strict FIFO per team, no
-  preemption, no backfill (the Philly and Helios setup);
+Decisions never see a job's true duration, only the estimate a user would give (when the scenario supplies one)
+and what the runtime predictor learned from jobs that finished before. Policies (see `POLICIES`):
+- `fifo`: one shared queue, strict FIFO (a blocked head blocks everyone), no quotas, no preemption, no backfill;
+- `isolated`: each team on its own quota, no borrowing, strict FIFO per team, no preemption, no backfill (the
+  Philly and Helios setup);
 - `kueue`: cohort borrowing, best-effort FIFO (no reservations), classic preemption (reclaim of borrowed capacity;
   lower priority within a team);
-- `chamber`: everything Chamber does: borrowing, reclaim, fair share, EASY backfill, best-fit topology-aware
-  placement, preemption with checkpoint grace, health quarantine.
+- `fair-fifo`: Chamber's earlier order: borrowing, reclaim, fair share, then submit time; EASY backfill on the
+  users' estimates;
+- `spf`: fair share, then shortest predicted GPU-time first (learned runtimes, Helios's QSSF); EASY backfill on
+  the smaller of the user's estimate and the prediction; age protection;
+- `las`: fair share, then least attained GPU-time first (Tiresias, no estimates needed); EASY backfill on the
+  users' estimates; age protection;
+- `chamber`: what Chamber runs by default (the scheduler's `SchedulerConfig()`), the winner of the comparison in
+  docs/simulator.md.
 """
 
 import heapq
@@ -17,7 +24,7 @@ import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import IO, Any
+from typing import IO, Any, Literal
 
 import msgspec
 
@@ -46,11 +53,34 @@ from chamber.scheduler.core.state import SchedulerConfig
 from chamber.sim.faults import Fault, llama3_faults
 from chamber.sim.scenario import Scenario, TraceJob
 
-POLICIES: dict[str, SchedulerConfig] = {
-    "fifo": SchedulerConfig(reservations=False, preemption=False, strict_fifo_per_team=True),
-    "kueue": SchedulerConfig(reservations=False),
-    "chamber": SchedulerConfig(),
-}
+
+@dataclass(frozen=True)
+class Policy:
+    config: SchedulerConfig
+    quotas: Literal["shared", "isolated", "none"] = "shared"
+    """Team quotas in their cohorts (borrowing), each team on its own quota only, or no quotas at all."""
+    fair_share: bool = True
+    """Order teams by fair-share standing (recomputed hourly from demand, as the quota service does)."""
+
+
+POLICIES: dict[str, Policy] = {
+    "fifo": Policy(
+        SchedulerConfig(max_reservations=0, preemption=False, strict_fifo=True, order="fifo", predict=False,
+                        max_wait_s=None),
+        quotas="none", fair_share=False,
+    ),
+    "isolated": Policy(
+        SchedulerConfig(max_reservations=0, preemption=False, strict_fifo_per_team=True, order="fifo",
+                        predict=False, max_wait_s=None),
+        quotas="isolated", fair_share=False,
+    ),
+    "kueue": Policy(SchedulerConfig(max_reservations=0, order="fifo", predict=False, max_wait_s=None),
+                    fair_share=False),
+    "fair-fifo": Policy(SchedulerConfig(order="fifo", predict=False, max_wait_s=None, max_reservations=1)),
+    "spf": Policy(SchedulerConfig(order="spf")),
+    "las": Policy(SchedulerConfig(order="las", predict=False)),
+    "chamber": Policy(SchedulerConfig()),
+}  # fmt: skip
 STANDING_EVERY_S = 3600.0
 SAMPLE_EVERY_S = 3600.0
 
@@ -95,7 +125,8 @@ class Simulation:
         self.policy = policy
         self.out = events
         self.progress = progress
-        self.control = Controller(POLICIES[policy])
+        self.rules = POLICIES[policy]
+        self.control = Controller(self.rules.config)
         self.state = self.control.state
         self.gpn = scenario.fleet.pools[0].gpus_per_node
         self.slots: list[str] = []
@@ -112,8 +143,9 @@ class Simulation:
                 self.pool_of_node[name] = pool.name
                 self.slots += [f"{name}/{g}" for g in range(pool.gpus_per_node)]
                 i += 1
-        self.book = self._quota(scenario, policy)
-        self.state.set_quota(self.book)
+        self.book = self._quota(scenario, self.rules.quotas == "isolated")
+        if self.rules.quotas != "none":
+            self.state.set_quota(self.book)
         self.jobs: dict[str, SimJob] = {}
         d = scenario.workload.defaults
         for tj in jobs:
@@ -132,13 +164,13 @@ class Simulation:
 
     # ---- setup ----------------------------------------------------------------------------------------------
 
-    def _quota(self, scenario: Scenario, policy: str) -> QuotaBook:
+    def _quota(self, scenario: Scenario, isolated: bool) -> QuotaBook:
         pools = [PoolConfig(name=p.name, gpu_model=p.gpu_model, cost_per_gpu_hour=p.cost_per_gpu_hour)
                  for p in scenario.fleet.pools]  # fmt: skip
         teams = [
             TeamConfig(name=t.name, org="sim", cohort=t.cohort, weight=t.weight, quotas=[
-                TeamQuota(pool=pool, nominal=n, borrowing_limit=0 if policy == "fifo" else t.borrowing_limit,
-                          lending_limit=0 if policy == "fifo" else t.lending_limit)
+                TeamQuota(pool=pool, nominal=n, borrowing_limit=0 if isolated else t.borrowing_limit,
+                          lending_limit=0 if isolated else t.lending_limit)
                 for pool, n in t.quota.items()
             ])
             for t in scenario.teams
@@ -189,7 +221,7 @@ class Simulation:
             while next_sample <= at:
                 self._sample(next_sample)
                 next_sample += SAMPLE_EVERY_S
-            if self.policy == "chamber" and at >= next_standing:
+            if self.rules.fair_share and at >= next_standing:
                 self._update_standing()
                 next_standing = at + STANDING_EVERY_S
             if kind == ARRIVE:

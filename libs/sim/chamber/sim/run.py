@@ -5,7 +5,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from chamber.sim.engine import Simulation
+from chamber.sim.engine import POLICIES, Simulation
 from chamber.sim.report import plots, summarize, write
 from chamber.sim.scenario import load, read_trace
 
@@ -13,6 +13,9 @@ from chamber.sim.scenario import load, read_trace
 def simulate(
     scenario_path: str, policies: list[str], out: Path, overrides: list[str] | None = None, progress: bool = True
 ) -> list[dict[str, Any]]:
+    unknown = [p for p in policies if p not in POLICIES]
+    if unknown:
+        raise ValueError(f"unknown policy {', '.join(map(repr, unknown))}; use {', '.join(POLICIES)}")
     scenario, base = load(scenario_path, overrides)
     trace = read_trace(scenario, base)
     out.mkdir(parents=True, exist_ok=True)

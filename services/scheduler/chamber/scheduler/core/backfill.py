@@ -1,13 +1,18 @@
 """EASY backfill: reserve for the blocked queue head the GPUs it will get, and when.
 
-The head's earliest start is found by releasing running jobs in order of their estimated end (the user's
-`max_runtime_s`; jobs that are stopping end now; jobs without an estimate end at an unknown time, last) until
-the head fits. The GPUs of that placement that are free now are held back for it: later jobs may use them only
-if their own estimate says they finish before the reserved start. A job without an estimate, or any job when the
-start is unknown, backfills only onto capacity the reservation does not need.
+The head's earliest start is found by releasing running jobs in order of their estimated end (the smaller of the
+user's `max_runtime_s` and the runtime predicted from history, see `estimates`; jobs that are stopping end now;
+jobs without an estimate end at an unknown time, last; a job past its estimate is expected to run as long again
+as it has) until the head fits. The GPUs of that placement that are free now are held back for it: later jobs
+may use them only if their own estimate says they finish before the reserved start. A job without an estimate,
+or any job when the start is unknown, backfills only onto capacity the reservation does not need.
+
+With several reservations in a cycle, each later one plans only with GPUs no earlier one counts on (`taken`):
+two blocked gangs never wait for the same node to drain.
 """
 
 import heapq
+from collections.abc import Set
 from dataclasses import dataclass
 
 from chamber.common.contracts import GpuRef
@@ -25,7 +30,10 @@ class Reservation:
     gpus: tuple[GpuRef, ...]
 
 
-def reserve(index: FleetIndex, job: PendingJob, running: list[RunningJob], now: float) -> Reservation | None:
+def reserve(
+    index: FleetIndex, job: PendingJob, running: list[RunningJob], now: float, taken: Set[str] = frozenset()
+) -> Reservation | None:
+    """`taken`: slots earlier reservations count on (free or not), left out of this one's plan."""
     parts = index.partitions_for(job.shape)
     everywhere = len(parts) == index.partition_count()
     eligible = None if everywhere else index.nodes_in(parts)
@@ -44,17 +52,22 @@ def reserve(index: FleetIndex, job: PendingJob, running: list[RunningJob], now: 
             continue
         if r.stopping:
             order.append((False, now, i))
-        elif r.est_end is not None:
+        elif r.est_end is not None and r.est_end > now:
             order.append((False, r.est_end, i))
+        elif r.est_end is not None:
+            # Overdue: its estimate was wrong. It has run this long; expect as long again (heavy-tailed runtimes:
+            # the longer a job has run, the longer it is likely to go on), not "any moment now" forever.
+            order.append((False, now + (now - r.started_at), i))
         else:
             order.append((True, r.started_at, i))
     heapq.heapify(order)
     while order:
         unknown, at, i = heapq.heappop(order)
         r = running[i]
-        for name, n in per_node(r.gpus, eligible).items():
+        gpus = r.gpus if not taken else tuple(g for g in r.gpus if g.slot not in taken)
+        for name, n in per_node(gpus, eligible).items():
             counter.add(name, n)
-        trial.evict(r.gpus)
+        trial.evict(gpus)
         if counter.fits():
             gpus = trial.allocate(job.shape)
             if gpus is None:

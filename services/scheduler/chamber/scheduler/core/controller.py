@@ -70,11 +70,16 @@ class Controller:
         budget_blocks: Mapping[str, str] | None = None,
     ) -> None:
         """Start from a snapshot: at start-up, and after the ledger was lost or found out of step."""
+        records = list(records)
         active = [r for r in records if r.state not in TERMINAL_STATES]
         self.records = {r.id: r for r in active}
+        predictor = self.state.predictor
+        for done in sorted((r for r in records if r.state == JobState.SUCCEEDED), key=lambda r: r.finished_at or 0.0):
+            predictor.observe(done.spec.team, done.spec.name, done.spec.gpus_per_replica * done.spec.replicas,
+                              done.run_s)  # fmt: skip
         self.state = build_state(
             nodes, owners, cordons, active, standing=standing, quota=quota, budget_blocks=budget_blocks,
-            config=self.config,
+            config=self.config, predictor=predictor,
         )  # fmt: skip
 
     # ---- events ------------------------------------------------------------------------------------------------
@@ -85,7 +90,11 @@ class Controller:
         transition = apply_event(before, event, now)
         if transition is None:
             return None
-        self._keep(transition.record)
+        record = transition.record
+        self._keep(record)
+        if record.state == JobState.SUCCEEDED and (before is None or before.state != JobState.SUCCEEDED):
+            spec = record.spec
+            self.state.predictor.observe(spec.team, spec.name, spec.gpus_per_replica * spec.replicas, record.run_s)
         self._follow(before, transition)
         return transition
 

@@ -4,18 +4,20 @@
 2. place preemptors on the GPUs nominated to them, once their victims have stopped;
 3. walk the queue in order; for each job:
    a. place it on free capacity (best fit, topology honoured);
-   b. else backfill it into reserved capacity, if its estimate ends before the reservation starts;
+   b. else backfill it into reserved capacity, if its estimate ends before that reservation starts;
    c. else preempt lower-priority work for it, if a plan really fits (the freed GPUs are nominated to it); under
       quotas, a job whose team's quota is full of its own lower-priority work displaces that work;
-   d. else, if nothing is reserved yet, reserve for it (EASY backfill: it is the head that must not starve);
+   d. else, while fewer than `max_reservations` heads hold one, reserve for it (EASY backfill: the first
+      blocked heads must not starve; with several, several nodes drain at once for the gangs waiting);
    e. else it waits, with the reason.
 
-The cycle reads and commits into a `SchedulingState`; what it concluded (blocked shapes, the reservation, failed
+The cycle reads and commits into a `SchedulingState`; what it concluded (blocked shapes, reservations, failed
 preemption plans) is kept in a `CycleContext` until something invalidates it, so an arrival in between is
 decided against it without a new cycle (`decide_arrivals`).
 """
 
 import heapq
+import itertools
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
 
@@ -34,12 +36,12 @@ from chamber.scheduler.core.preemption import (
     plan_preemption,
     victim_cost,
 )
-from chamber.scheduler.core.queue import ParkGroup, SubQueue, order_key
+from chamber.scheduler.core.queue import Order, ParkGroup, SubQueue
 from chamber.scheduler.core.reasons import Reason, WaitKind, placed_on
 from chamber.scheduler.core.state import SchedulingState
 
 NO_PRIORITY = -(10**9)
-Head = tuple[tuple[int, int, float, float, str], int, "SubQueue | ParkGroup"]
+Head = tuple[Order, int, "SubQueue | ParkGroup"]
 """(queue order, tie-break, a sub-queue or a parked group) in a cycle's walk."""
 
 
@@ -48,13 +50,15 @@ class CycleContext:
     now: float
     blocked: set[Shape] = field(default_factory=set)
     preempt_failed: dict[tuple[Shape, str], int] = field(default_factory=dict)
-    reservation: Reservation | None = None
-    reserved_free: dict[str, list[int]] = field(default_factory=dict)
-    """The reservation's GPUs that are free now, held out of the index."""
+    reservations: list[Reservation] = field(default_factory=list)
+    held: list[dict[str, list[int]]] = field(default_factory=list)
+    """Per reservation, its GPUs that are free now, held out of the index."""
     lowest_victim: int | None = None
     blocked_teams: set[str] = field(default_factory=set)
     reclaimable: bool = False
     """Some running job is on borrowed capacity: a team within its quota may reclaim it whatever the priorities."""
+    seq: Iterator[int] = field(default_factory=itertools.count)
+    """Tie-breaks of the heads in a cycle's walk, unique across both passes (items themselves never compare)."""
     backfill_tested: int = 0
     tests: int = 0
     """Sub-queue heads looked at in this cycle (bounded by `max_tests_per_cycle`)."""
@@ -116,24 +120,34 @@ class CycleContext:
             key = (job.team, job.pool)
             self._stopping[key] = self._stopping.get(key, 0) + len(job.gpus)
 
+    @property
+    def reserved_free(self) -> bool:
+        """Some reservation holds GPUs that are free now."""
+        return any(self.held)
+
     def hold_reservation(self, res: Reservation, index: FleetIndex) -> None:
-        self.reservation = res
+        held: dict[str, list[int]] = {}
         for ref in res.gpus:
             node = index.nodes.get(ref.node)
             if node is not None and ref.index in node.free:
-                self.reserved_free.setdefault(ref.node, []).append(ref.index)
-        for node_name, indices in self.reserved_free.items():
+                held.setdefault(ref.node, []).append(ref.index)
+        for node_name, indices in held.items():
             index.take(node_name, indices)
+        self.reservations.append(res)
+        self.held.append(held)
 
     def release_reservation(self, index: FleetIndex) -> None:
-        for node_name, indices in self.reserved_free.items():
-            index.give(node_name, indices)
-        self.reserved_free = {}
-        self.reservation = None
+        for held in self.held:
+            for node_name, indices in held.items():
+                index.give(node_name, indices)
+        self.held = []
+        self.reservations = []
 
 
 def run_cycle(state: SchedulingState, now: float) -> list[Decision]:
     state.invalidate()
+    if state.config.max_wait_s is not None:
+        state.queue.age(now, state.config.max_wait_s)
     ctx = state.ctx = CycleContext(now, cost_at=now)
     return _Cycle(state, ctx).run()
 
@@ -172,20 +186,18 @@ class _Cycle:
             (r.priority for r in state.running.values() if r.preemptible and not r.stopping), default=None
         )
         ctx.reclaimable = state.quota_on and any(r.borrowed and not r.stopping for r in state.running.values())
-        cap = self.config.standing_cap
         queue = state.queue
         standing = state.standing
         if not state.quota_on:
             queue.wake_all()
         heads: list[Head] = []
-        for n, sq in enumerate(queue.subqueues()):
+        seq = ctx.seq
+        for sq in queue.subqueues():
             head = queue.head_of(sq)
             if head is not None:
-                heads.append((order_key(head, standing, cap), n, sq))
-        n = len(heads)
+                heads.append((queue.order_of(head, standing), next(seq), sq))
         for group, parking in queue.parked.items():  # looked at in their turn, and woken only if admitted then
-            n += 1
-            heads.append((parking.order, n, group))
+            heads.append((parking.order, next(seq), group))
         # Two passes under quotas (as Kueue orders its heads): first every job its team's guarantee admits, then
         # the ones that would borrow, so a borrower never takes in a cycle what a guaranteed job needs in it.
         ctx.borrowing = not state.quota_on
@@ -193,27 +205,27 @@ class _Cycle:
         if deferred:
             ctx.borrowing = True
             self._walk(deferred, decisions)
+        queue.reserved = {r.job_id for r in ctx.reservations}
         return decisions
 
     def _walk(
         self,
-        heads: list[tuple[tuple[int, int, float, float, str], int, SubQueue | ParkGroup]],
+        heads: list[Head],
         decisions: list[Decision],
-    ) -> list[tuple[tuple[int, int, float, float, str], int, SubQueue | ParkGroup]]:
+    ) -> list[Head]:
         """Walk sub-queue heads in queue order; returns the heads set aside because they would borrow."""
         state, ctx, queue = self.state, self.ctx, self.state.queue
-        cap, standing = self.config.standing_cap, state.standing
+        standing = state.standing
         heapq.heapify(heads)
         deferred: list[Head] = []
-        n = len(heads)
+        seq = ctx.seq
         while heads and ctx.tests < self.config.max_tests_per_cycle:
             key, n_item, item = heapq.heappop(heads)
             if not isinstance(item, SubQueue):
                 for woken in self._wake(item):
                     head = queue.head_of(woken)
                     if head is not None:
-                        n += 1
-                        heapq.heappush(heads, (order_key(head, standing, cap), n, woken))
+                        heapq.heappush(heads, (queue.order_of(head, standing), next(seq), woken))
                 continue
             sq = item
             job = queue.head_of(sq)
@@ -231,15 +243,19 @@ class _Cycle:
             if outcome == "borrower":
                 deferred.append((key, n_item, sq))
                 continue
-            if outcome == "blocked":
+            if outcome in ("blocked", "reserved"):
+                if self.config.strict_fifo:
+                    break
                 if self.config.strict_fifo_per_team:
                     ctx.blocked_teams.add(job.team)
                     continue
+                if outcome == "reserved":
+                    ctx.tests += self._reserve_behind(sq.key, decisions)
                 ctx.tests += self._backfill_behind(sq.key, decisions)
                 continue
             nxt = queue.head_of(sq)
             if nxt is not None:
-                heapq.heappush(heads, (order_key(nxt, standing, cap), n_item, sq))
+                heapq.heappush(heads, (queue.order_of(nxt, standing), n_item, sq))
         return deferred
 
     # ---- shortcuts that keep a cycle O(sub-queues that can move) ---------------------------------------------
@@ -280,9 +296,9 @@ class _Cycle:
     def _hopeless(self, job: PendingJob) -> bool:
         """Already known this cycle: its shape does not fit, it may not preempt, and nothing is left to try."""
         ctx, shape = self.ctx, job.shape
-        if ctx.reservation is None:
-            return False  # it might be the head to reserve for
-        if job.est_runtime_s is not None and ctx.reservation.start is not None and ctx.reserved_free:
+        if len(ctx.reservations) < self.config.max_reservations:
+            return False  # it might be a head to reserve for
+        if job.estimate is not None and ctx.reserved_free and any(r.start is not None for r in ctx.reservations):
             return False  # it might backfill
         if not self.state.quota_on:
             if shape not in ctx.blocked:
@@ -356,15 +372,16 @@ class _Cycle:
                 self._park(job)
             decisions.append(Wait(job.id, why))
             return "blocked"
-        if ctx.reservation is None and self.config.reservations:
+        if len(ctx.reservations) < self.config.max_reservations:
             pinned = replace(job, shape=adm.options[0].shape)
-            res = reserve(state.index, pinned, list(state.running.values()), ctx.now)
+            taken = {g.slot for r in ctx.reservations for g in r.gpus}
+            res = reserve(state.index, pinned, list(state.running.values()), ctx.now, taken)
             if res is not None:
                 ctx.hold_reservation(res, state.index)
                 start_in = None if res.start is None else res.start - ctx.now
                 reason = Reason(WaitKind.RESERVED, f"waiting for {job.shape.describe()}; reserved", None, start_in)
                 decisions.append(Wait(job.id, reason))
-                return "blocked"
+                return "reserved"
         decisions.append(Wait(job.id, self._capacity_reason(job)))
         return "blocked"
 
@@ -373,7 +390,7 @@ class _Cycle:
         state = self.state
         pools = self.ctx.pools_of(state, job.shape)
         if len(pools) == 1:
-            order = order_key(job, state.standing, self.config.standing_cap)
+            order = state.queue.order_of(job, state.standing)
             state.queue.park(job, (job.team, pools[0], job.preemptible, job.priority), order)
 
     def _unschedulable(self, job: PendingJob) -> str:
@@ -445,30 +462,53 @@ class _Cycle:
         return True
 
     def _backfill_into_reservation(self, job: PendingJob, decisions: list[Decision]) -> bool:
+        """Place the job partly on one reservation's held GPUs, if its estimate ends before that reservation's
+        start (the soonest-starting reservations are the tightest, so the latest-starting ones are tried first)."""
         ctx, index = self.ctx, self.state.index
-        res = ctx.reservation
-        if res is None or res.start is None or job.est_runtime_s is None or not ctx.reserved_free:
+        estimate = job.estimate
+        if estimate is None or not ctx.reserved_free:
             return False
-        if ctx.now + job.est_runtime_s > res.start:
-            return False
-        gpus = find_placement(index, job.shape, bonus=ctx.reserved_free)
-        if gpus is None:
-            return False
-        for ref in gpus:
-            held = ctx.reserved_free.get(ref.node)
-            if held is not None and ref.index in held:
-                held.remove(ref.index)
-                index.give(ref.node, [ref.index])
-        reason = _placed_reason(gpus) + f"; backfilled: ends before {res.job_id}'s reserved start"
-        self._place(job, gpus, reason, decisions)
-        return True
+        ends = ctx.now + estimate
+        fitting = [
+            (res.start, i) for i, res in enumerate(ctx.reservations) if res.start is not None and ends <= res.start
+        ]
+        for _, i in sorted(fitting, reverse=True):
+            held = ctx.held[i]
+            if not held:
+                continue
+            gpus = find_placement(index, job.shape, bonus=held)
+            if gpus is None:
+                continue
+            for ref in gpus:
+                indices = held.get(ref.node)
+                if indices is not None and ref.index in indices:
+                    indices.remove(ref.index)
+                    index.give(ref.node, [ref.index])
+                    if not indices:
+                        del held[ref.node]
+            reason = _placed_reason(gpus) + f"; backfilled: ends before {ctx.reservations[i].job_id}'s reserved start"
+            self._place(job, gpus, reason, decisions)
+            return True
+        return False
+
+    def _reserve_behind(self, key: object, decisions: list[Decision]) -> int:
+        """The head of a sub-queue got a reservation and more may be made: the jobs after it (same shape, same
+        rights) get theirs too, in order, until one does not."""
+        left = self.config.max_reservations - len(self.ctx.reservations)
+        if left <= 0:
+            return 0
+        tested = 0
+        for job in list(self.state.queue.after_head(key, left)):  # type: ignore[arg-type]
+            tested += 1
+            if self.consider(job, decisions) != "reserved":
+                break
+        return tested
 
     def _backfill_behind(self, key: object, decisions: list[Decision]) -> int:
         """After a blocked sub-queue head, look a little further for jobs short enough to backfill."""
         ctx = self.ctx
-        res = ctx.reservation
         budget = self.config.backfill_budget - ctx.backfill_tested
-        if res is None or res.start is None or not ctx.reserved_free or budget <= 0:
+        if not ctx.reserved_free or budget <= 0 or all(r.start is None for r in ctx.reservations):
             return 0
         tested = 0
         for job in list(self.state.queue.after_head(key, min(budget, self.config.backfill_lookahead))):  # type: ignore[arg-type]
@@ -557,8 +597,10 @@ class _Cycle:
         index, ctx = self.state.index, self.ctx
         free = index.free_in(index.partitions_for(job.shape))
         text = f"waiting for {job.shape.describe()}"
-        if ctx.reservation is not None:
-            text += f"; capacity reserved for {ctx.reservation.job_id}"
+        if ctx.reservations:
+            text += f"; capacity reserved for {', '.join(r.job_id for r in ctx.reservations[:3])}"
+            if len(ctx.reservations) > 3:
+                text += f" and {len(ctx.reservations) - 3} more"
         return Reason(WaitKind.CAPACITY, text, free)
 
 

@@ -61,7 +61,7 @@ class RunningJob:
     checkpoint_interval_s: float | None
     checkpoint_grace_s: float
     est_end: float | None
-    """When it should end, from the user's `max_runtime_s`; None when unknown."""
+    """When it should end, from the user's `max_runtime_s` or its predicted runtime; None when unknown."""
     borrowed: bool = False
     """Runs on capacity borrowed beyond its team's quota (reclaimed first)."""
     stopping: bool = False
@@ -104,7 +104,7 @@ class PendingJob:
     preemptions: int
     attempt: int
     est_runtime_s: float | None
-    """What is left of the user's `max_runtime_s` (for backfill); None when unknown."""
+    """What is left of the user's `max_runtime_s`; None when unknown."""
     preemptible: bool = True
     min_runtime_s: float = 0.0
     checkpoint_interval_s: float | None = None
@@ -112,13 +112,29 @@ class PendingJob:
     nominated: tuple[GpuRef, ...] = ()
     waiting_for: tuple[str, ...] = ()
     """While nominated: the victims it waits for, `job/attempt` (besides whoever holds its nominated GPUs)."""
+    name: str = ""
+    run_s: float = 0.0
+    """Work done in earlier attempts (what least-attained-service orders by)."""
+    predicted_s: float | None = None
+    """What is left of its predicted runtime, learned from finished jobs like it (set when it is queued)."""
+    aged: bool = False
+    """It has waited longer than the scheduler's `max_wait_s`: it goes ahead of its priority peers."""
+
+    @property
+    def estimate(self) -> float | None:
+        """How long it should run if placed now, for backfill: the smaller of the user's bound and the prediction."""
+        user, predicted = self.est_runtime_s, self.predicted_s
+        if user is None:
+            return predicted
+        return user if predicted is None else min(user, predicted)
 
     def requeued(self, attempt: int, saved_s: float) -> "PendingJob":
         """The job back in the queue after attempt `attempt` was preempted, `saved_s` of its work checkpointed."""
         est = None if self.est_runtime_s is None else max(0.0, self.est_runtime_s - saved_s)
         return replace(
-            self, attempt=attempt, preemptions=self.preemptions + 1, est_runtime_s=est, nominated=(), waiting_for=()
-        )
+            self, attempt=attempt, preemptions=self.preemptions + 1, est_runtime_s=est, nominated=(), waiting_for=(),
+            run_s=self.run_s + saved_s, predicted_s=None, aged=False,
+        )  # fmt: skip
 
     def start(self, gpus: tuple[GpuRef, ...], now: float, pool: str = "", borrowed: bool = False) -> RunningJob:
         """The running job this becomes when placed on `gpus` at `now`."""
@@ -132,7 +148,7 @@ class PendingJob:
             min_runtime_s=self.min_runtime_s,
             checkpoint_interval_s=self.checkpoint_interval_s,
             checkpoint_grace_s=self.checkpoint_grace_s,
-            est_end=None if self.est_runtime_s is None else now + self.est_runtime_s,
+            est_end=None if self.estimate is None else now + self.estimate,
             attempt=self.attempt + 1,
             pool=pool,
             borrowed=borrowed,
@@ -158,4 +174,6 @@ def pending_from(record: JobRecord, classes: dict[str, PriorityClass] = DEFAULT_
         checkpoint_grace_s=spec.checkpoint_grace_s,
         nominated=tuple(record.nominated),
         waiting_for=tuple(record.waiting_for),
+        name=spec.name,
+        run_s=record.run_s,
     )

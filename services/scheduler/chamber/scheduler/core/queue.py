@@ -1,4 +1,12 @@
-"""The queue: priority class, then preemption standing, then the team's fair share, then submit time.
+"""The queue: priority class, then age protection, then reservations, then preemption standing, then the team's
+fair share, then the order policy's rank, then submit time.
+
+The rank is the policy's (`SchedulerConfig.order`): `fifo` ranks every job alike (submit time decides), `spf`
+ranks by predicted remaining GPU-time (shortest first, Helios's QSSF), `las` by attained GPU-time (least first,
+Tiresias). Whatever the rank, a job that has waited longer than `max_wait_s` is **aged**: it goes ahead of every
+job of its priority that is not, in submit order, so no job waits without bound behind shorter ones. A job that
+holds an EASY reservation keeps its place ahead of its peers in the next cycles (sticky reservations): otherwise
+the small jobs of a team with a better standing take every GPU its draining node frees, and a gang never starts.
 
 Jobs are kept in sub-queues of identical (priority, standing, team, shape). Within one, later jobs can do nothing
 an earlier blocked one could not (same needs, same rights), so a cycle looks only at sub-queue heads, merged in
@@ -11,12 +19,17 @@ thousand teams at their quota, a cycle then walks the sub-queues that can move, 
 
 import bisect
 import heapq
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from chamber.scheduler.core.model import PendingJob, Shape
 
 QueueKey = tuple[int, int, str, Shape]
+Order = tuple[int, bool, bool, int, float, float, float, str]
+"""(-priority, not aged, not reserved, -preemption standing, -fair-share standing, rank, submitted at, id):
+smaller first."""
+Rank = Callable[[PendingJob], float]
+AGED = float("-inf")
 ParkGroup = tuple[str, str, bool, int]
 """(team, pool, preemptible, priority): sub-queues whose heads the team's quota in that pool refuses."""
 
@@ -24,13 +37,14 @@ ParkGroup = tuple[str, str, bool, int]
 @dataclass
 class SubQueue:
     key: QueueKey
-    heap: list[tuple[float, str]] = field(default_factory=list)
+    heap: list[tuple[float, float, str, int]] = field(default_factory=list)
+    """(rank, submitted at, job id, entry number); entries of removed (or re-ranked) jobs are skipped lazily."""
     parked: ParkGroup | None = None
 
 
 @dataclass
 class Parking:
-    order: tuple[int, int, float, float, str]
+    order: Order
     """The queue order of its first head when parked: where the group comes up for a look in a cycle."""
     subqueues: list[tuple[int, int, SubQueue]] = field(default_factory=list)
     """(GPUs its head asked for, tie-break, sub-queue), smallest first."""
@@ -40,13 +54,26 @@ class Parking:
         return self.subqueues[0][0] if self.subqueues else 0
 
 
+def _fifo(job: PendingJob) -> float:
+    return 0.0
+
+
 class JobQueue:
-    def __init__(self, standing_cap: int = 3) -> None:
+    def __init__(self, standing_cap: int = 3, rank: Rank = _fifo) -> None:
         self.standing_cap = standing_cap
+        self.rank = rank
         self.jobs: dict[str, PendingJob] = {}
         self._subqueues: dict[QueueKey, SubQueue] = {}
         self._where: dict[str, SubQueue] = {}
+        self._rank_of: dict[str, float] = {}
+        self._entry: dict[str, int] = {}
+        """job -> the number of its one valid heap entry (older entries of the job are stale)."""
+        self._entries = 0
         self.parked: dict[ParkGroup, Parking] = {}
+        self.reserved: set[str] = set()
+        """Jobs that held a reservation at the end of the last full cycle."""
+        self._by_age: list[tuple[float, str]] = []
+        """(submitted at, job id) of every job pushed and not yet aged (lazily cleaned): who ages next."""
 
     def __len__(self) -> int:
         return len(self.jobs)
@@ -61,14 +88,41 @@ class JobQueue:
         sq = self._subqueues.get(key)
         if sq is None:
             sq = self._subqueues[key] = SubQueue(key)
-        heapq.heappush(sq.heap, (job.submitted_at, job.id))
+        rank = AGED if job.aged else self.rank(job)
+        self._enter(sq, rank, job)
         self.jobs[job.id] = job
         self._where[job.id] = sq
+        if not job.aged:
+            heapq.heappush(self._by_age, (job.submitted_at, job.id))
 
     def remove(self, job_id: str) -> PendingJob | None:
         """Remove a job (lazily: its heap entry is skipped when it reaches the top)."""
         self._where.pop(job_id, None)
+        self._rank_of.pop(job_id, None)
+        self._entry.pop(job_id, None)
         return self.jobs.pop(job_id, None)
+
+    def _enter(self, sq: SubQueue, rank: float, job: PendingJob) -> None:
+        self._entries += 1
+        self._entry[job.id] = self._entries
+        self._rank_of[job.id] = rank
+        heapq.heappush(sq.heap, (rank, job.submitted_at, job.id, self._entries))
+
+    def age(self, now: float, max_wait_s: float) -> int:
+        """Age every job submitted more than `max_wait_s` before `now` (it moves to the front of its sub-queue,
+        and its sub-queue's head order says aged). O(log n) per job aged, once; returns how many aged."""
+        by_age, jobs = self._by_age, self.jobs
+        aged = 0
+        while by_age and by_age[0][0] <= now - max_wait_s:
+            _, job_id = heapq.heappop(by_age)
+            job = jobs.get(job_id)
+            sq = self._where.get(job_id)
+            if job is None or sq is None or job.aged:
+                continue
+            job.aged = True
+            self._enter(sq, AGED, job)
+            aged += 1
+        return aged
 
     def head(self, key: QueueKey) -> PendingJob | None:
         sq = self._subqueues.get(key)
@@ -76,15 +130,21 @@ class JobQueue:
 
     def head_of(self, sq: SubQueue) -> PendingJob | None:
         """The sub-queue's first job (skipping the lazily removed ones); an emptied sub-queue is dropped."""
-        heap, where = sq.heap, self._where
+        heap, where, entry = sq.heap, self._where, self._entry
         while heap:
-            job_id = heap[0][1]
-            if where.get(job_id) is sq:
+            _, _, job_id, n = heap[0]
+            if where.get(job_id) is sq and entry.get(job_id) == n:
                 return self.jobs[job_id]
             heapq.heappop(heap)
         if self._subqueues.get(sq.key) is sq:
             del self._subqueues[sq.key]
         return None
+
+    def rank_of(self, job: PendingJob) -> float:
+        return self._rank_of.get(job.id, 0.0)
+
+    def order_of(self, job: PendingJob, standing: dict[str, float]) -> Order:
+        return order_key(job, standing, self.standing_cap, self._rank_of.get(job.id, 0.0), job.id in self.reserved)
 
     def subqueue_keys(self) -> list[QueueKey]:
         return list(self._subqueues)
@@ -93,7 +153,7 @@ class JobQueue:
         """The sub-queues a cycle walks: every one not parked."""
         return [sq for sq in self._subqueues.values() if sq.parked is None]
 
-    def park(self, job: PendingJob, group: ParkGroup, order: tuple[int, int, float, float, str]) -> None:
+    def park(self, job: PendingJob, group: ParkGroup, order: Order) -> None:
         """Set `job`'s sub-queue aside until its team's quota may admit `job` (see `wake`)."""
         sq = self._where.get(job.id)
         if sq is None or sq.parked is not None:
@@ -134,16 +194,22 @@ class JobQueue:
         sq = self._subqueues.get(key)
         if sq is None:
             return
-        seen = 0
-        for _, job_id in heapq.nsmallest(limit + 1, sq.heap):
-            if self._where.get(job_id) is not sq:
-                continue
-            seen += 1
-            if seen == 1:
+        where, entry = self._where, self._entry
+        seen: set[str] = set()
+        for _, _, job_id, n in heapq.nsmallest(limit + 1, sq.heap):
+            if where.get(job_id) is not sq or entry.get(job_id) != n:
+                continue  # removed, or a stale entry of a job pushed again or aged since
+            seen.add(job_id)
+            if len(seen) == 1:
                 continue
             yield self.jobs[job_id]
 
 
-def order_key(job: PendingJob, standing: dict[str, float], cap: int) -> tuple[int, int, float, float, str]:
-    """Smaller comes first."""
-    return (-job.priority, -min(job.preemptions, cap), -standing.get(job.team, 0.0), job.submitted_at, job.id)
+def order_key(
+    job: PendingJob, standing: dict[str, float], cap: int, rank: float = 0.0, reserved: bool = False
+) -> Order:
+    """Smaller comes first; `rank` is the head's rank in its sub-queue (see `JobQueue.rank_of`)."""
+    return (
+        -job.priority, not job.aged, not reserved, -min(job.preemptions, cap), -standing.get(job.team, 0.0),
+        AGED if job.aged else rank, job.submitted_at, job.id,
+    )  # fmt: skip

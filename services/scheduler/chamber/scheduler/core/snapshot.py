@@ -9,6 +9,7 @@ from collections.abc import Iterable, Mapping
 
 from chamber.common.contracts import Cordon, JobRecord, Node
 from chamber.common.quota import QuotaBook
+from chamber.scheduler.core.estimates import RuntimePredictor
 from chamber.scheduler.core.lifecycle import holds_gpus, needs_placement
 from chamber.scheduler.core.model import PendingJob, pending_from, running_from
 from chamber.scheduler.core.state import SchedulerConfig, SchedulingState
@@ -25,9 +26,13 @@ def build_state(
     quota: QuotaBook | None = None,
     budget_blocks: Mapping[str, str] | None = None,
     config: SchedulerConfig | None = None,
+    predictor: RuntimePredictor | None = None,
 ) -> SchedulingState:
-    """`borrowed`: jobs on borrowed capacity; computed from `quota` when not given."""
+    """`borrowed`: jobs on borrowed capacity; computed from `quota` when not given. `predictor`: the runtime
+    history learned so far (from the finished records)."""
     state = SchedulingState(config)
+    if predictor is not None:
+        state.predictor = predictor
     state.cordoned = dict(cordoned)
     classes = dict(state.config.classes)
     nodes = sorted(nodes, key=lambda n: n.name)
@@ -38,6 +43,12 @@ def build_state(
             assert record.placement is not None
             pool = pool_of.get(record.placement.gpus[0].node, "")
             run = running_from(record, classes, pool=pool)
+            if state.config.predict:
+                spec = record.spec
+                total = state.predictor.predict(spec.team, spec.name, spec.gpus_per_replica * spec.replicas)
+                if total is not None:
+                    end = run.started_at + max(0.0, total - record.run_s)
+                    run.est_end = end if run.est_end is None else min(run.est_end, end)
             state.running[record.id] = run
             state.by_team.setdefault((run.team, run.pool), {})[run.id] = run
             state.count_preemptible(run, +1)

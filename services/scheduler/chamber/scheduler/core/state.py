@@ -12,12 +12,13 @@ cycle's context, so the next decision runs a full cycle; an arrival with the con
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from chamber.common.contracts import Cordon, GpuRef, QuotaConfig
 from chamber.common.priorities import DEFAULT_CLASSES, PriorityClass
 from chamber.common.quota import QuotaBook, QuotaUsage, borrowed_jobs
 from chamber.scheduler.core.decisions import Decision, Place
+from chamber.scheduler.core.estimates import RuntimePredictor
 from chamber.scheduler.core.fleet import FleetIndex
 from chamber.scheduler.core.model import PendingJob, RunningJob
 from chamber.scheduler.core.queue import JobQueue
@@ -36,18 +37,34 @@ class SchedulerConfig:
     max_tests_per_cycle: int = 5000
     standing_cap: int = 3
     """A job preempted n times is ordered ahead of its class peers by min(n, cap) steps: it gains standing."""
-    reservations: bool = True
-    """EASY backfill reservations for blocked queue heads (off: best-effort FIFO, large jobs may starve)."""
+    max_reservations: int = 8
+    """EASY backfill reservations for the first blocked queue heads (0: best-effort FIFO, large jobs may starve;
+    1: classic EASY; several: several nodes drain at once for the gangs waiting, as Slurm's backfill reserves for
+    every job it tests)."""
     preemption: bool = True
     strict_fifo_per_team: bool = False
     """A team's blocked head blocks the rest of the team's queue (the isolated-cluster baseline)."""
+    strict_fifo: bool = False
+    """The first blocked head blocks the whole queue (the shared-FIFO baseline)."""
+    order: Literal["fifo", "spf", "las"] = "spf"
+    """How jobs of one priority, standing and team are ordered (see `queue`): submit time, shortest predicted
+    GPU-time first, or least attained GPU-time first."""
+    predict: bool = True
+    """Learn runtimes from finished jobs (`estimates`) and use them for ordering and backfill."""
+    max_wait_s: float | None = 86_400.0
+    """Age protection: a job waiting longer goes ahead of its priority peers (None: off)."""
+
+
+UNKNOWN = float("inf")
+"""The rank of a job nothing is known about under `spf`: after the predicted ones, in submit order."""
 
 
 class SchedulingState:
     def __init__(self, config: SchedulerConfig | None = None) -> None:
         self.config = config or SchedulerConfig()
         self.index = FleetIndex()
-        self.queue = JobQueue(self.config.standing_cap)
+        self.predictor = RuntimePredictor()
+        self.queue = JobQueue(self.config.standing_cap, rank=self._rank)
         self.running: dict[str, RunningJob] = {}
         self.holder: dict[str, str] = {}
         """slot -> the running job that holds it."""
@@ -102,6 +119,19 @@ class SchedulingState:
         """Queue a job and decide about it at once (see `decide`)."""
         self.add(job)
         return self.decide(now)
+
+    def _rank(self, job: PendingJob) -> float:
+        """The job's rank in its sub-queue under the order policy; predicts its runtime on the way in."""
+        config = self.config
+        if config.predict and job.predicted_s is None:
+            total = self.predictor.predict(job.team, job.name, job.shape.gpus)
+            if total is not None:
+                job.predicted_s = max(0.0, total - job.run_s)
+        if config.order == "spf":
+            return UNKNOWN if job.predicted_s is None else job.predicted_s * job.shape.gpus
+        if config.order == "las":
+            return job.run_s * job.shape.gpus
+        return 0.0
 
     # ---- incremental updates --------------------------------------------------------------------------------
 
