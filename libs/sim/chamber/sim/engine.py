@@ -45,6 +45,7 @@ from chamber.scheduler.core.decisions import Decision, Place, Preempt, Wait
 from chamber.scheduler.core.state import SchedulerConfig
 from chamber.sim.faults import Fault, llama3_faults
 from chamber.sim.scenario import Scenario, TraceJob
+from chamber.sim.synth import estimate
 
 POLICIES: dict[str, SchedulerConfig] = {
     "fifo": SchedulerConfig(reservations=False, preemption=False, strict_fifo_per_team=True),
@@ -154,7 +155,8 @@ class Simulation:
             replicas, per = 1, tj.gpus
         return JobSpec(
             name=tj.id, team=tj.team, gpus_per_replica=per, replicas=replicas, priority=tj.priority,
-            duration_s=tj.duration_s, max_runtime_s=None if factor is None else tj.duration_s * factor,
+            duration_s=tj.duration_s,
+            max_runtime_s=estimate(self.scenario.workload.estimates, tj.id, tj.duration_s, factor),
             checkpoint_interval_s=d.checkpoint_interval_s, checkpoint_grace_s=d.checkpoint_grace_s,
             preemptible=tj.preemptible if tj.preemptible != DEFAULT_CLASSES[tj.priority].preemptible else None,
         )  # fmt: skip
