@@ -69,6 +69,8 @@ class SimJob:
     preemptions: int = 0
     interruptions: int = 0
     lost_s: float = 0.0
+    runs: list[tuple[float, float]] = field(default_factory=list)
+    """(start, end) of every attempt that held GPUs and has released them (the report's timelines)."""
 
 
 @dataclass
@@ -275,6 +277,7 @@ class Simulation:
         self.stats.busy_gpu_s += gpus * (useful + lost)
         self.stats.lost_gpu_s += gpus * lost
         job.lost_s += lost
+        job.runs.append((before.started_at if before.started_at is not None else self.now, self.now))
         if after.state in TERMINAL_STATES:
             job.finished_at = self.now
             self.done += 1
@@ -356,8 +359,11 @@ class Simulation:
         per_team: dict[str, int] = {}
         for r in self.state.running.values():
             per_team[r.team] = per_team.get(r.team, 0) + len(r.gpus)
+        demand = dict(per_team)
+        for q in (*self.state.queue.jobs.values(), *self.state.nominated.values()):
+            demand[q.team] = demand.get(q.team, 0) + q.shape.gpus
         healthy = len(self.slots) - len(self.down)
         self.stats.series.append({
             "t": at, "busy": busy, "healthy": healthy, "queue": len(self.state.queue) + len(self.state.nominated),
-            "teams": per_team,
+            "teams": per_team, "demand": demand,
         })  # fmt: skip
