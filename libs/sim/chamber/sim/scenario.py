@@ -86,7 +86,7 @@ class NotebookSpec(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     `per_day`, teams drawn in proportion to their guarantee, `gpus` drawn from the list, session lengths
     lognormal (median `median_s`, log-sd `sigma`, at most `max_s`), never preempted by default."""
 
-    per_day: Annotated[float, msgspec.Meta(gt=0)]
+    per_day: Annotated[float, msgspec.Meta(gt=0, le=100_000)]
     gpus: list[Annotated[int, msgspec.Meta(ge=1)]] = msgspec.field(default_factory=lambda: [1, 1, 2, 4])
     median_s: Annotated[float, msgspec.Meta(gt=0)] = 6 * 3600.0
     sigma: Annotated[float, msgspec.Meta(ge=0)] = 1.0
@@ -192,8 +192,6 @@ def read_trace(scenario: Scenario, base: Path) -> list[TraceJob]:
                     submit = float(row["submit_time_s"])
                     if submit < w.start_s or (w.end_s is not None and submit >= w.end_s):
                         continue
-                    if int(row["num_gpus"]) < w.min_gpus:
-                        continue
                     priority = row.get("priority") or d.priority
                     if priority.lstrip("-").isdigit():
                         priority = _class_for(int(priority))
@@ -208,6 +206,8 @@ def read_trace(scenario: Scenario, base: Path) -> list[TraceJob]:
                 problem = _trace_problem(job)
                 if problem:
                     raise ScenarioError(f"trace {path}, line {n}: {problem}")
+                if job.gpus < w.min_gpus:
+                    continue
                 jobs.append(job)
                 if w.limit and len(jobs) >= w.limit:
                     break
