@@ -250,3 +250,16 @@ def test_unstarted_jobs_count_their_wait_until_the_end() -> None:
     assert by_size["1"] == {"jobs": 2, "never_started": 0, "avg_s": 15.0, "p99_s": 20.0, "max_s": 20.0}
     assert by_size["33+"] == {"jobs": 1, "never_started": 1, "avg_s": 1000.0, "p99_s": 1000.0, "max_s": 1000.0}
     assert not math.isnan(by_size["2-8"]["avg_s"])
+
+
+def test_hourly_samples_carry_each_teams_demand() -> None:
+    scenario = Scenario(
+        name="tiny", fleet=FleetSpec(pools=[PoolSpec(name="p", nodes=1, gpus_per_node=8)]),
+        teams=[TeamSpec(name="a", quota={"p": 8})], workload=WorkloadSpec(trace="-"),
+    )  # fmt: skip
+    jobs = [TraceJob("j1", 0.0, 5000.0, 8, "a", "train", True), TraceJob("j2", 0.0, 3600.0, 8, "a", "train", True)]
+    sim = Simulation(scenario, jobs, "kueue")
+    sim.run()
+    hour = next(s for s in sim.stats.series if s["t"] == 3600.0)
+    assert hour["teams"] == {"a": 8}
+    assert hour["demand"] == {"a": 16}, "one job running, one waiting"
