@@ -5,6 +5,7 @@ Inputs: contract-shaped documents broken in one place (dumped as YAML), arbitrar
 text and bytes, and `--set key=value` overrides for scenarios.
 """
 
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -123,7 +124,8 @@ def test_a_scenario_and_its_trace_load_or_say_what_is_wrong(
         return
     for job in jobs:
         assert job.gpus >= 1
-        assert job.duration_s >= 1.0
+        assert job.duration_s >= 0.0  # kept as given (sub-second too), never negative
+        assert math.isfinite(job.duration_s)
 
 
 def _with_trace(scenario: Scenario, trace: str) -> Scenario:

@@ -52,6 +52,7 @@ from chamber.scheduler.core.decisions import Decision, Place, Preempt, Wait
 from chamber.scheduler.core.state import SchedulerConfig
 from chamber.sim.faults import Fault, llama3_faults
 from chamber.sim.scenario import Scenario, TraceJob
+from chamber.sim.synth import estimate
 
 
 @dataclass(frozen=True)
@@ -98,6 +99,8 @@ class SimJob:
     preemptions: int = 0
     interruptions: int = 0
     lost_s: float = 0.0
+    runs: list[tuple[float, float]] = field(default_factory=list)
+    """(start, end) of every attempt that held GPUs and has released them (the report's timelines)."""
 
 
 @dataclass
@@ -186,7 +189,8 @@ class Simulation:
             replicas, per = 1, tj.gpus
         return JobSpec(
             name=tj.id, team=tj.team, gpus_per_replica=per, replicas=replicas, priority=tj.priority,
-            duration_s=tj.duration_s, max_runtime_s=None if factor is None else tj.duration_s * factor,
+            duration_s=tj.duration_s,
+            max_runtime_s=estimate(self.scenario.workload.estimates, tj.id, tj.duration_s, factor),
             checkpoint_interval_s=d.checkpoint_interval_s, checkpoint_grace_s=d.checkpoint_grace_s,
             preemptible=tj.preemptible if tj.preemptible != DEFAULT_CLASSES[tj.priority].preemptible else None,
         )  # fmt: skip
@@ -305,6 +309,7 @@ class Simulation:
         self.stats.busy_gpu_s += gpus * (useful + lost)
         self.stats.lost_gpu_s += gpus * lost
         job.lost_s += lost
+        job.runs.append((before.started_at if before.started_at is not None else self.now, self.now))
         if after.state in TERMINAL_STATES:
             job.finished_at = self.now
             self.done += 1
@@ -386,8 +391,11 @@ class Simulation:
         per_team: dict[str, int] = {}
         for r in self.state.running.values():
             per_team[r.team] = per_team.get(r.team, 0) + len(r.gpus)
+        demand = dict(per_team)
+        for q in (*self.state.queue.jobs.values(), *self.state.nominated.values()):
+            demand[q.team] = demand.get(q.team, 0) + q.shape.gpus
         healthy = len(self.slots) - len(self.down)
         self.stats.series.append({
             "t": at, "busy": busy, "healthy": healthy, "queue": len(self.state.queue) + len(self.state.nominated),
-            "teams": per_team,
+            "teams": per_team, "demand": demand,
         })  # fmt: skip
