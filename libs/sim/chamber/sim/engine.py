@@ -77,8 +77,10 @@ POLICIES: dict[str, Policy] = {
     ),
     "kueue": Policy(SchedulerConfig(max_reservations=0, order="fifo", predict=False, max_wait_s=None),
                     fair_share=False),
-    "fair-fifo": Policy(SchedulerConfig(order="fifo", predict=False, max_wait_s=None, max_reservations=1)),
+    "fair-fifo": Policy(SchedulerConfig(order="fifo", predict=False, max_wait_s=None, max_reservations=1,
+                                          sticky_reservations=False)),
     "spf": Policy(SchedulerConfig(order="spf")),
+    "qssf": Policy(SchedulerConfig(order="spf", rank_first=True)),
     "las": Policy(SchedulerConfig(order="las", predict=False)),
     "chamber": Policy(SchedulerConfig()),
 }  # fmt: skip

@@ -11,8 +11,7 @@ With several reservations in a cycle, each later one plans only with GPUs no ear
 two blocked gangs never wait for the same node to drain.
 """
 
-import heapq
-from collections.abc import Set
+from collections.abc import Iterable, Sequence, Set
 from dataclasses import dataclass
 
 from chamber.common.contracts import GpuRef
@@ -30,10 +29,34 @@ class Reservation:
     gpus: tuple[GpuRef, ...]
 
 
+Release = tuple[bool, float, RunningJob]
+"""(end unknown, expected end, job): the order running jobs are expected to free their GPUs in."""
+
+
+def release_order(running: Iterable[RunningJob], now: float) -> list[Release]:
+    """Running jobs by expected end: stopping ones now, then by estimate, unknown last (by start). Computed once
+    per cycle and shared by its reservations."""
+    order: list[Release] = []
+    for r in running:
+        if r.stopping:
+            order.append((False, now, r))
+        elif r.est_end is not None and r.est_end > now:
+            order.append((False, r.est_end, r))
+        elif r.est_end is not None:
+            # Overdue: its estimate was wrong. It has run this long; expect as long again (heavy-tailed runtimes:
+            # the longer a job has run, the longer it is likely to go on), not "any moment now" forever.
+            order.append((False, now + (now - r.started_at), r))
+        else:
+            order.append((True, r.started_at, r))
+    order.sort(key=lambda item: (item[0], item[1]))
+    return order
+
+
 def reserve(
-    index: FleetIndex, job: PendingJob, running: list[RunningJob], now: float, taken: Set[str] = frozenset()
+    index: FleetIndex, job: PendingJob, order: Sequence[Release], now: float, taken: Set[str] = frozenset()
 ) -> Reservation | None:
-    """`taken`: slots earlier reservations count on (free or not), left out of this one's plan."""
+    """`order`: see `release_order`. `taken`: slots earlier reservations count on (free or not), left out of this
+    one's plan."""
     parts = index.partitions_for(job.shape)
     everywhere = len(parts) == index.partition_count()
     eligible = None if everywhere else index.nodes_in(parts)
@@ -45,32 +68,21 @@ def reserve(
     if counter.fits():
         gpus = trial.allocate(job.shape)
         return None if gpus is None else Reservation(job.id, now, gpus)
-    # Release running jobs in order of their expected end: stopping ones now, then by estimate, unknown last.
-    order: list[tuple[bool, float, int]] = []
-    for i, r in enumerate(running):
-        if eligible is not None and not any(g.node in eligible for g in r.gpus):
-            continue
-        if r.stopping:
-            order.append((False, now, i))
-        elif r.est_end is not None and r.est_end > now:
-            order.append((False, r.est_end, i))
-        elif r.est_end is not None:
-            # Overdue: its estimate was wrong. It has run this long; expect as long again (heavy-tailed runtimes:
-            # the longer a job has run, the longer it is likely to go on), not "any moment now" forever.
-            order.append((False, now + (now - r.started_at), i))
-        else:
-            order.append((True, r.started_at, i))
-    heapq.heapify(order)
-    while order:
-        unknown, at, i = heapq.heappop(order)
-        r = running[i]
-        gpus = r.gpus if not taken else tuple(g for g in r.gpus if g.slot not in taken)
-        for name, n in per_node(gpus, eligible).items():
+    taken_nodes = {slot.rpartition("/")[0] for slot in taken}
+    for unknown, at, r in order:
+        spread: Iterable[tuple[str, int]] = r.spread
+        gpus = r.gpus
+        if eligible is not None or any(node in taken_nodes for node, _ in spread):
+            gpus = tuple(g for g in gpus if (eligible is None or g.node in eligible) and g.slot not in taken)
+            if not gpus:
+                continue
+            spread = per_node(gpus).items()
+        for name, n in spread:
             counter.add(name, n)
         trial.evict(gpus)
         if counter.fits():
-            gpus = trial.allocate(job.shape)
-            if gpus is None:
+            placed = trial.allocate(job.shape)
+            if placed is None:
                 return None
-            return Reservation(job.id, None if unknown else max(now, at), gpus)
+            return Reservation(job.id, None if unknown else max(now, at), placed)
     return None

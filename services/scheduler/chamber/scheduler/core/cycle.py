@@ -24,7 +24,7 @@ from dataclasses import dataclass, field, replace
 from chamber.common.contracts import GpuRef
 from chamber.common.quota import admit, may_reclaim
 from chamber.scheduler.core.admission import Option, QuotaNeed, admissions, budget_refusal, displacement
-from chamber.scheduler.core.backfill import Reservation, reserve
+from chamber.scheduler.core.backfill import Release, Reservation, release_order, reserve
 from chamber.scheduler.core.decisions import Decision, Nominate, Preempt, Wait
 from chamber.scheduler.core.fleet import FleetIndex
 from chamber.scheduler.core.model import PendingJob, RunningJob, Shape
@@ -71,6 +71,7 @@ class CycleContext:
     larger job of the same kind is refused too (usage only grows within a cycle), without asking again."""
     cost_at: float = 0.0
     _victims: list[tuple[VictimCost, RunningJob]] | None = None
+    _releases: list[Release] | None = None
     _stopping: dict[tuple[str, str], int] | None = None
     _pools: dict[tuple[str | None, str | None], list[str]] = field(default_factory=dict)
     _pinned: dict[tuple[Shape, str], Shape] = field(default_factory=dict)
@@ -104,6 +105,12 @@ class CycleContext:
                 key=lambda item: item[0],
             )
         return (r for _, r in self._victims)
+
+    def release_order(self, state: SchedulingState) -> list[Release]:
+        """Running jobs by expected end (see `backfill.release_order`), once per context."""
+        if self._releases is None:
+            self._releases = release_order(state.running.values(), self.cost_at)
+        return self._releases
 
     def stopping_gpus(self, state: SchedulingState, team: str, pool: str) -> int:
         """GPUs of `team` in `pool` held by jobs that are stopping (their quota comes back soon)."""
@@ -205,7 +212,8 @@ class _Cycle:
         if deferred:
             ctx.borrowing = True
             self._walk(deferred, decisions)
-        queue.reserved = {r.job_id for r in ctx.reservations}
+        if self.config.sticky_reservations:
+            queue.reserved = {r.job_id: r.gpus for r in ctx.reservations}
         return decisions
 
     def _walk(
@@ -375,7 +383,7 @@ class _Cycle:
         if len(ctx.reservations) < self.config.max_reservations:
             pinned = replace(job, shape=adm.options[0].shape)
             taken = {g.slot for r in ctx.reservations for g in r.gpus}
-            res = reserve(state.index, pinned, list(state.running.values()), ctx.now, taken)
+            res = self._keep_plan(job, taken) or reserve(state.index, pinned, ctx.release_order(state), ctx.now, taken)
             if res is not None:
                 ctx.hold_reservation(res, state.index)
                 start_in = None if res.start is None else res.start - ctx.now
@@ -384,6 +392,31 @@ class _Cycle:
                 return "reserved"
         decisions.append(Wait(job.id, self._capacity_reason(job)))
         return "blocked"
+
+    def _keep_plan(self, job: PendingJob, taken: set[str]) -> Reservation | None:
+        """The GPUs the job's reservation planned on in the last cycle, if they are all still free or held by
+        running jobs (not cordoned, nominated or counted on by an earlier reservation): a node that has been
+        draining for a gang keeps draining for it, instead of the plan moving whenever an estimate changes."""
+        state = self.state
+        previous = state.queue.reserved.get(job.id) if self.config.sticky_reservations else None
+        if not previous:
+            return None
+        ends: list[float | None] = []
+        holders: set[str] = set()
+        for ref in previous:
+            slot = ref.slot
+            if slot in taken or slot in state.cordoned or slot in state.nominated_slots:
+                return None
+            holder = state.holder.get(slot)
+            if holder is None:
+                node = state.index.nodes.get(ref.node)
+                if node is None or ref.index not in node.free:
+                    return None
+            elif holder not in holders:
+                holders.add(holder)
+                ends.append(_expected_end(state.running[holder], self.ctx.now))
+        start = None if None in ends else max([self.ctx.now, *(e for e in ends if e is not None)])
+        return Reservation(job.id, start, previous)
 
     def _park(self, job: PendingJob) -> None:
         """Its team's quota refuses it in the one pool it may use: set its sub-queue aside until that changes."""
@@ -602,6 +635,12 @@ class _Cycle:
             if len(ctx.reservations) > 3:
                 text += f" and {len(ctx.reservations) - 3} more"
         return Reason(WaitKind.CAPACITY, text, free)
+
+
+def _expected_end(job: RunningJob, now: float) -> float | None:
+    for unknown, at, _ in release_order((job,), now):
+        return None if unknown else at
+    return None
 
 
 def _placed_reason(gpus: tuple[GpuRef, ...]) -> str:

@@ -22,6 +22,7 @@ import heapq
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
+from chamber.common.contracts import GpuRef
 from chamber.scheduler.core.model import PendingJob, Shape
 
 QueueKey = tuple[int, int, str, Shape]
@@ -59,9 +60,11 @@ def _fifo(job: PendingJob) -> float:
 
 
 class JobQueue:
-    def __init__(self, standing_cap: int = 3, rank: Rank = _fifo) -> None:
+    def __init__(self, standing_cap: int = 3, rank: Rank = _fifo, rank_first: bool = False) -> None:
         self.standing_cap = standing_cap
         self.rank = rank
+        self.rank_first = rank_first
+        """Order by rank before fair-share standing (standing then only breaks ties)."""
         self.jobs: dict[str, PendingJob] = {}
         self._subqueues: dict[QueueKey, SubQueue] = {}
         self._where: dict[str, SubQueue] = {}
@@ -70,8 +73,8 @@ class JobQueue:
         """job -> the number of its one valid heap entry (older entries of the job are stale)."""
         self._entries = 0
         self.parked: dict[ParkGroup, Parking] = {}
-        self.reserved: set[str] = set()
-        """Jobs that held a reservation at the end of the last full cycle."""
+        self.reserved: dict[str, tuple[GpuRef, ...]] = {}
+        """Jobs that held a reservation at the end of the last full cycle, with the GPUs it planned on."""
         self._by_age: list[tuple[float, str]] = []
         """(submitted at, job id) of every job pushed and not yet aged (lazily cleaned): who ages next."""
 
@@ -144,7 +147,10 @@ class JobQueue:
         return self._rank_of.get(job.id, 0.0)
 
     def order_of(self, job: PendingJob, standing: dict[str, float]) -> Order:
-        return order_key(job, standing, self.standing_cap, self._rank_of.get(job.id, 0.0), job.id in self.reserved)
+        key = order_key(job, standing, self.standing_cap, self._rank_of.get(job.id, 0.0), job.id in self.reserved)
+        if self.rank_first:
+            key = (key[0], key[1], key[2], key[3], key[5], key[4], key[6], key[7])
+        return key
 
     def subqueue_keys(self) -> list[QueueKey]:
         return list(self._subqueues)

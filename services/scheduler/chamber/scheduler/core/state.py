@@ -41,6 +41,8 @@ class SchedulerConfig:
     """EASY backfill reservations for the first blocked queue heads (0: best-effort FIFO, large jobs may starve;
     1: classic EASY; several: several nodes drain at once for the gangs waiting, as Slurm's backfill reserves for
     every job it tests)."""
+    sticky_reservations: bool = True
+    """A job that held a reservation goes ahead of its peers in the next cycles (see `queue`)."""
     preemption: bool = True
     strict_fifo_per_team: bool = False
     """A team's blocked head blocks the rest of the team's queue (the isolated-cluster baseline)."""
@@ -49,6 +51,9 @@ class SchedulerConfig:
     order: Literal["fifo", "spf", "las"] = "spf"
     """How jobs of one priority, standing and team are ordered (see `queue`): submit time, shortest predicted
     GPU-time first, or least attained GPU-time first."""
+    rank_first: bool = False
+    """Order by the policy's rank before the teams' fair-share standing (guarantees still come first: the quota's
+    two passes and reclaim); off: the rank orders only within a standing."""
     predict: bool = True
     """Learn runtimes from finished jobs (`estimates`) and use them for ordering and backfill."""
     max_wait_s: float | None = 86_400.0
@@ -64,7 +69,7 @@ class SchedulingState:
         self.config = config or SchedulerConfig()
         self.index = FleetIndex()
         self.predictor = RuntimePredictor()
-        self.queue = JobQueue(self.config.standing_cap, rank=self._rank)
+        self.queue = JobQueue(self.config.standing_cap, rank=self._rank, rank_first=self.config.rank_first)
         self.running: dict[str, RunningJob] = {}
         self.holder: dict[str, str] = {}
         """slot -> the running job that holds it."""
