@@ -39,6 +39,11 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     `kubernetes` (suspended Jobs, bound by Chamber)."""
     leader_lease_s: Annotated[float, msgspec.Meta(ge=1, le=120)] = 5.0
     """The scheduler leader's lease: a standby takes over at most this long after the leader dies."""
+    scheduler_order: Literal["spf", "las", "fifo"] = "spf"
+    """How jobs of one priority and team standing are ordered: shortest predicted GPU-time first (runtimes learned
+    from finished jobs), least attained GPU-time first, or submit time (docs/scheduler.md)."""
+    scheduler_max_wait_s: Annotated[float, msgspec.Meta(ge=0)] = 86_400.0
+    """Age protection: a job waiting longer goes ahead of its priority peers (0: off)."""
     launch_timeout_s: Annotated[float, msgspec.Meta(gt=0)] = 300.0
     """A placed job that has not started within this long is requeued (its GPUs released)."""
     log_level: str = "INFO"

@@ -54,6 +54,7 @@ from chamber.common.subjects import DECISIONS, INVENTORY, JOBS, QUOTA, QUOTA_BUC
 from chamber.scheduler.core.controller import Change, Controller
 from chamber.scheduler.core.decisions import Place, Preempt
 from chamber.scheduler.core.lifecycle import holds_gpus
+from chamber.scheduler.core.state import SchedulerConfig
 from chamber.scheduler.executor import Executor, make_executor
 
 log = get_logger(__name__)
@@ -115,7 +116,10 @@ class Scheduler:
         self.quota_store = quota_store
         self.holder = holder
         self.names = bus.names
-        self.control = Controller()
+        settings = ctx.settings
+        self.control = Controller(
+            SchedulerConfig(order=settings.scheduler_order, max_wait_s=settings.scheduler_max_wait_s or None)
+        )
         self.revisions: dict[str, int] = {}
         """KV revision of every active record."""
         self.nodes: dict[str, Node] = {}

@@ -1,0 +1,20 @@
+"""Settings from the environment: the scheduler's order policy and age limit reach its decision core, and a
+mistyped value is refused at start-up with the variable named."""
+
+import pytest
+
+from chamber.common.settings import Settings, SettingsError
+
+
+def test_the_scheduler_order_and_age_limit_come_from_the_environment() -> None:
+    s = Settings.from_env({"CHAMBER_SCHEDULER_ORDER": "las", "CHAMBER_SCHEDULER_MAX_WAIT_S": "0"})
+    assert (s.scheduler_order, s.scheduler_max_wait_s) == ("las", 0.0)
+    assert Settings.from_env({}).scheduler_order == "spf"
+
+
+@pytest.mark.parametrize(
+    ("name", "value"), [("CHAMBER_SCHEDULER_ORDER", "shortest"), ("CHAMBER_SCHEDULER_MAX_WAIT_S", "-1")]
+)
+def test_a_bad_scheduler_setting_is_refused_naming_it(name: str, value: str) -> None:
+    with pytest.raises(SettingsError, match=name):
+        Settings.from_env({name: value})
