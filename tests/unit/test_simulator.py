@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from chamber.sim.engine import POLICIES
 from chamber.sim.run import simulate
 from chamber.sim.scenario import ScenarioError, load
 
@@ -14,7 +15,7 @@ SCENARIO = Path(__file__).parents[1] / "data" / "small-scenario.yaml"
 TRACE = Path(__file__).parents[1] / "data" / "small-trace.csv"
 
 
-@pytest.mark.parametrize("policy", ["fifo", "kueue", "chamber"])
+@pytest.mark.parametrize("policy", list(POLICIES))
 def test_the_event_log_proves_the_invariants(policy: str, tmp_path: Path) -> None:
     (report,) = simulate(str(SCENARIO), [policy], tmp_path, progress=False)
     events = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]

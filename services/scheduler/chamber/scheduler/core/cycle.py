@@ -18,7 +18,7 @@ decided against it without a new cycle (`decide_arrivals`).
 
 import heapq
 import itertools
-from collections.abc import Iterable, Iterator
+from collections.abc import Container, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 
 from chamber.common.contracts import GpuRef
@@ -143,10 +143,13 @@ class CycleContext:
         self.reservations.append(res)
         self.held.append(held)
 
-    def release_reservation(self, index: FleetIndex) -> None:
+    def release_reservation(self, index: FleetIndex, cordoned: Container[str] = ()) -> None:
+        """Give the held GPUs back to the index, except those cordoned since they were held."""
         for held in self.held:
             for node_name, indices in held.items():
-                index.give(node_name, indices)
+                back = [i for i in indices if f"{node_name}/{i}" not in cordoned] if cordoned else indices
+                if back:
+                    index.give(node_name, back)
         self.held = []
         self.reservations = []
 

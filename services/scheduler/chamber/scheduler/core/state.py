@@ -51,6 +51,9 @@ class SchedulerConfig:
     order: Literal["fifo", "spf", "las"] = "spf"
     """How jobs of one priority, standing and team are ordered (see `queue`): submit time, shortest predicted
     GPU-time first, or least attained GPU-time first."""
+    backfill_on_predictions: bool = True
+    """Backfill on min(user's estimate, prediction); off: predictions only order the queue, and backfill trusts
+    only users' estimates (upper bounds a job may be held to)."""
     rank_first: bool = False
     """Order by the policy's rank before the teams' fair-share standing (guarantees still come first: the quota's
     two passes and reclaim); off: the rank orders only within a standing."""
@@ -128,12 +131,15 @@ class SchedulingState:
     def _rank(self, job: PendingJob) -> float:
         """The job's rank in its sub-queue under the order policy; predicts its runtime on the way in."""
         config = self.config
-        if config.predict and job.predicted_s is None:
+        predicted = job.predicted_s
+        if config.predict and predicted is None:
             total = self.predictor.predict(job.team, job.name, job.shape.gpus)
             if total is not None:
-                job.predicted_s = max(0.0, total - job.run_s)
+                predicted = max(0.0, total - job.run_s)
+                if config.backfill_on_predictions:
+                    job.predicted_s = predicted
         if config.order == "spf":
-            return UNKNOWN if job.predicted_s is None else job.predicted_s * job.shape.gpus
+            return UNKNOWN if predicted is None else predicted * job.shape.gpus
         if config.order == "las":
             return job.run_s * job.shape.gpus
         return 0.0
@@ -267,7 +273,7 @@ class SchedulingState:
         """Capacity or order changed: the next decision needs a full cycle (and a fresh reservation)."""
         ctx = self.ctx
         if ctx is not None:
-            ctx.release_reservation(self.index)
+            ctx.release_reservation(self.index, self.cordoned)
         self.ctx = None
 
     # ---- committing decisions --------------------------------------------------------------------------------
