@@ -1,10 +1,13 @@
 """The bus adapter on a real NATS JetStream server."""
 
 import pytest
+from nats.js.api import AckPolicy, ConsumerConfig
 
 from chamber.common.bus import Bus
 from chamber.common.bus.errors import BusError, PublishError, WrongLastSequence
-from chamber.common.codec import Decoder
+from chamber.common.bus.pipeline import AckPipeline
+from chamber.common.bus.puller import Puller
+from chamber.common.codec import Decoder, encode
 from chamber.common.contracts import JobCancelRequested, JobEvent
 from chamber.common.subjects import DEADLETTER, JOBS, STREAMS, TELEMETRY
 from tests.support.services import eventually
@@ -65,6 +68,64 @@ async def test_publish_many_returns_each_messages_ack_or_refusal_in_order(bus: B
     assert "no stream" in str(nowhere)
 
 
+async def test_publish_many_waits_once_for_a_batch_and_gives_up_on_the_late(bus: Bus) -> None:
+    """Hundreds of messages in one batch all get their ack; an empty batch is no round trip; a batch whose acks
+    cannot come (no reply within the timeout) gets a timeout error per message instead of hanging."""
+    await bus.ensure_streams()
+    assert await bus.publish_many([]) == []
+    items = [(bus.names.job_cancel(f"j{i}"), b"{}", None) for i in range(500)]
+    results = await bus.publish_many(items)
+    seqs = [r.seq for r in results if not isinstance(r, BusError)]
+    assert len(seqs) == 500
+    assert seqs == sorted(seqs)
+    pipeline = AckPipeline(bus.nc)
+    pipeline._on_reply = _ignore  # type: ignore[method-assign]  # the acks arrive, nobody settles them
+    late = await pipeline.publish_many(items[:3], timeout_s=0.2)
+    assert all(isinstance(r, PublishError) and "within 0.2 s" in str(r) for r in late)
+    assert not pipeline._waiting, "a batch that gave up leaves nothing behind"
+
+
+async def _ignore(msg: object) -> None:
+    return None
+
+
+async def test_a_consumer_takes_batches_in_stream_order_with_few_pull_requests_open(bus: Bus) -> None:
+    """The next batch is asked for while one is handled (so batches of many arrive under load), but never more
+    than a few requests wait on the server, and every message is handled once, in order."""
+    await bus.ensure_streams()
+    handled: list[str] = []
+    sizes: list[int] = []
+    waiting: list[int] = []
+
+    async def one(event: JobCancelRequested) -> None:
+        handled.append(event.job_id)
+
+    async def many(events: list[JobCancelRequested]) -> None:
+        sizes.append(len(events))
+        handled.extend(e.job_id for e in events)
+        waiting.append((await bus.js.consumer_info(bus.names.stream(JOBS), "t")).num_waiting)
+
+    consumer = bus.consumer(
+        stream=JOBS, durable="t", filter_subjects=[bus.names.subject("jobs.>")], decoder=Decoder(JobEvent),
+        handler=one, batch_handler=many, batch=32,
+    )  # fmt: skip
+    await consumer.start()
+    events = [JobCancelRequested(job_id=f"j{i:04d}", requested_at=1.0) for i in range(600)]
+    for start in range(0, 600, 200):
+        chunk = events[start : start + 200]
+        results = await bus.publish_many([(bus.names.job_cancel(e.job_id), encode(e), None) for e in chunk])
+        assert not any(isinstance(r, BusError) for r in results)
+    await eventually(lambda: len(handled) == 600, what="every message handled")
+    assert handled == [e.job_id for e in events]
+    assert max(sizes) > 1, "messages that arrived together are handed over together"
+    assert max(sizes) <= 32
+    assert max(waiting) <= 3, "at most a few pull requests open at once"
+    await eventually(lambda: consumer.processed == 600, what="every message acked")
+    info = await bus.js.consumer_info(bus.names.stream(JOBS), "t")
+    assert info.num_ack_pending == 0
+    assert info.num_pending == 0
+
+
 async def test_a_message_is_acked_only_after_the_handler_succeeds(bus: Bus) -> None:
     seen: list[str] = []
 
@@ -120,3 +181,19 @@ async def test_read_latest_returns_the_last_message_per_subject(bus: Bus) -> Non
     await bus.publish_raw(bus.names.job_cancel("c"), b"garbage")
     latest = await bus.read_latest(JOBS, bus.names.subject("jobs.cancel.>"), Decoder(JobEvent))
     assert sorted((e.job_id, e.requested_at) for e in latest) == [("a", 2.0), ("b", 3.0)]
+
+
+async def test_a_pull_request_the_server_refuses_is_an_error_not_a_wait(bus: Bus) -> None:
+    """A 409 (here: the consumer was deleted under an open request) comes back from `fetch` as a BusError (the
+    consumer loop logs it and backs off); later fetches wait quietly instead of spinning."""
+    await bus.ensure_streams()
+    stream = bus.names.stream(JOBS)
+    await bus.js.add_consumer(stream, ConsumerConfig(durable_name="gone", ack_policy=AckPolicy.EXPLICIT))
+    puller = Puller(bus.nc, stream, "gone", batch=8)
+    await puller.start()
+    assert await puller.fetch(timeout_s=0.2) == []
+    await bus.js.delete_consumer(stream, "gone")
+    with pytest.raises(BusError, match="409"):
+        await puller.fetch(timeout_s=2.0)
+    assert await puller.fetch(timeout_s=0.2) == []
+    await puller.stop()

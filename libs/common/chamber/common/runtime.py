@@ -1,6 +1,7 @@
 """Running a service process: logging, tracing, signals, and the shared connections every shell needs."""
 
 import asyncio
+import gc
 import signal
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
@@ -46,6 +47,7 @@ def run_service(service: str, main: ServiceMain, settings: Settings) -> None:
     """Run `main` until SIGINT or SIGTERM, then let it shut down cleanly."""
     setup_logging(settings.log_level, settings.log_format, service)
     setup_tracing(service, settings.otel_exporter)
+    _tune_gc()
 
     async def runner() -> None:
         stop = asyncio.Event()
@@ -58,6 +60,20 @@ def run_service(service: str, main: ServiceMain, settings: Settings) -> None:
 
     with asyncio.Runner(loop_factory=_loop_factory()) as loop_runner:
         loop_runner.run(runner())
+
+
+GC_THRESHOLDS = (20_000, 20, 10)
+"""Python's default (700, 10, 10) collects the young generation every 700 net allocations: a service handling
+thousands of messages a second then spends 6-12% of its CPU in the collector, mostly scanning in-flight messages
+that would have died a moment later, and promotes them to older generations that are scanned again (measured
+during `chamber bench e2e`: 0.26 s of the scheduler's 4.4 s; 0.04 s with these thresholds)."""
+
+
+def _tune_gc() -> None:
+    """Collect less often, and never re-scan what start-up imported (it lives as long as the process)."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(*GC_THRESHOLDS)
 
 
 def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:

@@ -28,7 +28,6 @@ from chamber.common.contracts import (
     JobSubmitted,
 )
 from chamber.common.contracts.decisions import Decision
-from chamber.common.feasibility import never_fits
 from chamber.common.subjects import DECISIONS, JOBS
 from chamber.common.workload import workload_problem
 from chamber.gateway.core.authz import Principal, team_denial
@@ -81,7 +80,7 @@ def admit(gw: GatewayState, who: Principal, body: SubmitJobRequest) -> JobSpec:
     workload = workload_problem(spec, gw.ctx.settings.executor)
     if workload is not None:
         raise BadRequest(workload, code="bad-workload")
-    problems = never_fits(spec, list(gw.nodes.values()), gw.quota_config)
+    problems = gw.never_fits(spec)
     if problems:
         raise Unprocessable(
             "this job can never run: " + "; ".join(p.message for p in problems),

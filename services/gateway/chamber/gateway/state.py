@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Hashable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -29,6 +29,7 @@ from chamber.common.contracts import (
     FleetSnapshot,
     GpuHealthVerdict,
     JobRecord,
+    JobSpec,
     JobSubmitted,
     Node,
     NodeInventory,
@@ -38,6 +39,7 @@ from chamber.common.contracts import (
     RollupPoint,
     TeamUsage,
 )
+from chamber.common.feasibility import Infeasible, never_fits
 from chamber.common.jobstore import JobStore
 from chamber.common.ledger import Ledger, LedgerSnapshot
 from chamber.common.ledger.errors import LedgerUnavailable
@@ -75,6 +77,8 @@ class _Kind(msgspec.Struct):
 
 _kind = msgspec.json.Decoder(_Kind)
 FLEET_TICK_S = 1.0
+FEASIBILITY_ENTRIES = 1024
+"""Job shapes whose feasibility is remembered (forgotten all at once beyond this, or when the fleet changes)."""
 LEDGER_TTL_S = 1.0
 """The ledger is re-read at least this often even when no change was seen (a flush, a rebuild)."""
 
@@ -94,6 +98,9 @@ class GatewayState:
         self.nodes_version = 0
         self.quota_state: QuotaState | None = None
         self.quota_config: QuotaConfig | None = None
+        self.quota_config_version = 0
+        self._feasibility: dict[Hashable, list[Infeasible]] = {}
+        self._feasibility_key: tuple[int, int] = (-1, -1)
         self.metrics: FleetSnapshot | None = None
         self.telemetry: dict[str, bytes] = {}
         """node -> its latest NodeTelemetry, undecoded (decoded only when the heatmap is asked for)."""
@@ -240,6 +247,21 @@ class GatewayState:
 
     def _on_quota_config(self, config: QuotaConfig) -> None:
         self.quota_config = config
+        self.quota_config_version += 1
+
+    def never_fits(self, spec: JobSpec) -> list[Infeasible]:
+        """`chamber.common.feasibility.never_fits` against the current inventory and quota configuration,
+        remembered per job shape until either changes (it walks every node: most of a submit's CPU otherwise)."""
+        version = (self.nodes_version, self.quota_config_version)
+        if version != self._feasibility_key or len(self._feasibility) >= FEASIBILITY_ENTRIES:
+            self._feasibility = {}
+            self._feasibility_key = version
+        topology = None if spec.topology is None else msgspec.json.encode(spec.topology)
+        shape = (spec.team, spec.pool, spec.gpu_model, spec.gpus_per_replica, spec.replicas, topology)
+        found = self._feasibility.get(shape)
+        if found is None:
+            found = self._feasibility[shape] = never_fits(spec, list(self.nodes.values()), self.quota_config)
+        return found
 
     def _on_metrics(self, snapshot: FleetSnapshot) -> None:
         self.metrics = snapshot

@@ -56,6 +56,8 @@ class Quota:
             filter_subjects=[self.bus.names.subject("decisions.state.>")],
             decoder=Decoder(JobStateChanged),
             handler=self.on_state_changed,
+            batch_handler=self.on_state_changes,
+            batch=256,
         )
         await consumer.start()
 
@@ -94,6 +96,12 @@ class Quota:
 
     async def on_state_changed(self, event: JobStateChanged) -> None:
         self.accounting.apply(event.record, self.ctx.clock.now())
+
+    async def on_state_changes(self, events: list[JobStateChanged]) -> None:
+        """A fetched batch, applied in order and acked together (each change is applied as it alone would be)."""
+        now = self.ctx.clock.now()
+        for event in events:
+            self.accounting.apply(event.record, now)
 
     async def publish(self) -> None:
         now = self.ctx.clock.now()

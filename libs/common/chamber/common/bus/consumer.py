@@ -24,6 +24,7 @@ import nats.js.errors
 from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
+from chamber.common.bus.puller import Puller
 from chamber.common.bus.reading import read_stream
 from chamber.common.codec import DecodeError, Decoder
 from chamber.common.log import get_logger
@@ -64,7 +65,7 @@ class Consumer(Generic[T]):
         self.ack_wait_s = ack_wait_s
         self.max_attempts = max_attempts
         self._task: asyncio.Task[None] | None = None
-        self._psub: Any = None
+        self._puller: Puller | None = None
         self._stopping = asyncio.Event()
         self.processed = 0
         self.rejected = 0
@@ -82,9 +83,9 @@ class Consumer(Generic[T]):
         )
         info = await self.bus.js.add_consumer(self.stream, config)
         await self._replay_unacked(info)
-        psub = await self.bus.js.pull_subscribe_bind(durable=self.durable, stream=self.stream)
-        self._psub = psub
-        self._task = asyncio.create_task(self._run(psub), name=f"consumer-{self.durable}")
+        puller = self._puller = Puller(self.bus.nc, self.stream, self.durable, batch=self.batch)
+        await puller.start()
+        self._task = asyncio.create_task(self._run(puller), name=f"consumer-{self.durable}")
         self._task.add_done_callback(self._on_done)
 
     def _on_done(self, task: "asyncio.Task[None]") -> None:
@@ -99,10 +100,10 @@ class Consumer(Generic[T]):
             except (TimeoutError, asyncio.CancelledError):
                 self._task.cancel()
             self._task = None
-        if self._psub is not None:
+        if self._puller is not None:
             with contextlib.suppress(nats.errors.Error, nats.js.errors.Error):
-                await self._psub.unsubscribe()
-            self._psub = None
+                await self._puller.stop()
+            self._puller = None
 
     async def _replay_unacked(self, info: Any) -> None:
         if not info.num_ack_pending:
@@ -128,12 +129,12 @@ class Consumer(Generic[T]):
             log.warning("consumer.replay_failed", durable=self.durable, error=repr(exc))
         self.replayed += len(events)
 
-    async def _run(self, psub: Any) -> None:
+    async def _run(self, puller: Puller) -> None:
         while not self._stopping.is_set():
             try:
-                msgs = await psub.fetch(self.batch, timeout=0.5)
-            except (nats.errors.TimeoutError, TimeoutError):
-                continue  # nothing to do (nats-py raises either, depending on where the wait timed out)
+                msgs = await puller.fetch(timeout_s=0.5)
+                if not msgs:
+                    continue
             except Exception as exc:  # never let the loop die: a dead consumer silently stalls the service
                 if self._stopping.is_set() or self.bus.nc.is_closed:
                     return

@@ -42,6 +42,25 @@ class _Reply(msgspec.Struct):
 _decode_reply = msgspec.json.Decoder(_Reply).decode
 
 
+class _Batch:
+    """The acks of one `publish_many` call: filled in by the reply callback, one future for the whole batch (a
+    future and a timeout per message cost more than the publish itself)."""
+
+    __slots__ = ("done", "left", "results")
+
+    def __init__(self, size: int, done: "asyncio.Future[None]") -> None:
+        self.results: list[PubAck | BusError | None] = [None] * size
+        self.left = size
+        self.done = done
+
+    def settle(self, index: int, result: PubAck | BusError) -> None:
+        if self.results[index] is None:
+            self.results[index] = result
+            self.left -= 1
+            if self.left == 0 and not self.done.done():
+                self.done.set_result(None)
+
+
 class AckPipeline:
     """Publishes batches of messages to JetStream over one connection and returns each one's ack or error."""
 
@@ -49,7 +68,7 @@ class AckPipeline:
         self.nc = nc
         self._prefix = ""
         self._counter = itertools.count()
-        self._waiting: dict[str, asyncio.Future[PubAck | BusError]] = {}
+        self._waiting: dict[str, tuple[_Batch, int]] = {}
         self._sub: object | None = None
 
     async def publish_many(
@@ -61,39 +80,42 @@ class AckPipeline:
             self._prefix = f"{self.nc.new_inbox()}."
             self._sub = await self.nc.subscribe(f"{self._prefix}*", cb=self._on_reply)
         loop = asyncio.get_running_loop()
+        batch = _Batch(len(items), loop.create_future())
         tokens: list[str] = []
-        futures: list[asyncio.Future[PubAck | BusError]] = []
+        timer = loop.call_later(timeout_s, _expire, batch.done)
         try:
-            for subject, data, headers in items:
+            for index, (subject, data, headers) in enumerate(items):
                 token = str(next(self._counter))
-                future: asyncio.Future[PubAck | BusError] = loop.create_future()
-                self._waiting[token] = future
+                self._waiting[token] = (batch, index)
                 tokens.append(token)
-                futures.append(future)
                 await self.nc.publish(subject, data, reply=self._prefix + token, headers=headers)
-            await asyncio.wait(futures, timeout=timeout_s)
+            await batch.done
         except nats.errors.Error as exc:
             error = PublishError(f"publish not acknowledged: {exc!r}")
-            for future in futures:
-                if not future.done():
-                    future.set_result(error)
+            for index in range(len(items)):
+                batch.settle(index, error)
         finally:
+            timer.cancel()
             for token in tokens:
                 self._waiting.pop(token, None)
         late = PublishError(f"publish not acknowledged within {timeout_s:g} s")
-        return [f.result() if f.done() else late for f in futures]
+        return [late if result is None else result for result in batch.results]
 
     async def _on_reply(self, msg: Msg) -> None:
-        future = self._waiting.pop(msg.subject[len(self._prefix) :], None)
-        if future is None or future.done():
-            return  # a reply after its batch gave up waiting
-        future.set_result(_result(msg))
+        entry = self._waiting.pop(msg.subject[len(self._prefix) :], None)
+        if entry is not None:  # None: a reply after its batch gave up waiting
+            entry[0].settle(entry[1], _result(msg))
 
     async def close(self) -> None:
-        for future in self._waiting.values():
-            if not future.done():
-                future.set_result(PublishError("connection closed"))
+        closed = PublishError("connection closed")
+        for batch, index in self._waiting.values():
+            batch.settle(index, closed)
         self._waiting.clear()
+
+
+def _expire(done: "asyncio.Future[None]") -> None:
+    if not done.done():
+        done.set_result(None)
 
 
 def _result(msg: Msg) -> PubAck | BusError:

@@ -1,0 +1,122 @@
+"""Pull requests for a durable consumer, with the next batch asked for while this one is handled.
+
+nats-py's `fetch` waits for every message with `next_msg`, which creates two tasks and a UUID per message, and
+asks for nothing until the caller fetches again, so a consumer alternates between waiting for the server and
+working. Here one callback subscription on an inbox receives every delivery into a buffer, and a new pull request
+goes out as soon as less than half a batch is in hand or on its way: at load the next batch arrives while this one is
+handled, and handing a batch over costs one buffer slice.
+
+Nothing changes for acknowledgements: a delivered message is acked by its handler after its effect, as before; a
+message buffered when the process stops is redelivered (or replayed at start) like any unacked one.
+
+Status replies end a request: 408 (it expired), 404 (nothing to deliver), 409 (refused: the consumer was deleted,
+too many waiting requests...). A request whose status never comes (the connection dropped) is forgotten after its
+expiry, and at once after a reconnect, so the consumer never waits for credit the server no longer holds.
+"""
+
+import asyncio
+import itertools
+import json
+from collections import deque
+
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+
+from chamber.common.bus.errors import BusError
+
+JS_API = "$JS.API"
+STATUS = "Status"
+DESCRIPTION = "Description"
+BENIGN = frozenset({"404", "408", "100"})
+"""Statuses that only end a request (or, 100, say the server is alive)."""
+
+
+class Puller:
+    def __init__(self, nc: Client, stream: str, durable: str, *, batch: int, expires_s: float = 2.0) -> None:
+        self.nc = nc
+        self.subject = f"{JS_API}.CONSUMER.MSG.NEXT.{stream}.{durable}"
+        self.batch = batch
+        self.expires_s = expires_s
+        self._request = json.dumps({"batch": batch, "expires": int(expires_s * 1e9)}).encode()
+        self._prefix = ""
+        self._counter = itertools.count()
+        self._buffer: deque[Msg] = deque()
+        self._open: dict[str, list[float]] = {}
+        """Open requests, oldest first (the server serves them in that order): token -> [still owed, forget at]."""
+        self._waiter: asyncio.Future[None] | None = None
+        self._refused: str | None = None
+        self._reconnects = 0
+        self._sub: object | None = None
+
+    async def start(self) -> None:
+        self._prefix = f"{self.nc.new_inbox()}."
+        self._sub = await self.nc.subscribe(f"{self._prefix}*", cb=self._on_msg)
+
+    async def stop(self) -> None:
+        unsubscribe = getattr(self._sub, "unsubscribe", None)
+        self._sub = None
+        if unsubscribe is not None:
+            await unsubscribe()
+
+    async def fetch(self, timeout_s: float) -> list[Msg]:
+        """Up to one batch of delivered messages, in stream order; [] when none came within `timeout_s`. Raises
+        BusError when the server refused the requests (409) and nothing was delivered."""
+        if not self._buffer:
+            await self._top_up()
+            loop = asyncio.get_running_loop()
+            waiter = self._waiter = loop.create_future()
+            timer = loop.call_later(timeout_s, _wake, waiter)
+            try:
+                await waiter
+            finally:
+                timer.cancel()
+                self._waiter = None
+        if not self._buffer:
+            refused, self._refused = self._refused, None
+            if refused is not None:
+                raise BusError(f"pull request on {self.subject} refused: {refused}")
+            return []
+        buffer = self._buffer
+        out = [buffer.popleft() for _ in range(min(len(buffer), self.batch))]
+        await self._top_up()
+        return out
+
+    async def _top_up(self) -> None:
+        """Ask for another batch once less than half of one is in hand or on its way (so at most a few requests
+        are open, well under the server's limit of waiting requests per consumer)."""
+        now = asyncio.get_running_loop().time()
+        reconnects = self.nc.stats.get("reconnects", 0)
+        if reconnects != self._reconnects:  # requests made before a reconnect died with the connection
+            self._reconnects = reconnects
+            self._open.clear()
+        for token in [t for t, (_, forget_at) in self._open.items() if forget_at <= now]:
+            del self._open[token]
+        owed = sum(int(owed) for owed, _ in self._open.values())
+        if len(self._buffer) + owed > self.batch // 2:
+            return
+        token = str(next(self._counter))
+        await self.nc.publish(self.subject, self._request, reply=self._prefix + token)
+        self._open[token] = [float(self.batch), now + self.expires_s + 1.0]
+
+    async def _on_msg(self, msg: Msg) -> None:
+        headers = msg.headers
+        status = headers.get(STATUS) if headers else None
+        if status is not None:
+            self._open.pop(msg.subject[len(self._prefix) :], None)
+            if status not in BENIGN and headers is not None:
+                self._refused = f"{status} {headers.get(DESCRIPTION, '')}".strip()
+        else:
+            self._buffer.append(msg)
+            oldest = next(iter(self._open), None)
+            if oldest is not None:
+                slot = self._open[oldest]
+                slot[0] -= 1
+                if slot[0] <= 0:
+                    del self._open[oldest]
+        if self._waiter is not None:
+            _wake(self._waiter)
+
+
+def _wake(waiter: "asyncio.Future[None]") -> None:
+    if not waiter.done():
+        waiter.set_result(None)
