@@ -269,6 +269,19 @@ SCENARIOS = [
         placed={"quick": {"b"}},
         waiting={"head": "reserved"},
         history=[("team-a", "eval", 4, 300.0)],
+        config=SchedulerConfig(order="fifo", backfill_on_predictions=True),  # the head first, whatever its rank
+    ),
+    Scenario(
+        "backfill on users' estimates only (the default): the same job, predicted short, does not use them",
+        [n8("a"), n8("b")],
+        [
+            J("r").running_on(*holding("r", "a", 8)).estimate(3600).started_at(NOW - 1200).build(),
+            J("head").gpus(8, replicas=2).at(0).build(),
+            J("quick").named("eval").gpus(4).at(1).build(),
+        ],
+        waiting={"head": "reserved", "quick": "reserved for head"},
+        history=[("team-a", "eval", 4, 300.0)],
+        config=SchedulerConfig(order="fifo"),
     ),
     Scenario(
         "a head blocked by jobs without estimates still holds its capacity",

@@ -78,8 +78,10 @@ POLICIES: dict[str, Policy] = {
     "kueue": Policy(SchedulerConfig(max_reservations=0, order="fifo", predict=False, max_wait_s=None),
                     fair_share=False),
     "fair-fifo": Policy(SchedulerConfig(order="fifo", predict=False, max_wait_s=None, max_reservations=1,
-                                          sticky_reservations=False)),
-    "spf": Policy(SchedulerConfig(order="spf")),
+                                          sticky_reservations="none")),
+    "spf-drain": Policy(
+        SchedulerConfig(order="spf", max_reservations=8, sticky_reservations="all", backfill_on_predictions=True)
+    ),
     "qssf": Policy(SchedulerConfig(order="spf", rank_first=True)),
     "las": Policy(SchedulerConfig(order="las", predict=False)),
     "chamber": Policy(SchedulerConfig()),

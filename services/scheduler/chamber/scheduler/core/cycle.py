@@ -215,8 +215,11 @@ class _Cycle:
         if deferred:
             ctx.borrowing = True
             self._walk(deferred, decisions)
-        if self.config.sticky_reservations:
-            queue.reserved = {r.job_id: r.gpus for r in ctx.reservations}
+        sticky = self.config.sticky_reservations
+        if sticky != "none":
+            queue.reserved = {
+                r.job_id: r.gpus for r in ctx.reservations if sticky == "all" or _aged(queue.jobs.get(r.job_id))
+            }
         return decisions
 
     def _walk(
@@ -401,7 +404,7 @@ class _Cycle:
         running jobs (not cordoned, nominated or counted on by an earlier reservation): a node that has been
         draining for a gang keeps draining for it, instead of the plan moving whenever an estimate changes."""
         state = self.state
-        previous = state.queue.reserved.get(job.id) if self.config.sticky_reservations else None
+        previous = state.queue.reserved.get(job.id) if self.config.sticky_reservations != "none" else None
         if not previous:
             return None
         ends: list[float | None] = []
@@ -638,6 +641,10 @@ class _Cycle:
             if len(ctx.reservations) > 3:
                 text += f" and {len(ctx.reservations) - 3} more"
         return Reason(WaitKind.CAPACITY, text, free)
+
+
+def _aged(job: PendingJob | None) -> bool:
+    return job is not None and job.aged
 
 
 def _expected_end(job: RunningJob, now: float) -> float | None:

@@ -117,13 +117,17 @@ class PendingJob:
     """Work done in earlier attempts (what least-attained-service orders by)."""
     predicted_s: float | None = None
     """What is left of its predicted runtime, learned from finished jobs like it (set when it is queued)."""
+    backfill_on_prediction: bool = False
+    """Whether backfill may trust `predicted_s` (the scheduler's `backfill_on_predictions`)."""
     aged: bool = False
     """It has waited longer than the scheduler's `max_wait_s`: it goes ahead of its priority peers."""
 
     @property
     def estimate(self) -> float | None:
-        """How long it should run if placed now, for backfill: the smaller of the user's bound and the prediction."""
-        user, predicted = self.est_runtime_s, self.predicted_s
+        """How long it should run if placed now, for backfill: the user's bound, or the smaller of it and the
+        prediction where backfill trusts predictions."""
+        user = self.est_runtime_s
+        predicted = self.predicted_s if self.backfill_on_prediction else None
         if user is None:
             return predicted
         return user if predicted is None else min(user, predicted)

@@ -37,12 +37,13 @@ class SchedulerConfig:
     max_tests_per_cycle: int = 5000
     standing_cap: int = 3
     """A job preempted n times is ordered ahead of its class peers by min(n, cap) steps: it gains standing."""
-    max_reservations: int = 8
+    max_reservations: int = 1
     """EASY backfill reservations for the first blocked queue heads (0: best-effort FIFO, large jobs may starve;
     1: classic EASY; several: several nodes drain at once for the gangs waiting, as Slurm's backfill reserves for
     every job it tests)."""
-    sticky_reservations: bool = True
-    """A job that held a reservation goes ahead of its peers in the next cycles (see `queue`)."""
+    sticky_reservations: Literal["all", "aged", "none"] = "none"
+    """Which jobs holding a reservation keep it (its place ahead of their peers and its planned GPUs) in the next
+    cycles: every one, only aged ones (they have waited `max_wait_s`), or none (re-planned from scratch)."""
     preemption: bool = True
     strict_fifo_per_team: bool = False
     """A team's blocked head blocks the rest of the team's queue (the isolated-cluster baseline)."""
@@ -51,7 +52,10 @@ class SchedulerConfig:
     order: Literal["fifo", "spf", "las"] = "spf"
     """How jobs of one priority, standing and team are ordered (see `queue`): submit time, shortest predicted
     GPU-time first, or least attained GPU-time first."""
-    backfill_on_predictions: bool = True
+    rank_gpu_time: bool = True
+    """`spf` ranks by predicted GPU-time (GPUs x time, Helios's QSSF); off: by predicted time alone, which does not
+    push wide jobs back."""
+    backfill_on_predictions: bool = False
     """Backfill on min(user's estimate, prediction); off: predictions only order the queue, and backfill trusts
     only users' estimates (upper bounds a job may be held to)."""
     rank_first: bool = False
@@ -131,15 +135,16 @@ class SchedulingState:
     def _rank(self, job: PendingJob) -> float:
         """The job's rank in its sub-queue under the order policy; predicts its runtime on the way in."""
         config = self.config
-        predicted = job.predicted_s
-        if config.predict and predicted is None:
+        if config.predict and job.predicted_s is None:
             total = self.predictor.predict(job.team, job.name, job.shape.gpus)
             if total is not None:
-                predicted = max(0.0, total - job.run_s)
-                if config.backfill_on_predictions:
-                    job.predicted_s = predicted
+                job.predicted_s = max(0.0, total - job.run_s)
+                job.backfill_on_prediction = config.backfill_on_predictions
+        predicted = job.predicted_s
         if config.order == "spf":
-            return UNKNOWN if predicted is None else predicted * job.shape.gpus
+            if predicted is None:
+                return UNKNOWN
+            return predicted * job.shape.gpus if config.rank_gpu_time else predicted
         if config.order == "las":
             return job.run_s * job.shape.gpus
         return 0.0
