@@ -47,6 +47,18 @@ def holding(job: str, node: str, count: int, start: int = 0) -> tuple[tuple[str,
 
 J = make_job
 
+
+def two_gangs_behind_two_nodes() -> list[JobRecord]:
+    """a is busy for 40 more minutes, half of b for 100; two 8-GPU gangs and a 4-GPU job wait."""
+    return [
+        J("r1").running_on(*holding("r1", "a", 8)).estimate(3600).started_at(NOW - 1200).build(),
+        J("r2").running_on(*holding("r2", "b", 4)).estimate(7200).started_at(NOW - 1200).build(),
+        J("h1").gpus(8).at(0).build(),
+        J("h2").gpus(8).at(1).build(),
+        J("small").gpus(4).at(2).build(),
+    ]
+
+
 SCENARIOS = [
     # ---- packing and topology
     Scenario(
@@ -192,26 +204,14 @@ SCENARIOS = [
     Scenario(
         "several reservations: the second blocked gang drains another node instead of waiting for the same one",
         [n8("a"), n8("b")],
-        [
-            J("r1").running_on(*holding("r1", "a", 8)).estimate(3600).started_at(NOW - 1200).build(),
-            J("r2").running_on(*holding("r2", "b", 4)).estimate(7200).started_at(NOW - 1200).build(),
-            J("h1").gpus(8).at(0).build(),
-            J("h2").gpus(8).at(1).build(),
-            J("small").gpus(4).at(2).build(),
-        ],
+        two_gangs_behind_two_nodes(),
         waiting={"h1": "earliest start in 40 min", "h2": "earliest start in 1.7 h", "small": "reserved for"},
         config=SchedulerConfig(max_reservations=2),
     ),
     Scenario(
         "classic EASY reserves for the first gang only: the free half of b goes to a small job",
         [n8("a"), n8("b")],
-        [
-            J("r1").running_on(*holding("r1", "a", 8)).estimate(3600).started_at(NOW - 1200).build(),
-            J("r2").running_on(*holding("r2", "b", 4)).estimate(7200).started_at(NOW - 1200).build(),
-            J("h1").gpus(8).at(0).build(),
-            J("h2").gpus(8).at(1).build(),
-            J("small").gpus(4).at(2).build(),
-        ],
+        two_gangs_behind_two_nodes(),
         placed={"small": {"b"}},
         waiting={"h1": "earliest start in 40 min"},
         config=EASY,

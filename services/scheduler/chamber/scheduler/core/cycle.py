@@ -107,7 +107,8 @@ class CycleContext:
         return (r for _, r in self._victims)
 
     def release_order(self, state: SchedulingState) -> list[Release]:
-        """Running jobs by expected end (see `backfill.release_order`), once per context."""
+        """Running jobs by expected end (see `backfill.release_order`), once per context: jobs placed under it since
+        are not in it (they would end last anyway; a later full cycle sees them)."""
         if self._releases is None:
             self._releases = release_order(state.running.values(), self.cost_at)
         return self._releases

@@ -4,9 +4,10 @@ fair share, then the order policy's rank, then submit time.
 The rank is the policy's (`SchedulerConfig.order`): `fifo` ranks every job alike (submit time decides), `spf`
 ranks by predicted remaining GPU-time (shortest first, Helios's QSSF), `las` by attained GPU-time (least first,
 Tiresias). Whatever the rank, a job that has waited longer than `max_wait_s` is **aged**: it goes ahead of every
-job of its priority that is not, in submit order, so no job waits without bound behind shorter ones. A job that
-holds an EASY reservation keeps its place ahead of its peers in the next cycles (sticky reservations): otherwise
-the small jobs of a team with a better standing take every GPU its draining node frees, and a gang never starts.
+job of its priority that is not, in submit order, so no job waits without bound behind shorter ones. Where
+`sticky_reservations` is on, a job that holds an EASY reservation keeps its place ahead of its peers in the next
+cycles, so the small jobs of a team with a better standing do not take every GPU its draining node frees (off by
+default: in the contended replays it starved the widest gangs, see docs/simulator.md).
 
 Jobs are kept in sub-queues of identical (priority, standing, team, shape). Within one, later jobs can do nothing
 an earlier blocked one could not (same needs, same rights), so a cycle looks only at sub-queue heads, merged in
@@ -60,7 +61,7 @@ def _fifo(job: PendingJob) -> float:
 
 
 class JobQueue:
-    def __init__(self, standing_cap: int = 3, rank: Rank = _fifo, rank_first: bool = False) -> None:
+    def __init__(self, standing_cap: int = 3, rank: Rank = _fifo, rank_first: bool = False, aging: bool = True) -> None:
         self.standing_cap = standing_cap
         self.rank = rank
         self.rank_first = rank_first
@@ -75,8 +76,10 @@ class JobQueue:
         self.parked: dict[ParkGroup, Parking] = {}
         self.reserved: dict[str, tuple[GpuRef, ...]] = {}
         """Jobs that held a reservation at the end of the last full cycle, with the GPUs it planned on."""
+        self.aging = aging
         self._by_age: list[tuple[float, str]] = []
-        """(submitted at, job id) of every job pushed and not yet aged (lazily cleaned): who ages next."""
+        """(submitted at, job id) of every job pushed and not yet aged (lazily cleaned): who ages next. Kept only
+        when aging is on (with it off nothing would ever take entries out)."""
 
     def __len__(self) -> int:
         return len(self.jobs)
@@ -95,7 +98,7 @@ class JobQueue:
         self._enter(sq, rank, job)
         self.jobs[job.id] = job
         self._where[job.id] = sq
-        if not job.aged:
+        if self.aging and not job.aged:
             heapq.heappush(self._by_age, (job.submitted_at, job.id))
 
     def remove(self, job_id: str) -> PendingJob | None:

@@ -43,7 +43,7 @@ def build_state(
             assert record.placement is not None
             pool = pool_of.get(record.placement.gpus[0].node, "")
             run = running_from(record, classes, pool=pool)
-            if state.config.predict:
+            if state.config.predict and state.config.backfill_on_predictions:
                 spec = record.spec
                 total = state.predictor.predict(spec.team, spec.name, spec.gpus_per_replica * spec.replicas)
                 if total is not None:

@@ -76,7 +76,10 @@ class SchedulingState:
         self.config = config or SchedulerConfig()
         self.index = FleetIndex()
         self.predictor = RuntimePredictor()
-        self.queue = JobQueue(self.config.standing_cap, rank=self._rank, rank_first=self.config.rank_first)
+        self.queue = JobQueue(
+            self.config.standing_cap, rank=self._rank, rank_first=self.config.rank_first,
+            aging=self.config.max_wait_s is not None,
+        )  # fmt: skip
         self.running: dict[str, RunningJob] = {}
         self.holder: dict[str, str] = {}
         """slot -> the running job that holds it."""
