@@ -11,6 +11,7 @@ With several reservations in a cycle, each later one plans only with GPUs no ear
 two blocked gangs never wait for the same node to drain.
 """
 
+import heapq
 from collections.abc import Iterable, Sequence, Set
 from dataclasses import dataclass
 
@@ -29,26 +30,27 @@ class Reservation:
     gpus: tuple[GpuRef, ...]
 
 
-Release = tuple[bool, float, RunningJob]
-"""(end unknown, expected end, job): the order running jobs are expected to free their GPUs in."""
+Release = tuple[bool, float, int, RunningJob]
+"""(end unknown, expected end, tie-break, job): the order running jobs are expected to free their GPUs in."""
 
 
 def release_order(running: Iterable[RunningJob], now: float) -> list[Release]:
-    """Running jobs by expected end: stopping ones now, then by estimate, unknown last (by start). Computed once
-    per cycle and shared by its reservations."""
+    """Running jobs by expected end, as a heap: stopping ones now, then by estimate, unknown last (by start).
+    Computed once per cycle and shared by its reservations (each pops from a copy: a reservation usually needs
+    only the first few, so no full sort)."""
     order: list[Release] = []
-    for r in running:
+    for i, r in enumerate(running):
         if r.stopping:
-            order.append((False, now, r))
+            order.append((False, now, i, r))
         elif r.est_end is not None and r.est_end > now:
-            order.append((False, r.est_end, r))
+            order.append((False, r.est_end, i, r))
         elif r.est_end is not None:
             # Overdue: its estimate was wrong. It has run this long; expect as long again (heavy-tailed runtimes:
             # the longer a job has run, the longer it is likely to go on), not "any moment now" forever.
-            order.append((False, now + (now - r.started_at), r))
+            order.append((False, now + (now - r.started_at), i, r))
         else:
-            order.append((True, r.started_at, r))
-    order.sort(key=lambda item: (item[0], item[1]))
+            order.append((True, r.started_at, i, r))
+    heapq.heapify(order)
     return order
 
 
@@ -69,7 +71,9 @@ def reserve(
         gpus = trial.allocate(job.shape)
         return None if gpus is None else Reservation(job.id, now, gpus)
     taken_nodes = {slot.rpartition("/")[0] for slot in taken}
-    for unknown, at, r in order:
+    heap = list(order)
+    while heap:
+        unknown, at, _, r = heapq.heappop(heap)
         spread: Iterable[tuple[str, int]] = r.spread
         gpus = r.gpus
         if eligible is not None or any(node in taken_nodes for node, _ in spread):

@@ -649,7 +649,7 @@ def _aged(job: PendingJob | None) -> bool:
 
 
 def _expected_end(job: RunningJob, now: float) -> float | None:
-    for unknown, at, _ in release_order((job,), now):
+    for unknown, at, _, _ in release_order((job,), now):
         return None if unknown else at
     return None
 
