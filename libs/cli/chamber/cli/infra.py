@@ -29,6 +29,7 @@ from pathlib import Path
 from urllib.parse import unquote, urlparse, urlunparse
 
 from chamber.cli.lifeline import wrap
+from chamber.common.pids import pid_alive
 
 LOCAL_NATS = "nats://127.0.0.1:4222"
 LOCAL_REDIS = "redis://127.0.0.1:6379/0"
@@ -242,20 +243,10 @@ def sweep_stale_tmpdirs(root: str | None = None) -> list[str]:
             owner = int(Path(path, OWNER_FILE).read_text())
         except (OSError, ValueError):
             continue
-        if not _pid_alive(owner):
+        if not pid_alive(owner):
             shutil.rmtree(path, ignore_errors=True)
             removed.append(str(path))
     return removed
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def resolve(env: dict[str, str] | None = None, *, allow_local: bool = True) -> Infra:

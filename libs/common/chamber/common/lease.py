@@ -25,6 +25,7 @@ from nats.js.kv import KeyValue
 from chamber.common.bus import Bus
 from chamber.common.bus.errors import BusError
 from chamber.common.log import get_logger
+from chamber.common.pids import pid_alive
 from chamber.common.subjects import LEASES_BUCKET
 
 log = get_logger(__name__)
@@ -95,7 +96,7 @@ class Lease:
         holder = (entry.value or b"").decode(errors="replace")
         _, _, place = holder.rpartition("@")
         host, _, pid = place.rpartition(":")
-        if host != socket.gethostname() or not pid.isdigit() or _alive(int(pid)):
+        if host != socket.gethostname() or not pid.isdigit() or pid_alive(int(pid)):
             return False
         try:
             await self.kv.delete(self.name, last=entry.revision)
@@ -155,13 +156,3 @@ class Lease:
         self.token = 0
         with contextlib.suppress(nats.errors.Error):
             await self.kv.delete(self.name, last=self._revision)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
