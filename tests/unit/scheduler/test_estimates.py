@@ -69,6 +69,7 @@ def test_a_restarted_controller_relearns_from_the_stored_finished_records() -> N
     waiting = make_job("new").named("eval").at(2000.0).build()
     control = Controller(SchedulerConfig(order="spf"))
     control.load([make_node("n0").gpus(1).build()], [done, waiting], {}, {})
+    control.load([make_node("n0").gpus(1).build()], [done, waiting], {}, {})  # a reload learns nothing twice
     assert control.state.predictor.observed == 1
     assert "old" not in control.records
     assert control.state.queue.jobs["new"].predicted_s == 900.0

@@ -25,6 +25,7 @@ from chamber.common.contracts import (
 )
 from chamber.common.quota import QuotaBook
 from chamber.scheduler.core.decisions import Decision, Nominate, Place, Preempt, Wait
+from chamber.scheduler.core.estimates import RuntimePredictor
 from chamber.scheduler.core.lifecycle import (
     Transition,
     apply_event,
@@ -73,7 +74,7 @@ class Controller:
         records = list(records)
         active = [r for r in records if r.state not in TERMINAL_STATES]
         self.records = {r.id: r for r in active}
-        predictor = self.state.predictor
+        predictor = RuntimePredictor()  # relearned from the store: what it holds is the whole truth
         for done in sorted((r for r in records if r.state == JobState.SUCCEEDED), key=lambda r: r.finished_at or 0.0):
             predictor.observe(done.spec.team, done.spec.name, done.spec.gpus_per_replica * done.spec.replicas,
                               done.run_s)  # fmt: skip
