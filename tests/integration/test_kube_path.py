@@ -20,7 +20,8 @@ from chamber.common.bus import Bus
 from chamber.common.codec import Decoder
 from chamber.common.contracts import HealthCommand, JobEvent, JobLaunchFailed, JobRecord
 from chamber.common.jobstore import JobStore
-from chamber.common.kube.client import NODES, PODS, KubeClient
+from chamber.common.kube.client import NODES, PODS, PYTORCHJOBS, KubeClient
+from chamber.common.kube.errors import KubeError
 from chamber.common.settings import Settings
 from chamber.gateway import service as gateway
 from chamber.health import service as health
@@ -386,4 +387,96 @@ async def test_a_jobset_runs_as_one_gang_bound_replica_by_replica(kube: tuple[Se
         where = dict(zip(keys, [p["spec"]["nodeName"] for p in pods], strict=True))
         placed = [done.placement.gpus[r * 8].node for r in range(3)]
         assert where == {("driver", "0"): placed[0], ("workers", "0"): placed[1], ("workers", "1"): placed[2]}
+    await kc.close()
+
+
+def pytorchjob(name: str, workers: int, *, gpus: int, seconds: float) -> dict[str, Any]:
+    """A PyTorchJob of one Master and `workers` Workers, each pod asking for `gpus`."""
+
+    def replica(replicas: int) -> dict[str, Any]:
+        template = gpu_job(name, gpus=gpus)["spec"]["template"]
+        return {"replicas": replicas, "restartPolicy": "OnFailure", "template": template}
+
+    return {
+        "apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob",
+        "metadata": {"name": name, "labels": {"chamber.io/team": "nlp"},
+                     "annotations": {"chamber.io/sim-duration-s": str(seconds)}},
+        "spec": {"pytorchReplicaSpecs": {"Master": replica(1), "Worker": replica(workers)}},
+    }  # fmt: skip
+
+
+async def test_a_pytorchjob_runs_as_one_gang_master_first_bound_replica_by_replica(
+    kube: tuple[Settings, Running], bus: Bus
+) -> None:
+    settings, cluster = kube
+    kc = KubeClient.connect(cluster.url)
+    store = await JobStore.open(bus)
+    async with running(settings, *SERVICES):
+        await webhooks_up(settings)
+        body = pytorchjob("ddp", 2, gpus=8, seconds=1)
+        created = await kc.request("POST", "/apis/kubeflow.org/v1/namespaces/default/pytorchjobs", body=body)
+        assert created["spec"]["runPolicy"]["suspend"] is True, "the webhook suspended the PyTorchJob"
+        assert "suspend" not in created["spec"]
+        templates = created["spec"]["pytorchReplicaSpecs"].values()
+        assert {t["template"]["spec"]["schedulerName"] for t in templates} == {"chamber"}
+        job_id = f"k8s-{created['metadata']['uid']}"
+        await eventually(lambda: _is(store, job_id, "succeeded"), within=30, what="the PyTorchJob ran as one gang")
+        done = await record(store, job_id)
+        assert done is not None
+        assert done.placement is not None
+        assert (done.spec.replicas, done.spec.gpus_per_replica) == (3, 8)
+        assert done.spec.workload is not None
+        assert done.spec.workload.kind == "PyTorchJob"
+        pods, _ = await kc.list(PODS, "default", labels="training.kubeflow.org/job-name=ddp")
+        labels = [p["metadata"]["labels"] for p in pods]
+        keys = [
+            (lab["training.kubeflow.org/replica-type"], lab["training.kubeflow.org/replica-index"]) for lab in labels
+        ]
+        assert all(lab["chamber.io/job-id"] == job_id for lab in labels), "the attempt is on every replica's pods"
+        where = dict(zip(keys, [p["spec"]["nodeName"] for p in pods], strict=True))
+        placed = [done.placement.gpus[r * 8].node for r in range(3)]
+        assert where == {("master", "0"): placed[0], ("worker", "0"): placed[1], ("worker", "1"): placed[2]}
+        finished = await kc.get(PYTORCHJOBS, "ddp", "default")
+        assert finished["spec"]["runPolicy"]["suspend"] is False, "the executor resumed it through runPolicy"
+    await kc.close()
+
+
+async def test_a_rejected_pytorchjob_is_refused_by_the_webhook(kube: tuple[Settings, Running], bus: Bus) -> None:
+    settings, cluster = kube
+    kc = KubeClient.connect(cluster.url)
+    async with running(settings, ("gateway", gateway.main)):
+        await webhooks_up(settings)
+        body = pytorchjob("uneven", 1, gpus=8, seconds=1)
+        body["spec"]["pytorchReplicaSpecs"]["Master"]["template"] = gpu_job("m", gpus=4)["spec"]["template"]
+        with pytest.raises(KubeError, match="same number of GPUs"):
+            await kc.request("POST", "/apis/kubeflow.org/v1/namespaces/default/pytorchjobs", body=body)
+    await kc.close()
+
+
+async def test_a_preempted_pytorchjob_is_suspended_through_its_run_policy_and_resumes(
+    kube: tuple[Settings, Running], bus: Bus
+) -> None:
+    settings, cluster = kube
+    batch = client.BatchV1Api(official(cluster.url))
+    kc = KubeClient.connect(cluster.url)
+    store = await JobStore.open(bus)
+    async with running(settings, *SERVICES):
+        await webhooks_up(settings)
+        body = pytorchjob("sweep", 3, gpus=8, seconds=4)
+        body["metadata"]["labels"]["chamber.io/priority"] = "research"
+        created = await kc.request("POST", "/apis/kubeflow.org/v1/namespaces/default/pytorchjobs", body=body)
+        victim_id = f"k8s-{created['metadata']['uid']}"
+        await eventually(lambda: _is(store, victim_id, "running"), within=20, what="the PyTorchJob fills the fleet")
+        urgent = await call(batch.create_namespaced_job, "default", gpu_job("urgent", gpus=8, seconds=1))
+        urgent_id = f"k8s-{urgent.metadata.uid}"
+        await eventually(lambda: _is(store, victim_id, "preempted"), within=20, what="the PyTorchJob preempted")
+        suspended = await kc.get(PYTORCHJOBS, "sweep", "default")
+        assert suspended["spec"]["runPolicy"]["suspend"] is True, "preemption suspends it through spec.runPolicy"
+        await eventually(lambda: _is(store, urgent_id, "succeeded"), within=20, what="the urgent job ran")
+        await eventually(lambda: _is(store, victim_id, "succeeded"), within=30, what="it resumed and finished")
+        done = await record(store, victim_id)
+        assert done is not None
+        assert (done.preemptions, done.attempt) == (1, 2)
+        pods, _ = await kc.list(PODS, "default", labels="training.kubeflow.org/job-name=sweep")
+        assert {p["metadata"]["annotations"]["chamber.io/attempt"] for p in pods} == {"2"}, "the resumed attempt's"
     await kc.close()

@@ -14,7 +14,9 @@ from chamber.common.kube.workloads import (
     jobset_layout,
     pod_disrupted,
     pod_exit,
+    pytorch_layout,
     replica_of,
+    workload_layout,
 )
 from tests.support.kube import gpu_job
 
@@ -66,8 +68,8 @@ REJECTIONS = [
     ("bad team name", gpu_job("a", team="Team_A"), "cannot run this Job"),
     ("bad topology", gpu_job("a", annotations={"chamber.io/topology": "pod"}), "use node, rack or zone"),
     (
-        "a PyTorchJob",
-        with_(with_(gpu_job("a"), "apiVersion", "kubeflow.org/v1"), "kind", "PyTorchJob"),
+        "a TrainJob",
+        with_(with_(gpu_job("a"), "apiVersion", "trainer.kubeflow.org/v1alpha1"), "kind", "TrainJob"),
         "not supported",
     ),
 ]
@@ -139,3 +141,89 @@ def test_a_jobset_is_one_gang_of_all_its_pods_in_a_stable_order() -> None:
 def test_a_jobset_whose_pods_ask_for_different_gpus_is_rejected() -> None:
     with pytest.raises(Rejection, match="same number of GPUs"):
         job_spec(jobset(("launcher", 1, 1, 0), ("workers", 2, 1, 8)))
+
+
+def pytorchjob(workers: int, *, gpus: int = 8, master_gpus: int | None = None, masters: int = 1) -> dict[str, Any]:
+    """A PyTorchJob of one Master and `workers` Workers (the Master with `master_gpus`, default `gpus`)."""
+
+    def replica(replicas: int, gpus: int) -> dict[str, Any]:
+        template = gpu_job("p", gpus=gpus)["spec"]["template"]
+        return {"replicas": replicas, "restartPolicy": "OnFailure", "template": template}
+
+    specs = {"Worker": replica(workers, gpus)}
+    if masters:
+        specs["Master"] = replica(masters, gpus if master_gpus is None else master_gpus)
+    return {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob",
+            "metadata": {"name": "pt", "labels": {"chamber.io/team": "nlp", "chamber.io/priority": "research",
+                                                  "chamber.io/pool": "h100"}, "uid": "u"},
+            "spec": {"runPolicy": {"activeDeadlineSeconds": 3600}, "pytorchReplicaSpecs": specs}}  # fmt: skip
+
+
+def test_a_pytorchjob_is_one_gang_of_its_master_then_its_workers() -> None:
+    pj = pytorchjob(3)
+    spec = job_spec(pj)
+    assert (spec.replicas, spec.gpus_per_replica, spec.team, spec.priority, spec.pool) == (
+        4,
+        8,
+        "nlp",
+        "research",
+        "h100",
+    )
+    assert spec.max_runtime_s == 3600, "runPolicy.activeDeadlineSeconds is the job's limit"
+    assert spec.workload is not None
+    assert (spec.workload.kind, spec.workload.api_version) == ("PyTorchJob", "kubeflow.org/v1")
+    layout = pytorch_layout(pj)
+    assert layout == workload_layout(pj) == {"master": (0, 1), "worker": (1, 1)}
+
+    def pod(rtype: str, index: int) -> dict[str, Any]:
+        return {"metadata": {"labels": {"training.kubeflow.org/replica-type": rtype,
+                                        "training.kubeflow.org/replica-index": str(index)}}}  # fmt: skip
+
+    assert [replica_of(pod("master", 0), layout)] + [replica_of(pod("worker", i), layout) for i in range(3)] == [
+        0, 1, 2, 3,
+    ]  # fmt: skip
+    assert job_spec(pytorchjob(2, masters=0)).replicas == 2, "workers alone (no Master) are a gang too"
+    assert workload_layout(gpu_job("a")) is None
+
+
+PYTORCH_REJECTIONS = [
+    ("different GPUs", pytorchjob(2, master_gpus=0), "same number of GPUs"),
+    ("two masters", pytorchjob(2, masters=2), "one Master"),
+    ("no workers", with_(pytorchjob(1), "spec.pytorchReplicaSpecs.Worker.replicas", 0), "at least 1"),
+    ("an unknown replica type", with_(pytorchjob(1), "spec.pytorchReplicaSpecs.Launcher", {}), "only Master and"),
+    ("no replica specs", with_(pytorchjob(1), "spec.pytorchReplicaSpecs", {}), "is empty"),
+    ("pinned to a node",
+     with_(pytorchjob(1), "spec.pytorchReplicaSpecs.Worker.template.spec.nodeName", "n1"), "nodeName is set"),
+    ("more GPUs than the largest node", pytorchjob(1, gpus=16), "largest node has 8"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("case", "job", "message"), PYTORCH_REJECTIONS, ids=[c[0] for c in PYTORCH_REJECTIONS])
+def test_pytorchjobs_chamber_cannot_run_are_rejected_with_what_to_fix(
+    case: str, job: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(Rejection, match=message):
+        job_spec(job, largest_node_gpus=8)
+
+
+def test_the_pytorchjob_admission_patch_suspends_its_run_policy_and_is_idempotent() -> None:
+    pj = pytorchjob(2)
+    del pj["spec"]["runPolicy"]
+    once = jsonpatch.apply_patch(pj, admission_patch(pj))
+    assert once["spec"]["runPolicy"] == {"suspend": True}
+    assert "suspend" not in once["spec"], "a PyTorchJob suspends through spec.runPolicy.suspend"
+    assert once["metadata"]["labels"]["chamber.io/managed"] == "true"
+    schedulers = {r["template"]["spec"]["schedulerName"] for r in once["spec"]["pytorchReplicaSpecs"].values()}
+    assert schedulers == {"chamber"}
+    assert jsonpatch.apply_patch(once, admission_patch(once)) == once
+    kept = jsonpatch.apply_patch(pytorchjob(1), admission_patch(pytorchjob(1)))
+    assert kept["spec"]["runPolicy"] == {"activeDeadlineSeconds": 3600, "suspend": True}
+
+
+def test_a_pytorchjob_succeeds_or_fails_by_its_conditions() -> None:
+    succeeded = {"status": {"conditions": [{"type": "Running", "status": "False"},
+                                           {"type": "Succeeded", "status": "True"}]}}  # fmt: skip
+    assert job_outcome(succeeded) == (True, "")
+    failed = {"status": {"conditions": [{"type": "Failed", "status": "True", "reason": "PyTorchJobFailed"}]}}
+    assert job_outcome(failed) == (False, "PyTorchJobFailed")
+    assert job_outcome({"status": {"conditions": [{"type": "Running", "status": "True"}]}}) is None

@@ -7,11 +7,11 @@ Runs inside the gateway (the API edge) when `CHAMBER_KUBE_API` is set:
   while it waits and none is placed by anyone but Chamber.
 - **Validating webhook** (`POST /validate`): a Job Chamber cannot run is refused with the reason, which
   `kubectl apply` prints (`admission webhook "team.jobs.chamber.io" denied the request: ...`).
-- **Watcher**: every managed Job (and JobSet, where its CRD is installed) becomes `JobSubmitted` (its Chamber id
-  is `k8s-<uid>`, so a repeat is the same job); a deleted one becomes `JobCancelRequested`. It lists, watches
-  from the list's resource version, resumes after bookmarks and breaks, and lists again on `410 Gone`; after
-  every list, active Chamber jobs whose workload no longer exists are cancelled, so a Job deleted while the
-  gateway was down is not forgotten.
+- **Watcher**: every managed Job (and JobSet and PyTorchJob, where their CRDs are installed) becomes
+  `JobSubmitted` (its Chamber id is `k8s-<uid>`, so a repeat is the same job); a deleted one becomes
+  `JobCancelRequested`. It lists, watches from the list's resource version, resumes after bookmarks and breaks,
+  and lists again on `410 Gone`; after every list, active Chamber jobs whose workload no longer exists are
+  cancelled, so a Job deleted while the gateway was down is not forgotten.
 """
 
 import asyncio
@@ -31,7 +31,7 @@ from chamber.common.bus import Bus, BusError
 from chamber.common.codec import Decoder
 from chamber.common.contracts import TERMINAL_STATES, JobCancelRequested, JobSubmitted, NodeInventory
 from chamber.common.jobstore import JobStore
-from chamber.common.kube.client import JOBS, JOBSETS, KubeClient, Obj
+from chamber.common.kube.client import JOBS, JOBSETS, PYTORCHJOBS, KubeClient, Obj
 from chamber.common.kube.labels import MANAGED
 from chamber.common.kube.watch import Reflector
 from chamber.common.kube.workloads import (
@@ -108,7 +108,7 @@ class Intake:
         self.submitted: set[str] = set()
         self.reflectors: list[Reflector] = []
         self.kinds: set[str] = {"Job"}
-        """The workload kinds watched (JobSet too where its CRD is installed)."""
+        """The workload kinds watched (JobSet and PyTorchJob too where their CRDs are installed)."""
 
     async def on_job(self, kind: str, job: Obj) -> None:
         uid = str(meta(job).get("uid") or "")
@@ -173,9 +173,10 @@ class Intake:
     async def run(self, stop: asyncio.Event) -> None:
         namespaces: list[str | None] = [*sorted(self._namespaces() or ())] or [None]
         resources = [JOBS]
-        if await self.client.serves(JOBSETS):
-            resources.append(JOBSETS)
-            self.kinds.add("JobSet")
+        for crd in (JOBSETS, PYTORCHJOBS):
+            if await self.client.serves(crd):
+                resources.append(crd)
+                self.kinds.add(crd.kind)
         self.reflectors = [
             Reflector(self.client, res, self.on_job, namespace=ns, labels=f"{MANAGED}=true",
                       on_synced=self.on_synced, name=f"{res.plural}/{ns or '*'}")

@@ -92,6 +92,11 @@ class ChamberKubeEmulator(kmock.KubernetesEmulator):
             kind="JobSet", singular="jobset", namespaced=True, subresources={"status"},
             verbs={"create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"},
         )  # fmt: skip
+        # Kubeflow training-operator's PyTorchJob CRD, as if installed (kubeflow.org/v1)
+        self.resources["kubeflow.org/v1/pytorchjobs"] = kmock.ResourceInfo(
+            kind="PyTorchJob", singular="pytorchjob", namespaced=True, subresources={"status"},
+            verbs={"create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"},
+        )  # fmt: skip
 
     async def __aenter__(self) -> "ChamberKubeEmulator":
         await super().__aenter__()

@@ -6,6 +6,10 @@ controllers play, played here so a Job runs end to end without a cluster.
 - **JobSet controller** (`jobset.x-k8s.io/v1alpha2`): one child Job per replica of each replicated Job
   (`<jobset>-<replicated job>-<index>`, labelled as JobSet labels them), suspended and resumed with the JobSet (the
   pod template's labels and annotations follow it), and `Completed` / `Failed` from its children.
+- **PyTorchJob controller** (Kubeflow's `kubeflow.org/v1`): one pod per replica of its Master and Workers
+  (`<name>-master-0`, `<name>-worker-<i>`, labelled `training.kubeflow.org/replica-type` and `replica-index` as the
+  training operator labels them) while `spec.runPolicy.suspend` is false, deleted when it is true; `Succeeded` when
+  every pod succeeded, `Failed` when one failed (not evicted).
 - **Job controller** (`batch/v1`): creates one pod per completion index while a Job is not suspended (owned by
   it, labelled as the real controller labels them), deletes its pods when it is suspended, recreates pods that
   were evicted, and marks the Job `Complete` or `Failed`.
@@ -32,6 +36,7 @@ from chamber.common.kube.workloads import annotations_of, condition, labels_of, 
 Obj = dict[str, Any]
 JOBS, PODS, NODES = "batch/v1/jobs", "/v1/pods", "/v1/nodes"
 JOBSETS = "jobset.x-k8s.io/v1alpha2/jobsets"
+PYTORCHJOBS = "kubeflow.org/v1/pytorchjobs"
 
 
 def node_objects(shape: FleetShape, seed: int = 0) -> list[Obj]:
@@ -74,6 +79,7 @@ def webhook_configurations(url: str) -> list[tuple[str, Obj]]:
             "apiVersions": ["v1alpha2"],
             "resources": ["jobsets"],
         },
+        {"operations": ["CREATE"], "apiGroups": ["kubeflow.org"], "apiVersions": ["v1"], "resources": ["pytorchjobs"]},
     ]
     hooks = []
     for suffix, label in (("team", L.TEAM), ("kueue", L.KUEUE_QUEUE)):
@@ -131,13 +137,23 @@ class EmulatedCluster:
             self._jobset(jobset, jobs_by_owner.get(jobset["metadata"]["name"], []))
         pods = self.api.read_all(PODS)
         by_owner: dict[str, list[Obj]] = {}
+        by_pytorchjob: dict[str, list[Obj]] = {}
         for pod in pods:
             by_owner.setdefault(labels_of(pod).get(L.CONTROLLER_UID, ""), []).append(pod)
+            for ref in pod["metadata"].get("ownerReferences") or []:
+                if ref.get("kind") == "PyTorchJob":
+                    by_pytorchjob.setdefault(ref.get("uid", ""), []).append(pod)
+        pytorchjobs = {pj["metadata"]["uid"]: pj for pj in self.api.read_all(PYTORCHJOBS)}
+        for uid, pj in pytorchjobs.items():
+            self._pytorchjob(pj, by_pytorchjob.get(uid, []))
         jobs = {job["metadata"]["uid"]: job for job in self.api.read_all(JOBS)}
         for uid, job in jobs.items():
             self._job(job, by_owner.get(uid, []))
         for pod in pods:
             owner = jobs.get(labels_of(pod).get(L.CONTROLLER_UID, ""))
+            if owner is None:
+                owner = next((pytorchjobs[r["uid"]] for r in pod["metadata"].get("ownerReferences") or []
+                              if r.get("uid") in pytorchjobs), None)  # fmt: skip
             self._kubelet(pod, annotations_of(owner) if owner is not None else {})
 
     # ---- the JobSet controller -------------------------------------------------------------------------------
@@ -185,6 +201,53 @@ class EmulatedCluster:
                 return js
 
             self.api.update(JOBSETS, ns, name, done)
+
+    # ---- the PyTorchJob controller (Kubeflow's training operator) --------------------------------------------
+
+    def _pytorchjob(self, pj: Obj, pods: list[Obj]) -> None:
+        meta, spec = pj["metadata"], pj.get("spec") or {}
+        ns, name = meta.get("namespace", "default"), meta["name"]
+        if condition(pj, "Succeeded") or condition(pj, "Failed"):
+            return
+        live = [p for p in pods if not p["metadata"].get("deletionTimestamp") and _phase(p) in ("Pending", "Running")]
+        if (spec.get("runPolicy") or {}).get("suspend"):
+            for pod in live:
+                self.api.delete_gracefully(PODS, ns, pod["metadata"]["name"])
+            return
+        wanted = {}
+        for rtype, rspec in (spec.get("pytorchReplicaSpecs") or {}).items():
+            for index in range(int(rspec.get("replicas", 1))):
+                wanted[f"{name}-{rtype.lower()}-{index}"] = (rtype.lower(), index, rspec.get("template") or {})
+        succeeded = {p["metadata"]["name"] for p in pods if _phase(p) == "Succeeded"}
+        failed = [p for p in pods if _phase(p) == "Failed" and not condition(p, "DisruptionTarget")]
+        if failed or (wanted and succeeded >= set(wanted)):
+            for pod in live:
+                self.api.delete_gracefully(PODS, ns, pod["metadata"]["name"])
+            kind, reason = ("Failed", "PyTorchJobFailed") if failed else ("Succeeded", "PyTorchJobSucceeded")
+
+            def done(current: Obj) -> Obj:
+                status = current.setdefault("status", {})
+                status["conditions"] = [*(status.get("conditions") or []), {
+                    "type": kind, "status": "True", "reason": reason, "lastTransitionTime": now_rfc3339()}]  # fmt: skip
+                return current
+
+            self.api.update(PYTORCHJOBS, ns, name, done)
+            return
+        present = {p["metadata"]["name"] for p in live} | succeeded
+        for pod_name, (rtype, index, tpl) in wanted.items():
+            if pod_name in present or self.api.read(PODS, ns, pod_name) is not None:
+                continue  # the old pod (evicted, or going) is removed before its replacement is made
+            tpl_meta = tpl.get("metadata") or {}
+            labels = dict(tpl_meta.get("labels") or {}, **{
+                "training.kubeflow.org/job-name": name, "training.kubeflow.org/operator-name": "pytorchjob-controller",
+                L.REPLICA_TYPE: rtype, L.REPLICA_INDEX: str(index),
+            })  # fmt: skip
+            owner = {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "name": name, "uid": meta["uid"],
+                     "controller": True, "blockOwnerDeletion": True}  # fmt: skip
+            pod = {"apiVersion": "v1", "kind": "Pod", "spec": dict(tpl.get("spec") or {}),
+                   "metadata": {"name": pod_name, "labels": labels, "ownerReferences": [owner],
+                                "annotations": dict(tpl_meta.get("annotations") or {})}}  # fmt: skip
+            self.api.create(PODS, pod, ns)
 
     # ---- the Job controller ----------------------------------------------------------------------------------
 

@@ -47,6 +47,11 @@ JOBSET_NAME = "jobset.sigs.k8s.io/jobset-name"
 REPLICATED_JOB = "jobset.sigs.k8s.io/replicatedjob-name"
 JOBSET_JOB_INDEX = "jobset.sigs.k8s.io/job-index"
 
+# Kubeflow training-operator's (kubeflow.org): on a PyTorchJob's pods.
+REPLICA_TYPE = "training.kubeflow.org/replica-type"
+"""`master` or `worker` (the replica spec's key, lower-cased)."""
+REPLICA_INDEX = "training.kubeflow.org/replica-index"
+
 # Nodes.
 UNHEALTHY_TAINT = "chamber.io/gpu-unhealthy"
 CORDONED_BY = "chamber.io/cordoned-by"

@@ -7,8 +7,10 @@ in `kubectl` (the validating webhook's answer).
 
 Supported: `batch/v1` Job (one replica per completion index: `parallelism == completions`, `Indexed` when more
 than one) and `jobset.x-k8s.io/v1alpha2` JobSet (one gang of every pod of every replicated Job, all asking for
-the same GPUs; replica `offset(replicated Job) + job index x parallelism + completion index`). PyTorchJob and
-TrainJob are recognised and rejected with a clear message until their translation lands (docs/kubernetes.md).
+the same GPUs; replica `offset(replicated Job) + job index x parallelism + completion index`) and Kubeflow's
+`kubeflow.org/v1` PyTorchJob (one gang of its Master then its Workers, all asking for the same GPUs; replica
+`offset(replica type) + replica index`). TrainJob is recognised and rejected with a clear message until its
+translation lands (docs/kubernetes.md).
 """
 
 import datetime
@@ -25,7 +27,10 @@ JOB_ID_PREFIX = "k8s-"
 MAX_REPLICAS = 1024
 JOB = "batch/v1/Job"
 JOBSET = "jobset.x-k8s.io/v1alpha2/JobSet"
-SUPPORTED = (JOB, JOBSET)
+PYTORCHJOB = "kubeflow.org/v1/PyTorchJob"
+SUPPORTED = (JOB, JOBSET, PYTORCHJOB)
+PYTORCH_REPLICA_TYPES = ("Master", "Worker")
+"""A PyTorchJob's replica specs, in gang order: the Master is replica 0 (rank 0), the Workers follow."""
 
 
 class Rejection(ValueError):
@@ -142,6 +147,64 @@ def jobset_layout(jobset: Obj) -> dict[str, tuple[int, int]]:
     return layout
 
 
+def pytorch_replica_specs(pytorchjob: Obj) -> dict[str, Obj]:
+    specs: dict[str, Obj] = (pytorchjob.get("spec") or {}).get("pytorchReplicaSpecs") or {}
+    return specs
+
+
+def replica_template(replica_spec: Obj) -> Obj:
+    """The pod template of one PyTorchJob replica spec (`template`, beside `replicas`)."""
+    tpl: Obj = replica_spec.get("template") or {}
+    return tpl
+
+
+def pytorch_layout(pytorchjob: Obj) -> dict[str, tuple[int, int]]:
+    """Replica type (lower-cased, as the training operator labels pods) -> (its first replica's index in the
+    gang, 1): the Master first, then the Workers by replica index."""
+    layout, offset = {}, 0
+    specs = pytorch_replica_specs(pytorchjob)
+    for rtype in PYTORCH_REPLICA_TYPES:
+        if rtype in specs:
+            layout[rtype.lower()] = (offset, 1)
+            offset += int(specs[rtype].get("replicas", 1) or 0)
+    return layout
+
+
+def workload_layout(obj: Obj) -> dict[str, tuple[int, int]] | None:
+    """The replica layout `replica_of` needs for a JobSet or a PyTorchJob; None for a Job."""
+    kind = kind_of(obj)
+    if kind == JOBSET:
+        return jobset_layout(obj)
+    if kind == PYTORCHJOB:
+        return pytorch_layout(obj)
+    return None
+
+
+def _pytorch_pod_specs(pytorchjob: Obj) -> tuple[list[tuple[str, Obj]], int]:
+    specs = pytorch_replica_specs(pytorchjob)
+    if not specs:
+        raise Rejection("spec.pytorchReplicaSpecs is empty")
+    unknown = sorted(set(specs) - set(PYTORCH_REPLICA_TYPES))
+    if unknown:
+        raise Rejection(f"spec.pytorchReplicaSpecs has {', '.join(unknown)}: a PyTorchJob has only Master and Worker")
+    pods, total = [], 0
+    for rtype in PYTORCH_REPLICA_TYPES:
+        if rtype not in specs:
+            continue
+        replicas = int(specs[rtype].get("replicas", 1) or 0)
+        if replicas < 1:
+            raise Rejection(f"spec.pytorchReplicaSpecs.{rtype}.replicas must be at least 1")
+        if rtype == "Master" and replicas != 1:
+            raise Rejection(f"spec.pytorchReplicaSpecs.Master.replicas is {replicas}: a PyTorchJob has one Master")
+        total += replicas
+        pods.append(
+            (f"spec.pytorchReplicaSpecs.{rtype}.template.spec", replica_template(specs[rtype]).get("spec") or {})
+        )
+    if total > MAX_REPLICAS:
+        raise Rejection(f"the PyTorchJob has {total} pods, above Chamber's limit of {MAX_REPLICAS} replicas")
+    return pods, total
+
+
 def _pod_specs(obj: Obj) -> tuple[list[tuple[str, Obj]], int]:
     """(where, pod spec) of every pod template of a workload, and how many pods its gang has."""
     kind = kind_of(obj)
@@ -159,13 +222,17 @@ def _pod_specs(obj: Obj) -> tuple[list[tuple[str, Obj]], int]:
         if total > MAX_REPLICAS:
             raise Rejection(f"the JobSet has {total} pods, above Chamber's limit of {MAX_REPLICAS} replicas")
         return specs, total
+    if kind == PYTORCHJOB:
+        return _pytorch_pod_specs(obj)
     raise Rejection(
-        f"{kind} is recognised but not supported yet: submit a batch/v1 Job or a JobSet (docs/kubernetes.md)"
+        f"{kind} is recognised but not supported yet: submit a batch/v1 Job, a JobSet or a PyTorchJob "
+        "(docs/kubernetes.md)"
     )
 
 
 def job_spec(job: Obj, *, largest_node_gpus: int = 0) -> JobSpec:
-    """The Chamber job a workload (`batch/v1` Job, JobSet) stands for. Raises `Rejection` with what to fix."""
+    """The Chamber job a workload (`batch/v1` Job, JobSet, PyTorchJob) stands for. Raises `Rejection` with what
+    to fix."""
     m, lab, ann = meta(job), labels_of(job), annotations_of(job)
     team = team_of(job)
     if team is None:
@@ -210,7 +277,8 @@ def job_spec(job: Obj, *, largest_node_gpus: int = 0) -> JobSpec:
         "gpu_model": ann.get(L.GPU_MODEL), "topology": topology,
         "checkpoint_grace_s": float(grace or 0), "min_runtime_s": _float(ann, L.MIN_RUNTIME_S) or 0.0,
         "checkpoint_interval_s": _float(ann, L.CHECKPOINT_INTERVAL_S),
-        "max_runtime_s": (job.get("spec") or {}).get("activeDeadlineSeconds"),
+        "max_runtime_s": _run_policy(job).get("activeDeadlineSeconds") if kind_of(job) == PYTORCHJOB
+        else (job.get("spec") or {}).get("activeDeadlineSeconds"),
         "preemptible": None if preemptible is None else preemptible == "true",
         "image": containers[0].get("image"), "workload": msgspec.structs.asdict(workload_ref(job)),
     }  # fmt: skip
@@ -220,6 +288,11 @@ def job_spec(job: Obj, *, largest_node_gpus: int = 0) -> JobSpec:
         raise Rejection(f"cannot run this Job: {exc}") from exc
 
 
+def _run_policy(pytorchjob: Obj) -> Obj:
+    policy: Obj = (pytorchjob.get("spec") or {}).get("runPolicy") or {}
+    return policy
+
+
 def admission_patch(job: Obj) -> list[Obj]:
     """JSON patch the mutating webhook returns for a workload Chamber takes: suspended, marked, its pods for
     Chamber's scheduler. Idempotent (the patch of a patched workload changes nothing)."""
@@ -227,8 +300,18 @@ def admission_patch(job: Obj) -> list[Obj]:
     if not meta(job).get("labels"):
         ops.append({"op": "add", "path": "/metadata/labels", "value": {}})
     ops.append({"op": "add", "path": "/metadata/labels/chamber.io~1managed", "value": "true"})
-    ops.append({"op": "add", "path": "/spec/suspend", "value": True})
+    if kind_of(job) == PYTORCHJOB:
+        if not _run_policy(job):
+            ops.append({"op": "add", "path": "/spec/runPolicy", "value": {}})
+        ops.append({"op": "add", "path": "/spec/runPolicy/suspend", "value": True})
+    else:
+        ops.append({"op": "add", "path": "/spec/suspend", "value": True})
     templates = [("/spec/template", pod_template(job))]
+    if kind_of(job) == PYTORCHJOB:
+        templates = [
+            (f"/spec/pytorchReplicaSpecs/{rtype}/template", replica_template(rspec))
+            for rtype, rspec in pytorch_replica_specs(job).items()
+        ]
     if kind_of(job) == JOBSET:
         templates = [
             (f"/spec/replicatedJobs/{i}/template/spec/template", pod_template(rjob.get("template") or {}))
@@ -253,8 +336,9 @@ def condition(obj: Obj, kind: str) -> Obj | None:
 
 
 def job_outcome(job: Obj) -> tuple[bool, str] | None:
-    """(succeeded, message) once the Job completed or failed; None while it is not finished."""
-    if condition(job, "Complete") or condition(job, "SuccessCriteriaMet") or condition(job, "Completed"):
+    """(succeeded, message) once the Job completed or failed; None while it is not finished. A Job says
+    `Complete`, a JobSet `Completed`, a PyTorchJob `Succeeded`."""
+    if any(condition(job, c) for c in ("Complete", "SuccessCriteriaMet", "Completed", "Succeeded")):
         return True, ""
     failed = condition(job, "Failed")
     if failed is not None:
@@ -264,13 +348,17 @@ def job_outcome(job: Obj) -> tuple[bool, str] | None:
 
 def replica_of(pod: Obj, layout: dict[str, tuple[int, int]] | None = None) -> int:
     """The replica a pod is in its gang: a Job's completion index (0 for a one-pod Job); in a JobSet, its
-    replicated Job's offset + job index x parallelism + completion index (`layout` from `jobset_layout`)."""
+    replicated Job's offset + job index x parallelism + completion index; in a PyTorchJob, its replica type's
+    offset + replica index (`layout` from `workload_layout`)."""
     lab = labels_of(pod)
 
     def number(key: str) -> int:
         raw = annotations_of(pod).get(key) or lab.get(key) or "0"
         return int(raw) if raw.isdigit() else 0
 
+    rtype = lab.get(L.REPLICA_TYPE)
+    if layout is not None and rtype in layout:
+        return layout[rtype][0] + number(L.REPLICA_INDEX)
     index = number(L.COMPLETION_INDEX)
     rjob = lab.get(L.REPLICATED_JOB)
     if layout is not None and rjob in layout:

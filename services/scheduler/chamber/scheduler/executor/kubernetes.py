@@ -14,6 +14,10 @@
   `terminationGracePeriodSeconds` (the intake made that the job's checkpoint grace). A stop without grace (a
   failed GPU) also deletes the pods at once. A cancel deletes the Job.
 
+A JobSet or a PyTorchJob is run the same way: its pod templates get the attempt and it is unsuspended
+(`spec.suspend` for a JobSet, `spec.runPolicy.suspend` for a PyTorchJob, which is also how it is suspended); its
+pods are matched to replicas through the workload's layout (`workload_layout`).
+
 The executor follows pods (label `chamber.io/job-id`) and managed Jobs with the reflector (list, watch, relist
 on 410), so a restarted scheduler finds everything again; `resync` re-arms what the records say.
 """
@@ -35,30 +39,31 @@ from chamber.common.contracts import (
     JobStopped,
 )
 from chamber.common.kube import labels as L
-from chamber.common.kube.client import JOBS, JOBSETS, PODS, KubeClient, Obj, Resource
+from chamber.common.kube.client import JOBS, JOBSETS, PODS, PYTORCHJOBS, KubeClient, Obj, Resource
 from chamber.common.kube.errors import KubeConflict, KubeError, KubeNotFound
 from chamber.common.kube.watch import Reflector
 from chamber.common.kube.workloads import (
     job_id_for,
     job_outcome,
-    jobset_layout,
     labels_of,
     meta,
     pod_attempt,
     pod_disrupted,
     pod_exit,
+    pytorch_replica_specs,
     replica_of,
     replicated_jobs,
     timestamp,
+    workload_layout,
 )
 from chamber.common.log import get_logger
 
 log = get_logger(__name__)
-RESOURCES: dict[str, Resource] = {"Job": JOBS, "JobSet": JOBSETS}
+RESOURCES: dict[str, Resource] = {"Job": JOBS, "JobSet": JOBSETS, "PyTorchJob": PYTORCHJOBS}
 """The workload kinds the executor runs, by `WorkloadRef.kind`."""
 NO_WORKLOAD = (
-    "no Kubernetes workload behind this job: with CHAMBER_EXECUTOR=kubernetes, submit a batch/v1 Job or a JobSet "
-    "labelled chamber.io/team (docs/kubernetes.md)"
+    "no Kubernetes workload behind this job: with CHAMBER_EXECUTOR=kubernetes, submit a batch/v1 Job, a JobSet or a "
+    "PyTorchJob labelled chamber.io/team (docs/kubernetes.md)"
 )
 Event = JobStarted | JobFinished | JobStopped | JobLaunchFailed
 
@@ -82,7 +87,7 @@ class Attempt:
     """Pods this executor bound (their update may not have been seen yet)."""
     done: bool = False
     layout: dict[str, tuple[int, int]] | None = None
-    """A JobSet's replica layout (see `jobset_layout`); None for a Job."""
+    """A JobSet's or a PyTorchJob's replica layout (see `workload_layout`); None for a Job."""
 
     @property
     def key(self) -> tuple[str, int]:
@@ -128,8 +133,13 @@ class KubernetesExecutor:
         try:
             if ref.kind == "JobSet":
                 jobset = await self.client.get(JOBSETS, ref.name, ref.namespace)
-                attempt.layout = jobset_layout(jobset)
+                attempt.layout = workload_layout(jobset)
                 await self.client.patch(JOBSETS, ref.name, _unsuspend_jobset(jobset, template_meta), ref.namespace)
+            elif ref.kind == "PyTorchJob":
+                pytorchjob = await self.client.get(PYTORCHJOBS, ref.name, ref.namespace)
+                attempt.layout = workload_layout(pytorchjob)
+                await self.client.patch(PYTORCHJOBS, ref.name, _unsuspend_pytorchjob(pytorchjob, template_meta),
+                                        ref.namespace)  # fmt: skip
             else:
                 patch = {"spec": {"suspend": False, "template": {"metadata": template_meta}}}
                 await self.client.patch(JOBS, ref.name, patch, ref.namespace)
@@ -184,9 +194,10 @@ class KubernetesExecutor:
                 attempt = Attempt(record, replica_nodes(record), self.clock.now(), started=True)
                 self.attempts[record.id] = attempt
                 ref = record.spec.workload
-                if ref is not None and ref.kind == "JobSet":
+                if ref is not None and ref.kind in ("JobSet", "PyTorchJob"):
                     with contextlib.suppress(KubeError):
-                        attempt.layout = jobset_layout(await self.client.get(JOBSETS, ref.name, ref.namespace))
+                        workload = await self.client.get(RESOURCES[ref.kind], ref.name, ref.namespace)
+                        attempt.layout = workload_layout(workload)
                 self._adopt_pods(attempt)
                 await self._progress(attempt)
             else:
@@ -206,8 +217,11 @@ class KubernetesExecutor:
             return
         self._pods = Reflector(self.client, PODS, self._on_pod, labels=L.JOB_ID, name="pods")
         reflectors = [self._pods, Reflector(self.client, JOBS, self._on_job, labels=f"{L.MANAGED}=true", name="jobs")]
-        if await self.client.serves(JOBSETS):
-            reflectors.append(Reflector(self.client, JOBSETS, self._on_job, labels=f"{L.MANAGED}=true", name="jobsets"))
+        for crd in (JOBSETS, PYTORCHJOBS):
+            if await self.client.serves(crd):
+                reflectors.append(
+                    Reflector(self.client, crd, self._on_job, labels=f"{L.MANAGED}=true", name=crd.plural)
+                )
         self._tasks = [asyncio.create_task(r.run(self._stop)) for r in reflectors]
         self._tasks.append(asyncio.create_task(self._deadlines()))
         with contextlib.suppress(TimeoutError):
@@ -271,7 +285,7 @@ class KubernetesExecutor:
         live = [p for p in attempt.pods.values() if not meta(p).get("deletionTimestamp")]
         unbound = [p for p in live if not (p.get("spec") or {}).get("nodeName") and meta(p)["uid"] not in attempt.bound]
         ref = attempt.record.spec.workload
-        if ref is not None and ref.kind == "JobSet" and attempt.layout is None:
+        if ref is not None and ref.kind in ("JobSet", "PyTorchJob") and attempt.layout is None:
             return  # its replica layout is read at launch and on resync; without it no pod can be bound
         indexes = {replica_of(p, attempt.layout) for p in live}
         if unbound and not attempt.binding and indexes >= set(range(replicas)):
@@ -318,7 +332,10 @@ class KubernetesExecutor:
     async def _suspend(self, attempt: Attempt) -> None:
         ref = attempt.record.spec.workload
         if ref is not None and ref.kind in RESOURCES:
-            await self.client.patch(RESOURCES[ref.kind], ref.name, {"spec": {"suspend": True}}, ref.namespace)
+            patch: Obj = {"spec": {"suspend": True}}
+            if ref.kind == "PyTorchJob":
+                patch = {"spec": {"runPolicy": {"suspend": True}}}
+            await self.client.patch(RESOURCES[ref.kind], ref.name, patch, ref.namespace)
 
     async def _deadlines(self) -> None:
         while not self._stop.is_set():
@@ -389,6 +406,13 @@ def _unsuspend_jobset(jobset: Obj, template_meta: Obj) -> Obj:
         rjobs.append(new)
     return {"metadata": {"resourceVersion": meta(jobset).get("resourceVersion")},
             "spec": {"suspend": False, "replicatedJobs": rjobs}}  # fmt: skip
+
+
+def _unsuspend_pytorchjob(pytorchjob: Obj, template_meta: Obj) -> Obj:
+    """Merge patch that resumes a PyTorchJob (`spec.runPolicy.suspend: false`) with the attempt on every replica
+    spec's pod template. `pytorchReplicaSpecs` is a map, so a merge patch adds to each template's metadata."""
+    specs = {rtype: {"template": {"metadata": template_meta}} for rtype in pytorch_replica_specs(pytorchjob)}
+    return {"spec": {"runPolicy": {"suspend": False}, "pytorchReplicaSpecs": specs}}
 
 
 def _pending(attempt: Attempt) -> str:
