@@ -138,7 +138,8 @@ class SchedulingState:
     def _rank(self, job: PendingJob) -> float:
         """The job's rank in its sub-queue under the order policy; predicts its runtime on the way in."""
         config = self.config
-        if config.predict and job.predicted_s is None:
+        uses_prediction = config.order == "spf" or config.backfill_on_predictions
+        if config.predict and uses_prediction and job.predicted_s is None:
             total = self.predictor.predict(job.team, job.name, job.shape.gpus)
             if total is not None:
                 job.predicted_s = max(0.0, total - job.run_s)
