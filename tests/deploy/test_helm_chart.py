@@ -104,16 +104,17 @@ def test_the_default_install_runs_everything_with_a_standby_scheduler() -> None:
     webhook = by_name[("MutatingWebhookConfiguration", "chamber")]["webhooks"][0]
     assert webhook["clientConfig"]["service"]["name"] == "chamber-webhooks"
     assert webhook["objectSelector"]["matchExpressions"][0]["key"] == "chamber.io/team"
-    assert {r["resources"][0] for r in webhook["rules"]} == {"jobs", "jobsets", "pytorchjobs"}
+    assert {r["resources"][0] for r in webhook["rules"]} == {"jobs", "jobsets", "pytorchjobs", "trainjobs"}
 
 
 def test_rbac_is_least_privilege() -> None:
     roles = {d["metadata"]["name"]: d["rules"] for d in render({}) if d["kind"] == "ClusterRole"}
     verbs = {name: {(r["resources"][0], v) for r in rules for v in r["verbs"]} for name, rules in roles.items()}
     assert verbs["chamber-gateway"] == {
-        (resource, verb) for resource in ("jobs", "jobsets", "pytorchjobs") for verb in ("list", "watch")
-    }
-    assert {("pytorchjobs", v) for v in ("get", "list", "watch", "patch", "delete")} <= verbs["chamber-scheduler"]
+        (resource, verb) for resource in ("jobs", "jobsets", "pytorchjobs", "trainjobs") for verb in ("list", "watch")
+    } | {("clustertrainingruntimes", "get"), ("trainingruntimes", "get")}, "a TrainJob's runtime is read, never changed"
+    for workload in ("pytorchjobs", "trainjobs"):
+        assert {(workload, v) for v in ("get", "list", "watch", "patch", "delete")} <= verbs["chamber-scheduler"]
     assert verbs["chamber-collector"] == {("nodes", "list"), ("nodes", "watch")}
     assert ("pods/binding", "create") in verbs["chamber-scheduler"]
     assert ("pods/eviction", "create") in verbs["chamber-health"]
