@@ -18,7 +18,7 @@ from chamber.cli.kubesim.serve import Running, emulated_cluster
 from chamber.collector import service as collector
 from chamber.common.bus import Bus
 from chamber.common.codec import Decoder
-from chamber.common.contracts import HealthCommand, JobEvent, JobLaunchFailed, JobRecord
+from chamber.common.contracts import HealthCommand, JobEvent, JobLaunchFailed, JobRecord, NodeTelemetry
 from chamber.common.jobstore import JobStore
 from chamber.common.kube.client import (
     CLUSTERTRAININGRUNTIMES,
@@ -36,6 +36,7 @@ from chamber.gateway import service as gateway
 from chamber.health import service as health
 from chamber.scheduler import service as scheduler
 from tests.support.kube import call, gpu_job, official, training_runtime, trainjob
+from tests.support.kubelet import kubelet, short_socket_dir
 from tests.support.services import eventually, running
 
 pytestmark = pytest.mark.integration
@@ -585,3 +586,45 @@ async def test_a_preempted_trainjob_is_suspended_and_resumes_on_its_jobset(
         jobset = await kc.get(JOBSETS, "sweep", "default")
         assert jobset["metadata"]["ownerReferences"][0]["uid"] == created["metadata"]["uid"]
     await kc.close()
+
+
+async def test_the_node_agent_names_the_job_the_kubelet_gave_each_gpu_to(
+    kube: tuple[Settings, Running], bus: Bus
+) -> None:
+    """A Job runs through Chamber on the emulator; a node agent (fake NVML, a kubelet's PodResources socket that
+    gives the Job's pod the node's two GPUs) publishes telemetry naming that job on each GPU."""
+    settings, cluster = kube
+    batch = client.BatchV1Api(official(cluster.url))
+    store = await JobStore.open(bus)
+    seen: list[NodeTelemetry] = []
+    decoder = Decoder(NodeTelemetry)
+    with short_socket_dir() as sock_dir:
+        async with running(settings, *SERVICES):
+            await webhooks_up(settings)
+            created = await call(batch.create_namespaced_job, "default", gpu_job("probe", gpus=2, seconds=30))
+            job_id = f"k8s-{created.metadata.uid}"
+            await eventually(lambda: _is(store, job_id, "running"), within=20, what="the Job runs")
+            kc = KubeClient.connect(cluster.url)
+            (pod,), _ = await kc.list(PODS, "default", labels="batch.kubernetes.io/job-name=probe")
+            node = pod["spec"]["nodeName"]
+            gpus = {("default", pod["metadata"]["name"]): {"main": ["GPU-fake-0", "GPU-fake-1"]}}
+            async with kubelet(sock_dir / "kubelet.sock", gpus, ["GPU-fake-0", "GPU-fake-1"]):
+                agent = msgspec.structs.replace(
+                    settings, collector_role="agent", nvml_module="tests.support.fakenvml:TWO_H100", node_name=node,
+                    pod_resources_socket=str(sock_dir / "kubelet.sock"), telemetry_interval_s=0.2,
+                )  # fmt: skip
+
+                async def on_msg(msg: Any) -> None:
+                    event = decoder.decode(msg.data)
+                    if isinstance(event, NodeTelemetry) and event.source == "nvml":
+                        seen.append(event)
+
+                sub = await bus.nc.subscribe(bus.names.telemetry(node), cb=on_msg)
+                async with running(agent, ("agent", collector.main)):
+                    await eventually(lambda: any(g.job_id for b in seen for g in b.gpus), within=15,
+                                     what="the agent's telemetry names the job")  # fmt: skip
+                await sub.unsubscribe()
+            await kc.close()
+    named = next(b for b in seen if any(g.job_id for g in b.gpus))
+    assert [(g.uuid, g.job_id) for g in named.gpus] == [("GPU-fake-0", job_id), ("GPU-fake-1", job_id)]
+    assert named.assignment_mismatches == [], "the kubelet gave the pod the 2 GPUs the ledger booked here"
