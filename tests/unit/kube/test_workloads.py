@@ -1,9 +1,11 @@
 """Reading Kubernetes Jobs as Chamber jobs: one rule for the webhooks, the intake and the executor."""
 
+from pathlib import Path
 from typing import Any
 
 import jsonpatch
 import pytest
+import yaml
 
 from chamber.common.kube.workloads import (
     Rejection,
@@ -320,3 +322,12 @@ def test_the_trainers_jobset_is_laid_out_by_its_trainer_step_only() -> None:
     assert [replica_of(pod("node", i), layout) for i in range(3)] == [0, 1, 2]
     complete = {"status": {"conditions": [{"type": "Complete", "status": "True", "reason": "JobsCompleted"}]}}
     assert job_outcome(complete) == (True, "")
+
+
+def test_the_trainjob_example_is_one_chamber_can_run() -> None:
+    example = Path(__file__).parents[3] / "deploy" / "examples" / "trainjob.yaml"
+    runtime, tj = yaml.safe_load_all(example.read_text())
+    spec = job_spec(tj, runtime=runtime, largest_node_gpus=8)
+    assert (spec.team, spec.replicas, spec.gpus_per_replica, spec.checkpoint_grace_s) == ("nlp", 2, 8, 120)
+    assert spec.topology is not None
+    assert (spec.topology.level, spec.topology.required) == ("rack", True)
