@@ -478,6 +478,10 @@ def _unsuspend_pytorchjob(pytorchjob: Obj, template_meta: Obj) -> Obj:
 def _pending(attempt: Attempt) -> str:
     """Why an attempt is not running yet, for the launch-failed reason."""
     if not attempt.pods:
+        ref = attempt.record.spec.workload
+        if ref is not None and ref.kind == "TrainJob":
+            return (f"no trainer pod of TrainJob {ref.namespace}/{ref.name} yet (its initializers run first; see "
+                    f"`kubectl describe trainjob,jobset {ref.name}`)")  # fmt: skip
         return "the Job controller created no pods (see `kubectl describe job`: quota, LimitRange, admission)"
     parts = []
     for pod in attempt.pods.values():
