@@ -88,7 +88,11 @@ class Consumer(Generic[T]):
             filter_subjects=self.filter_subjects if len(self.filter_subjects) > 1 else None,
             filter_subject=self.filter_subjects[0] if len(self.filter_subjects) == 1 else None,
         )
-        info = await self.bus.js.add_consumer(self.stream, config)
+        await self.bus.js.add_consumer(self.stream, config)
+        # Not add_consumer's answer: for a consumer that exists, the first answer after the server (re)loaded it
+        # is the state at load time. After a NATS restart it said "delivered up to 5453" while 5660 had been
+        # delivered, and the replay missed a submission a SIGKILLed scheduler had received (30 s late).
+        info = await self.bus.js.consumer_info(self.stream, self.durable)
         await self._replay_unacked(info)
         puller = self._puller = Puller(self.bus.nc, self.stream, self.durable, batch=self.batch)
         await puller.start()
