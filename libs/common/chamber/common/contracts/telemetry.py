@@ -2,9 +2,15 @@
 
 A capability a GPU lacks (older GPUs, MIG, a driver without the call) is an absent (None) field, never a zero
 that could be mistaken for a reading.
+
+On the wire a node's batch is `NodeTelemetryColumns`: one list per `GpuSample` field instead of one object per
+GPU. 12,500 nodes send one each a second; as rows an H100 node's batch is 6.5 KB that repeats every field name
+per GPU and costs every consumer an object per GPU, while fleet metrics read five columns of it and scatter them
+into numpy at once. Code works with `NodeTelemetry` (`to_columns` / `from_columns` convert, and
+`as_telemetry` turns a decoded `TelemetryWire` message into it); the row form is still accepted from older publishers.
 """
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 
@@ -88,6 +94,108 @@ class GpuXidEvent(Event, frozen=True):
 TelemetryEvent = NodeTelemetry | GpuXidEvent
 
 
+class NodeTelemetryColumns(Event, frozen=True):
+    """A `NodeTelemetry` as it is published: entry `i` of every list belongs to GPU `index[i]`.
+
+    `index` and `uuid` have one entry per GPU. Every other list has one entry per GPU, or none at all: then the
+    field has its default (absent, no XIDs) on every GPU, which keeps capabilities a node lacks off the wire.
+    Anything else is garbage and fails to decode. Fields added to `GpuSample` get a column here (a test checks)."""
+
+    node: str
+    sampled_at: float
+    interval_s: float
+    source: str = "sim"
+    index: list[int] = msgspec.field(default_factory=list)
+    uuid: list[str] = msgspec.field(default_factory=list)
+    gpu_util: list[float | None] = msgspec.field(default_factory=list)
+    mem_util: list[float | None] = msgspec.field(default_factory=list)
+    mem_used_mb: list[float | None] = msgspec.field(default_factory=list)
+    mem_total_mb: list[float | None] = msgspec.field(default_factory=list)
+    temperature_c: list[float | None] = msgspec.field(default_factory=list)
+    power_w: list[float | None] = msgspec.field(default_factory=list)
+    power_limit_w: list[float | None] = msgspec.field(default_factory=list)
+    ecc_dbe_volatile: list[int | None] = msgspec.field(default_factory=list)
+    ecc_sbe_volatile: list[int | None] = msgspec.field(default_factory=list)
+    xids: list[list[int]] = msgspec.field(default_factory=list)
+    sm_activity: list[float | None] = msgspec.field(default_factory=list)
+    tensor_activity: list[float | None] = msgspec.field(default_factory=list)
+    dram_activity: list[float | None] = msgspec.field(default_factory=list)
+    usage: list[float | None] = msgspec.field(default_factory=list)
+    clock_event_reasons: list[int | None] = msgspec.field(default_factory=list)
+    ecc_dbe_aggregate: list[int | None] = msgspec.field(default_factory=list)
+    ecc_sbe_aggregate: list[int | None] = msgspec.field(default_factory=list)
+    retired_pages_dbe: list[int | None] = msgspec.field(default_factory=list)
+    retired_pages_sbe: list[int | None] = msgspec.field(default_factory=list)
+    retired_pages_pending: list[bool | None] = msgspec.field(default_factory=list)
+    remapped_rows_correctable: list[int | None] = msgspec.field(default_factory=list)
+    remapped_rows_uncorrectable: list[int | None] = msgspec.field(default_factory=list)
+    remapped_rows_pending: list[bool | None] = msgspec.field(default_factory=list)
+    remapped_rows_failure: list[bool | None] = msgspec.field(default_factory=list)
+    nvlink_replay_errors: list[int | None] = msgspec.field(default_factory=list)
+    nvlink_recovery_errors: list[int | None] = msgspec.field(default_factory=list)
+    nvlink_crc_errors: list[int | None] = msgspec.field(default_factory=list)
+    pcie_replay_count: list[int | None] = msgspec.field(default_factory=list)
+    processes: list[list[GpuProcess] | None] = msgspec.field(default_factory=list)
+    recovery_action: list[int | None] = msgspec.field(default_factory=list)
+    unallocated_processes: list[int | None] = msgspec.field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        n = len(self.index)
+        if len(self.uuid) != n:
+            raise ValueError(f"{len(self.uuid)} uuids for {n} GPUs")
+        for name in _OPTIONAL_COLUMNS:
+            if len(getattr(self, name)) not in (0, n):
+                raise ValueError(f"column {name!r} has {len(getattr(self, name))} entries for {n} GPUs")
+
+
+_COLUMNS = GpuSample.__struct_fields__
+_OPTIONAL_COLUMNS = tuple(name for name in _COLUMNS if name not in ("index", "uuid"))
+
+
+def _default(name: str) -> Any:
+    field = next(f for f in msgspec.structs.fields(GpuSample) if f.name == name)
+    return field.default_factory() if field.default is msgspec.NODEFAULT else field.default
+
+
+_DEFAULTS = {name: _default(name) for name in _OPTIONAL_COLUMNS}
+
+
+def to_columns(batch: NodeTelemetry) -> NodeTelemetryColumns:
+    """The wire form of a batch; a column whose every entry is the field's default is left empty."""
+    gpus = batch.gpus
+    columns: dict[str, list[Any]] = {"index": [s.index for s in gpus], "uuid": [s.uuid for s in gpus]}
+    for name, default in _DEFAULTS.items():
+        values = [getattr(s, name) for s in gpus]
+        if any(v != default for v in values):
+            columns[name] = values
+    return NodeTelemetryColumns(
+        node=batch.node, sampled_at=batch.sampled_at, interval_s=batch.interval_s, source=batch.source, v=batch.v,
+        **columns,
+    )  # fmt: skip
+
+
+def from_columns(batch: NodeTelemetryColumns) -> NodeTelemetry:
+    """The batch a consumer works with (the columns were checked to be consistent when decoded)."""
+    present = [(name, getattr(batch, name)) for name in _OPTIONAL_COLUMNS if getattr(batch, name)]
+    gpus = [
+        GpuSample(index=index, uuid=batch.uuid[i], **{name: values[i] for name, values in present})
+        for i, index in enumerate(batch.index)
+    ]
+    return NodeTelemetry(
+        node=batch.node, sampled_at=batch.sampled_at, interval_s=batch.interval_s, gpus=gpus, source=batch.source,
+        v=batch.v,
+    )  # fmt: skip
+
+
+TelemetryWire = NodeTelemetryColumns | NodeTelemetry | GpuXidEvent
+"""What `telemetry.<node>` carries (then `as_telemetry`)."""
+
+
+def as_telemetry(event: NodeTelemetryColumns | NodeTelemetry | GpuXidEvent) -> TelemetryEvent:
+    """A decoded `TelemetryWire` message as consumers handle it: batches as `NodeTelemetry`."""
+    return from_columns(event) if isinstance(event, NodeTelemetryColumns) else event
+
+
 class GpuActivityView(msgspec.Struct, frozen=True, gc=False):
     """The part of a `GpuSample` that fleet metrics need. Decoding the same bytes into this view skips building
     every other field: the aggregator ingests 100,000 GPUs a second this way."""
@@ -109,13 +217,38 @@ class NodeActivityView(msgspec.Struct, frozen=True, tag_field="kind", tag="NodeT
     gpus: list[GpuActivityView]
 
 
+_Index = Annotated[int, msgspec.Meta(ge=0, lt=MAX_GPUS_PER_NODE)]
+_Floats = Annotated[list[float | None], msgspec.Meta(max_length=MAX_GPUS_PER_NODE)]
+
+
+class NodeColumnsActivityView(msgspec.Struct, frozen=True, tag_field="kind", tag="NodeTelemetryColumns"):
+    """A `NodeTelemetryColumns` message seen through the five columns fleet metrics need (an empty one: absent on
+    every GPU); the other columns are skipped, not built. Inconsistent lengths fail to decode, as in the full form."""
+
+    node: str
+    sampled_at: float
+    interval_s: float
+    index: Annotated[list[_Index], msgspec.Meta(max_length=MAX_GPUS_PER_NODE)] = msgspec.field(default_factory=list)
+    gpu_util: _Floats = msgspec.field(default_factory=list)
+    sm_activity: _Floats = msgspec.field(default_factory=list)
+    power_w: _Floats = msgspec.field(default_factory=list)
+    power_limit_w: _Floats = msgspec.field(default_factory=list)
+    usage: _Floats = msgspec.field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        n = len(self.index)
+        for column in (self.gpu_util, self.sm_activity, self.power_w, self.power_limit_w, self.usage):
+            if len(column) != n and column:
+                raise ValueError(f"a column has {len(column)} entries for {n} GPUs")
+
+
 class XidEventView(msgspec.Struct, frozen=True, tag_field="kind", tag="GpuXidEvent"):
     """A `GpuXidEvent`, seen by a consumer that only needs to know it is one."""
 
     node: str
 
 
-TelemetryActivityView = NodeActivityView | XidEventView
+TelemetryActivityView = NodeColumnsActivityView | NodeActivityView | XidEventView
 
 
 class FaultInjection(Event, frozen=True):
