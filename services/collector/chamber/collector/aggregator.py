@@ -4,8 +4,9 @@ It listens to telemetry on a plain core-NATS subscription (no acks, lowest laten
 that a restart rebuilds within one interval, so it needs no durable consumer. 12,500 nodes send 12,500 messages
 a second, so the subscription is a `Firehose` (payloads read from the socket in bulk, no per-message objects;
 the nats-py subscription only where it cannot be used, e.g. TLS); each slice of up to 2,000 messages is decoded
-into the lean `NodeColumnsActivityView` (only the columns fleet metrics use; `NodeActivityView` for the row form) and applied at once, and the event loop gets
-control back between slices so the tick runs on time under any load; the bytes are kept for `/metrics`.
+into the lean `NodeColumnsActivityView` (only the columns fleet metrics use; `NodeActivityView` for the row form)
+and applied at once, and the event loop gets control back between slices so the tick runs on time under any load;
+the bytes are kept for `/metrics`.
 Inventory and job records are applied as they change (who holds which GPU comes from the records' placements, the
 same claims the ledger holds); every `metrics_interval_s` a `FleetSnapshot` is published, with the rollup
 buckets it closed; the cordons are read from the ledger every 5 s.

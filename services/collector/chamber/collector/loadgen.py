@@ -76,7 +76,8 @@ def finish(sock: socket.socket) -> None:
 
 def flood(url: str, prefix: str, nodes: int, rounds: int) -> None:
     now = time.time()
-    chunk = b"".join(frame(prefix, node_name(n), encode(to_columns(nvml_batch(node_name(n), now)))) for n in range(nodes))
+    batches = (to_columns(nvml_batch(node_name(n), now)) for n in range(nodes))
+    chunk = b"".join(frame(prefix, b.node, encode(b)) for b in batches)
     sock = connect(url)
     for _ in range(rounds):
         sock.sendall(chunk)

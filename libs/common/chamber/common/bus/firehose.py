@@ -32,7 +32,7 @@ SID = b"1"
 
 def supported(url: str) -> bool:
     """Whether `Firehose` can read from this server URL (a single plain `nats://` server)."""
-    parsed = urlparse(url.split(",")[0].strip())
+    parsed = urlparse(url.split(",", maxsplit=1)[0].strip())
     return parsed.scheme in ("nats", "") and bool(parsed.hostname)
 
 
@@ -124,7 +124,7 @@ class Firehose:
         slice_msgs: int = 2_000,
         pending_bytes_limit: int = 1024 * 1024 * 1024,
     ) -> None:
-        self.url = url.split(",")[0].strip()
+        self.url = url.split(",", maxsplit=1)[0].strip()
         self.subject = subject
         self.handler = handler
         self.name = name
@@ -185,9 +185,7 @@ class Firehose:
         while not self._closed:
             protocol = self._protocol
             if protocol is not None:
-                exc = await protocol.lost
-                if self._closed:
-                    return
+                exc = await protocol.lost  # close() cancels this task first
                 log.warning("nats.firehose_disconnected", subject=self.subject, error=str(exc))
                 self._protocol = None
             try:

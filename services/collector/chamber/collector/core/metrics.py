@@ -72,16 +72,21 @@ def activity(sample: ActivityFields) -> float:
     return 0.0
 
 
-def activities(
-    usage: npt.NDArray[np.float64], power: npt.NDArray[np.float64], limit: npt.NDArray[np.float64],
-    sm: npt.NDArray[np.float64], util: npt.NDArray[np.float64],
-) -> npt.NDArray[np.float64]:
+Column = npt.NDArray[np.float64]
+
+
+def column(values: list[float | None]) -> Column:
+    """A field of many samples as numbers, NaN where a sample has none."""
+    return np.array(values, dtype=np.float64)
+
+
+def activities(usage: Column, power: Column, limit: Column, sm: Column, util: Column) -> Column:
     """`activity` of many samples at once, from their fields as columns (NaN where a sample has none)."""
     with np.errstate(invalid="ignore"):
         act = np.where(np.isnan(util), 0.0, np.clip(util / 100, 0.0, 1.0))
         act = np.where(np.isnan(sm), act, np.clip(sm, 0.0, 1.0))
         act = np.where((limit != 0) & (power < IDLE_POWER_SHARE * limit), 0.0, act)
-        return np.where(np.isnan(usage), act, np.clip(usage / 100, 0.0, 1.0))  # type: ignore[no-any-return]
+        return np.where(np.isnan(usage), act, np.clip(usage / 100, 0.0, 1.0))
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,16 +155,16 @@ class FleetMetrics:
             if nid is None:
                 nid = table.node_id(node)
             slots = node_slots[nid]
-            if type(batch) is NodeColumnsActivityView:
+            if isinstance(batch, NodeColumnsActivityView):
                 index = batch.index
                 n = len(index)
                 got = slots[:n]
                 if len(got) != n or index != _IOTA[:n] or NONE in got:
                     got = [table.slot(node, i) for i in index]
                 where += got
-                for out, column in ((usage, batch.usage), (power, batch.power_w), (limit, batch.power_limit_w),
+                for out, values in ((usage, batch.usage), (power, batch.power_w), (limit, batch.power_limit_w),
                                     (sm, batch.sm_activity), (util, batch.gpu_util)):  # fmt: skip
-                    out += column if column else [None] * n
+                    out.extend(values if values else [None] * n)
             else:
                 n = 0
                 known = len(slots)
@@ -190,11 +195,9 @@ class FleetMetrics:
         self.reported_at += ats
         self.reported_gpus += counts
         if where:
-            def f(values: list[float | None]) -> npt.NDArray[np.float64]:
-                return np.array(values, dtype=np.float64)  # None -> NaN
-
             slots_at = np.array(where, dtype=np.intp)
-            floats(table.cols.activity)[slots_at] = activities(f(usage), f(power), f(limit), f(sm), f(util))
+            act = activities(column(usage), column(power), column(limit), column(sm), column(util))
+            floats(table.cols.activity)[slots_at] = act
             floats(table.cols.seen_at)[slots_at] = np.repeat(np.array(ats), counts)
 
     def take_reported(self) -> tuple[list[float], list[int]]:
