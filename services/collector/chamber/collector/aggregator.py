@@ -15,7 +15,7 @@ buckets it closed; the cordons are read from the ledger every 5 s.
 import asyncio
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -94,9 +94,10 @@ class Aggregator:
         self._on_payloads([msg.data])
 
     def _on_payloads(self, payloads: list[bytes]) -> None:
-        """Decode a slice of telemetry messages and ingest the node batches among them at once."""
-        batches: list[Batch] = []
-        raws: list[bytes | None] = []
+        """Ingest the node batches among a slice of telemetry messages at once (decoded one by one as read)."""
+        self.metrics.ingest_many(self._decoded(payloads))
+
+    def _decoded(self, payloads: list[bytes]) -> Iterator[tuple[Batch, bytes]]:
         decode = _telemetry.decode
         for data in payloads:
             try:
@@ -105,10 +106,7 @@ class Aggregator:
                 self.rejected += 1
                 continue
             if type(event) is not XidEventView:
-                batches.append(event)
-                raws.append(data)
-        if batches:
-            self.metrics.ingest_many(batches, raws)
+                yield event, data
 
     def _on_inventory(self, inv: NodeInventory) -> None:
         self.inventory[inv.node.name] = inv
