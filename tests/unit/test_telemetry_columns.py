@@ -68,6 +68,14 @@ def test_a_field_no_gpu_has_stays_off_the_wire() -> None:
     assert b'"usage":[]' in encode(columns)
 
 
+def test_gpus_rebuilt_from_absent_columns_do_not_share_lists() -> None:
+    gpus = [GpuSample(index=i, uuid=str(i)) for i in (0, 1)]
+    batch = NodeTelemetry(node="n", sampled_at=1.0, interval_s=1.0, gpus=gpus)
+    a, b = from_columns(to_columns(batch)).gpus
+    assert a.xids == b.xids == []
+    assert a.xids is not b.xids
+
+
 def test_the_wire_form_is_much_smaller_than_rows() -> None:
     batch = nvml_batch("node-000001", 1_700_000_000.25)
     assert len(encode(to_columns(batch))) < len(encode(batch)) / 2.5

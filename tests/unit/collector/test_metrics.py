@@ -249,7 +249,7 @@ def test_columns_rows_and_full_batches_ingest_alike() -> None:
     forms: list[Sequence[Batch]] = [batches, as_rows, as_columns]
     for form in forms:
         m = fleet({"n1": ("h100", 3), "n2": ("h100", 2)})
-        m.ingest_many(form)
+        m.ingest_many((b, None) for b in form)
         cols = m.slots.cols
         by_key = {k: (floats(cols.activity)[i], floats(cols.seen_at)[i]) for i, k in enumerate(m.slots.keys)}
         results.append((by_key, m.samples, m.take_reported()))
@@ -264,5 +264,5 @@ def test_columns_rows_and_full_batches_ingest_alike() -> None:
 def test_a_column_absent_on_every_gpu_counts_as_none() -> None:
     m = fleet({"n1": ("h100", 2)})
     raw = encode(to_columns(batch("n1", [80, 30], power=[500, 10])))
-    m.ingest_many([msgspec.json.decode(raw, type=NodeColumnsActivityView)])
+    m.ingest_many([(msgspec.json.decode(raw, type=NodeColumnsActivityView), raw)])
     assert np.allclose(floats(m.slots.cols.activity)[:2], [0.8, 0.0])

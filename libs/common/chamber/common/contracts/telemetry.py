@@ -10,6 +10,7 @@ into numpy at once. Code works with `NodeTelemetry` (`to_columns` / `from_column
 `as_telemetry` turns a decoded `TelemetryWire` message into it); the row form is still accepted from older publishers.
 """
 
+import operator
 from typing import Annotated, Any, Literal
 
 import msgspec
@@ -143,13 +144,14 @@ class NodeTelemetryColumns(Event, frozen=True):
         n = len(self.index)
         if len(self.uuid) != n:
             raise ValueError(f"{len(self.uuid)} uuids for {n} GPUs")
-        for name in _OPTIONAL_COLUMNS:
-            if len(getattr(self, name)) not in (0, n):
-                raise ValueError(f"column {name!r} has {len(getattr(self, name))} entries for {n} GPUs")
+        lengths = set(map(len, _optional_columns(msgspec.structs.astuple(self))))
+        if not lengths <= {0, n}:
+            raise ValueError(f"columns of {sorted(lengths - {0, n})} entries for {n} GPUs")
 
 
 _COLUMNS = GpuSample.__struct_fields__
-_OPTIONAL_COLUMNS = tuple(name for name in _COLUMNS if name not in ("index", "uuid"))
+_REQUIRED = ("index", "uuid")
+_OPTIONAL_COLUMNS = tuple(name for name in _COLUMNS if name not in _REQUIRED)
 
 
 def _default(name: str) -> Any:
@@ -158,16 +160,24 @@ def _default(name: str) -> Any:
 
 
 _DEFAULTS = {name: _default(name) for name in _OPTIONAL_COLUMNS}
+_optional_columns = operator.itemgetter(*(NodeTelemetryColumns.__struct_fields__.index(c) for c in _OPTIONAL_COLUMNS))
+"""The optional columns out of `astuple(NodeTelemetryColumns)` (checked in C, not field by field in Python)."""
+
+
+_optional_of = operator.attrgetter(*_OPTIONAL_COLUMNS)
+_LIST_DEFAULTS = [i for i, name in enumerate(_OPTIONAL_COLUMNS) if isinstance(_DEFAULTS[name], list)]
+if any(_DEFAULTS[name] is not None for i, name in enumerate(_OPTIONAL_COLUMNS) if i not in _LIST_DEFAULTS):
+    raise TypeError("from_columns fills absent columns with None or empty lists: teach it the new default")
 
 
 def to_columns(batch: NodeTelemetry) -> NodeTelemetryColumns:
     """The wire form of a batch; a column whose every entry is the field's default is left empty."""
-    gpus = batch.gpus
-    columns: dict[str, list[Any]] = {"index": [s.index for s in gpus], "uuid": [s.uuid for s in gpus]}
+    n = len(batch.gpus)
+    rows = [msgspec.structs.astuple(s) for s in batch.gpus]
+    columns = dict(zip(_COLUMNS, map(list, zip(*rows, strict=True)) if n else ([] for _ in _COLUMNS), strict=True))
     for name, default in _DEFAULTS.items():
-        values = [getattr(s, name) for s in gpus]
-        if any(v != default for v in values):
-            columns[name] = values
+        if columns[name].count(default) == n:
+            columns[name] = []
     return NodeTelemetryColumns(
         node=batch.node, sampled_at=batch.sampled_at, interval_s=batch.interval_s, source=batch.source, v=batch.v,
         **columns,
@@ -175,12 +185,19 @@ def to_columns(batch: NodeTelemetry) -> NodeTelemetryColumns:
 
 
 def from_columns(batch: NodeTelemetryColumns) -> NodeTelemetry:
-    """The batch a consumer works with (the columns were checked to be consistent when decoded)."""
-    present = [(name, getattr(batch, name)) for name in _OPTIONAL_COLUMNS if getattr(batch, name)]
-    gpus = [
-        GpuSample(index=index, uuid=batch.uuid[i], **{name: values[i] for name, values in present})
-        for i, index in enumerate(batch.index)
-    ]
+    """The batch a consumer works with (the columns were checked to be consistent when decoded).
+
+    Each sample is built from all its fields by position, the way pickle rebuilds a Struct (`__reduce__`): 0.2 us
+    a GPU, where keyword arguments took 2 us and doubled what health spends per batch."""
+    n = len(batch.index)
+    nones = [None] * n
+    columns = _optional_of(batch)
+    full = [column or nones for column in columns]
+    for i in _LIST_DEFAULTS:
+        if not columns[i]:
+            full[i] = [[] for _ in range(n)]  # each GPU its own list
+    full[:0] = (batch.index, batch.uuid)
+    gpus = [GpuSample(*row) for row in zip(*full, strict=True)]
     return NodeTelemetry(
         node=batch.node, sampled_at=batch.sampled_at, interval_s=batch.interval_s, gpus=gpus, source=batch.source,
         v=batch.v,
