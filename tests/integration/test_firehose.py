@@ -38,9 +38,12 @@ async def test_payloads_arrive_whole_in_order_and_in_bounded_slices(bus: Bus, se
 
 async def test_it_reconnects_after_the_connection_is_cut(bus: Bus, settings: Settings) -> None:
     got: list[bytes] = []
-    firehose = Firehose(settings.nats_url, bus.names.subject("telemetry.>"), got.extend)
+    firehose = Firehose(settings.nats_url, bus.names.subject("telemetry.>"), got.extend, ping_interval_s=0.05)
     await firehose.start()
     try:
+        await asyncio.sleep(0.3)
+        assert firehose._protocol is not None, "a server that answers its PINGs keeps the connection"
+        assert firehose._protocol.parser.pongs >= 3
         protocol = firehose._protocol
         assert protocol is not None
         assert protocol.transport is not None

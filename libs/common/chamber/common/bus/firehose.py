@@ -87,8 +87,8 @@ class _Protocol(asyncio.Protocol):
         self.owner = owner
         self.parser = FrameParser()
         self.transport: asyncio.Transport | None = None
-        self.pong = asyncio.get_running_loop().create_future()
-        self.lost = asyncio.get_running_loop().create_future()
+        self.pong: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.lost: asyncio.Future[Exception | None] = asyncio.get_running_loop().create_future()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -123,6 +123,7 @@ class Firehose:
         name: str = "chamber-firehose",
         slice_msgs: int = 2_000,
         pending_bytes_limit: int = 1024 * 1024 * 1024,
+        ping_interval_s: float = 60.0,
     ) -> None:
         self.url = url.split(",", maxsplit=1)[0].strip()
         self.subject = subject
@@ -130,6 +131,7 @@ class Firehose:
         self.name = name
         self.slice_msgs = slice_msgs
         self.pending_bytes_limit = pending_bytes_limit
+        self.ping_interval_s = ping_interval_s
         self.received = 0
         self.dropped = 0
         self._pending: list[bytes] = []
@@ -185,7 +187,7 @@ class Firehose:
         while not self._closed:
             protocol = self._protocol
             if protocol is not None:
-                exc = await protocol.lost  # close() cancels this task first
+                exc = await self._until_lost(protocol)  # close() cancels this task first
                 log.warning("nats.firehose_disconnected", subject=self.subject, error=str(exc))
                 self._protocol = None
             try:
@@ -196,6 +198,21 @@ class Firehose:
                 log.warning("nats.firehose_reconnect_failed", error=str(exc), retry_in_s=delay)
                 await asyncio.sleep(delay)
                 delay = min(2 * delay, 2.0)
+
+    async def _until_lost(self, protocol: _Protocol) -> Exception | None:
+        """Wait for the connection to end; PING the server every `ping_interval_s` and cut a connection that has not
+        answered the previous PING (a half-open TCP connection would otherwise look like a quiet subject forever)."""
+        expected = protocol.parser.pongs
+        while True:
+            done, _ = await asyncio.wait([protocol.lost], timeout=self.ping_interval_s)
+            if done:
+                return protocol.lost.result()
+            assert protocol.transport is not None
+            if protocol.parser.pongs < expected:
+                protocol.transport.abort()
+                return await protocol.lost
+            protocol.transport.write(b"PING\r\n")
+            expected += 1
 
     async def _deliver(self) -> None:
         while True:
