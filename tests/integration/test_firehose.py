@@ -8,6 +8,7 @@ import pytest
 from chamber.common.bus import Bus
 from chamber.common.bus.firehose import Firehose
 from chamber.common.settings import Settings
+from chamber.common.subjects import Names
 from tests.support.services import eventually
 
 pytestmark = pytest.mark.integration
@@ -58,3 +59,28 @@ async def test_it_reconnects_after_the_connection_is_cut(bus: Bus, settings: Set
         await eventually(back, what="payloads flow again after a reconnect")
     finally:
         await firehose.close()
+
+
+def test_it_runs_on_uvloop_as_the_services_do(settings: Settings) -> None:
+    """Services run on uvloop (`chamber.common.runtime`), whose transports are not asyncio's classes."""
+    uvloop = pytest.importorskip("uvloop")
+
+    async def scenario() -> list[bytes]:
+        got: list[bytes] = []
+        bus = await Bus.connect(settings.nats_url, Names(settings.namespace), "test")
+        firehose = Firehose(settings.nats_url, bus.names.subject("telemetry.>"), got.extend)
+        await firehose.start()
+        try:
+            for i in range(100):
+                await bus.nc.publish(bus.names.telemetry("node-1"), b"%d" % i)
+            await bus.nc.flush()
+            for _ in range(100):
+                if len(got) == 100:
+                    break
+                await asyncio.sleep(0.02)
+        finally:
+            await firehose.close()
+            await bus.close()
+        return got
+
+    assert uvloop.run(scenario()) == [b"%d" % i for i in range(100)]

@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import json
 from collections.abc import Awaitable, Callable
+from typing import cast
 from urllib.parse import unquote, urlparse
 
 from chamber.common.log import get_logger
@@ -91,8 +92,7 @@ class _Protocol(asyncio.Protocol):
         self.lost: asyncio.Future[Exception | None] = asyncio.get_running_loop().create_future()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's is not an asyncio.Transport subclass
 
     def data_received(self, data: bytes) -> None:
         parser = self.parser
@@ -162,7 +162,7 @@ class Firehose:
     async def _connect(self) -> None:
         parsed = urlparse(self.url)
         loop = asyncio.get_running_loop()
-        _, protocol = await loop.create_connection(
+        transport, protocol = await loop.create_connection(
             lambda: _Protocol(self), parsed.hostname or "127.0.0.1", parsed.port or 4222
         )
         options: dict[str, object] = {"verbose": False, "pedantic": False, "name": self.name, "lang": "python",
@@ -171,14 +171,14 @@ class Firehose:
             options["user"], options["pass"] = unquote(parsed.username), unquote(parsed.password)
         elif parsed.username:
             options["auth_token"] = unquote(parsed.username)
-        assert protocol.transport is not None
-        protocol.transport.write(
+        protocol.transport = transport
+        transport.write(
             b"CONNECT %s\r\nSUB %s %s\r\nPING\r\n" % (json.dumps(options).encode(), self.subject.encode(), SID)
         )
         try:
             await protocol.pong
         except BaseException:
-            protocol.transport.close()
+            transport.close()
             raise
         self._protocol = protocol
 
