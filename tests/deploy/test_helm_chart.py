@@ -85,7 +85,7 @@ def test_every_manifest_of_every_variant_is_valid_kubernetes(version: str) -> No
 def test_the_default_install_runs_everything_with_a_standby_scheduler() -> None:
     docs = render({})
     assert kinds(docs) == {
-        "ClusterRole": 5, "ClusterRoleBinding": 5, "ConfigMap": 1, "DaemonSet": 1, "Deployment": 5, "Job": 1,
+        "ClusterRole": 6, "ClusterRoleBinding": 6, "ConfigMap": 1, "DaemonSet": 1, "Deployment": 5, "Job": 1,
         "MutatingWebhookConfiguration": 1, "PodDisruptionBudget": 1, "Role": 1, "RoleBinding": 1, "Service": 6,
         "ServiceAccount": 7, "StatefulSet": 2, "ValidatingWebhookConfiguration": 1,
     }  # fmt: skip
@@ -99,22 +99,41 @@ def test_the_default_install_runs_everything_with_a_standby_scheduler() -> None:
     agent = by_name[("DaemonSet", "chamber-node-agent")]["spec"]["template"]["spec"]
     assert agent["runtimeClassName"] == "nvidia"
     assert agent["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    (container,) = agent["containers"]
+    mounts = {m["name"]: m for m in container["volumeMounts"]}
+    assert mounts["pod-resources"] == {"name": "pod-resources", "mountPath": "/var/lib/kubelet/pod-resources",
+                                       "readOnly": True}, "the kubelet's PodResources directory, read-only"  # fmt: skip
+    volumes = {v["name"]: v for v in agent["volumes"]}
+    assert volumes["pod-resources"]["hostPath"] == {"path": "/var/lib/kubelet/pod-resources", "type": "Directory"}
+    agent_env = {e["name"]: e.get("value") for e in container["env"]}
+    assert agent_env["CHAMBER_POD_RESOURCES_SOCKET"] == "/var/lib/kubelet/pod-resources/kubelet.sock"
+    assert agent["automountServiceAccountToken"] is True, "it lists its node's pods to name each device's job"
+    assert (agent["securityContext"]["runAsUser"], container["securityContext"]["capabilities"]) == (
+        0, {"drop": ["ALL"]},
+    ), "root only to reach the kubelet's root-owned socket, without capabilities"  # fmt: skip
+    without = render({"nodeAgent": {"podResources": {"enabled": False}}})
+    plain = next(d for d in without if d["kind"] == "DaemonSet")["spec"]["template"]["spec"]
+    assert "pod-resources" not in {v["name"] for v in plain["volumes"]}
+    assert (plain["automountServiceAccountToken"], plain["securityContext"]["runAsNonRoot"]) == (False, True)
+    assert "chamber-node-agent" not in {d["metadata"]["name"] for d in without if d["kind"] == "ClusterRole"}
     hook = by_name[("Job", "chamber-webhook-cert")]
     assert "pre-install" in hook["metadata"]["annotations"]["helm.sh/hook"]
     webhook = by_name[("MutatingWebhookConfiguration", "chamber")]["webhooks"][0]
     assert webhook["clientConfig"]["service"]["name"] == "chamber-webhooks"
     assert webhook["objectSelector"]["matchExpressions"][0]["key"] == "chamber.io/team"
-    assert {r["resources"][0] for r in webhook["rules"]} == {"jobs", "jobsets", "pytorchjobs"}
+    assert {r["resources"][0] for r in webhook["rules"]} == {"jobs", "jobsets", "pytorchjobs", "trainjobs"}
 
 
 def test_rbac_is_least_privilege() -> None:
     roles = {d["metadata"]["name"]: d["rules"] for d in render({}) if d["kind"] == "ClusterRole"}
     verbs = {name: {(r["resources"][0], v) for r in rules for v in r["verbs"]} for name, rules in roles.items()}
     assert verbs["chamber-gateway"] == {
-        (resource, verb) for resource in ("jobs", "jobsets", "pytorchjobs") for verb in ("list", "watch")
-    }
-    assert {("pytorchjobs", v) for v in ("get", "list", "watch", "patch", "delete")} <= verbs["chamber-scheduler"]
+        (resource, verb) for resource in ("jobs", "jobsets", "pytorchjobs", "trainjobs") for verb in ("list", "watch")
+    } | {("clustertrainingruntimes", "get"), ("trainingruntimes", "get")}, "a TrainJob's runtime is read, never changed"
+    for workload in ("pytorchjobs", "trainjobs"):
+        assert {(workload, v) for v in ("get", "list", "watch", "patch", "delete")} <= verbs["chamber-scheduler"]
     assert verbs["chamber-collector"] == {("nodes", "list"), ("nodes", "watch")}
+    assert verbs["chamber-node-agent"] == {("pods", "list"), ("pods", "watch")}, "its node's pods, read-only"
     assert ("pods/binding", "create") in verbs["chamber-scheduler"]
     assert ("pods/eviction", "create") in verbs["chamber-health"]
     creates = {(name, r["resources"][0]) for name, rules in roles.items() for r in rules for v in r["verbs"]

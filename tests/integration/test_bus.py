@@ -3,10 +3,11 @@
 import pytest
 from nats.js.api import AckPolicy, ConsumerConfig
 
-from chamber.common.bus import Bus
+from chamber.common.bus import Bus, Consumer
 from chamber.common.bus.errors import BusError, PublishError, WrongLastSequence
 from chamber.common.bus.pipeline import AckPipeline
 from chamber.common.bus.puller import Puller
+from chamber.common.bus.reading import _left, read_stream
 from chamber.common.codec import Decoder, encode
 from chamber.common.contracts import JobCancelRequested, JobEvent
 from chamber.common.subjects import DEADLETTER, JOBS, STREAMS, TELEMETRY
@@ -197,3 +198,81 @@ async def test_a_pull_request_the_server_refuses_is_an_error_not_a_wait(bus: Bus
         await puller.fetch(timeout_s=2.0)
     assert await puller.fetch(timeout_s=0.2) == []
     await puller.stop()
+
+
+async def test_replayed_and_redelivered_messages_go_to_the_recheck_handler(bus: Bus) -> None:
+    """A crashed instance received two messages and never acked them: the next instance replays them at start,
+    and JetStream redelivers them after the ack wait; both times they go to `recheck_handler` (they may have been
+    handled before), while a message delivered for the first time goes to the batch handler."""
+    await bus.ensure_streams()
+    stream = bus.names.stream(JOBS)
+    fresh: list[str] = []
+    again: list[list[str]] = []
+
+    async def one(event: JobCancelRequested) -> None:
+        fresh.append(event.job_id)
+
+    async def many(events: list[JobCancelRequested]) -> None:
+        fresh.extend(e.job_id for e in events)
+
+    async def recheck(events: list[JobCancelRequested]) -> None:
+        again.append([e.job_id for e in events])
+
+    def make() -> Consumer[JobCancelRequested]:
+        return bus.consumer(
+            stream=JOBS, durable="t", filter_subjects=[bus.names.subject("jobs.>")], decoder=Decoder(JobEvent),
+            handler=one, batch_handler=many, recheck_handler=recheck, batch=8, ack_wait_s=2.0,
+        )  # fmt: skip
+
+    for job in ("a", "b"):
+        await bus.publish(bus.names.job_cancel(job), JobCancelRequested(job_id=job, requested_at=1.0))
+    await bus.js.add_consumer(
+        stream,
+        ConsumerConfig(durable_name="t", ack_policy=AckPolicy.EXPLICIT, ack_wait=2.0, max_ack_pending=10_000,
+                       filter_subject=bus.names.subject("jobs.>")),
+    )  # fmt: skip
+    crashed = Puller(bus.nc, stream, "t", batch=8)
+    await crashed.start()
+    got = await crashed.fetch(timeout_s=2.0)
+    assert [m.subject.rsplit(".", 1)[1] for m in got] == ["a", "b"]
+    await crashed.stop()  # it dies without acking
+
+    consumer = make()
+    await consumer.start()
+    assert again == [["a", "b"]], "replayed at start"
+    await bus.publish(bus.names.job_cancel("c"), JobCancelRequested(job_id="c", requested_at=2.0))
+    await eventually(lambda: fresh == ["c"], what="the new message handled as new")
+
+    def redelivered() -> list[str]:
+        return sorted(j for batch in again[1:] for j in batch)
+
+    await eventually(lambda: redelivered() == ["a", "b"], within=10, what="the unacked pair redelivered")
+    assert fresh == ["c"], "the pair never went to the handler for new messages"
+    await consumer.stop()
+
+
+async def test_a_range_is_read_to_its_end_and_the_end_lookup_sees_what_is_left(bus: Bus) -> None:
+    """`read_stream` reads a range to its last sequence; before stopping short of the end on the consumer's own
+    pending count (seen at 0 three messages early), `_left` asks the stream whether anything matching is left,
+    and with latest-only reads a message superseded on its own subject does not count."""
+    await bus.ensure_streams()
+    stream = bus.names.stream(JOBS)
+    seqs = []
+    for i in range(40):
+        ack = await bus.js.publish(
+            bus.names.job_cancel(f"r{i % 5}"), encode(JobCancelRequested(job_id=f"r{i % 5}", requested_at=i))
+        )
+        seqs.append(ack.seq)
+    first, last = seqs[3], seqs[35]
+    got = [m.metadata.sequence.stream async for m in read_stream(bus.js, stream, bus.names.subject("jobs.>"),
+                                                                 first_seq=first, last_seq=last)]  # fmt: skip
+    assert got == seqs[3:36]
+    everything = bus.names.subject("jobs.>")
+    assert await _left(bus.js, stream, everything, seqs[30], seqs[39], latest_only=False)
+    assert not await _left(bus.js, stream, everything, seqs[39], seqs[39], latest_only=False)
+    assert not await _left(bus.js, stream, bus.names.subject("jobs.cancel.r1"), seqs[36], seqs[39], latest_only=False)
+    # latest per subject: seqs[34] (r4) is superseded by seqs[39]; seqs[35..39] are the latest of r0..r4
+    assert await _left(bus.js, stream, everything, seqs[34], seqs[39], latest_only=True)
+    assert not await _left(bus.js, stream, everything, seqs[30], seqs[33], latest_only=True), "all superseded"
+    latest = await bus.read_latest(JOBS, everything, Decoder(JobEvent))
+    assert sorted(e.requested_at for e in latest) == [35, 36, 37, 38, 39]

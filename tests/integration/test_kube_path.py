@@ -18,15 +18,25 @@ from chamber.cli.kubesim.serve import Running, emulated_cluster
 from chamber.collector import service as collector
 from chamber.common.bus import Bus
 from chamber.common.codec import Decoder
-from chamber.common.contracts import HealthCommand, JobEvent, JobLaunchFailed, JobRecord
+from chamber.common.contracts import HealthCommand, JobEvent, JobLaunchFailed, JobRecord, NodeTelemetry
 from chamber.common.jobstore import JobStore
-from chamber.common.kube.client import NODES, PODS, PYTORCHJOBS, KubeClient
+from chamber.common.kube.client import (
+    CLUSTERTRAININGRUNTIMES,
+    JOBSETS,
+    NODES,
+    PODS,
+    PYTORCHJOBS,
+    TRAININGRUNTIMES,
+    TRAINJOBS,
+    KubeClient,
+)
 from chamber.common.kube.errors import KubeError
 from chamber.common.settings import Settings
 from chamber.gateway import service as gateway
 from chamber.health import service as health
 from chamber.scheduler import service as scheduler
-from tests.support.kube import call, gpu_job, official
+from tests.support.kube import call, gpu_job, official, training_runtime, trainjob
+from tests.support.kubelet import kubelet, short_socket_dir
 from tests.support.services import eventually, running
 
 pytestmark = pytest.mark.integration
@@ -480,3 +490,141 @@ async def test_a_preempted_pytorchjob_is_suspended_through_its_run_policy_and_re
         pods, _ = await kc.list(PODS, "default", labels="training.kubeflow.org/job-name=sweep")
         assert {p["metadata"]["annotations"]["chamber.io/attempt"] for p in pods} == {"2"}, "the resumed attempt's"
     await kc.close()
+
+
+TRAINER = ("trainer.kubeflow.org", "v1alpha1")
+
+
+async def create_trainjob(custom: client.CustomObjectsApi, body: dict[str, Any]) -> dict[str, Any]:
+    created: dict[str, Any] = await call(custom.create_namespaced_custom_object, *TRAINER, "default", "trainjobs", body)
+    return created
+
+
+async def test_a_trainjob_is_suspended_admitted_its_trainer_pods_bound_to_the_reserved_nodes_and_finished(
+    kube: tuple[Settings, Running], bus: Bus
+) -> None:
+    settings, cluster = kube
+    custom = client.CustomObjectsApi(official(cluster.url))
+    kc = KubeClient.connect(cluster.url)
+    store = await JobStore.open(bus)
+    await kc.create(CLUSTERTRAININGRUNTIMES, training_runtime(gpus=4, nodes=1, initializer=False))
+    async with running(settings, *SERVICES):
+        await webhooks_up(settings)
+        created = await create_trainjob(custom, trainjob("finetune", nodes=2, gpus=8, seconds=1))
+        assert created["spec"]["suspend"] is True, "the mutating webhook suspended the TrainJob on creation"
+        assert created["metadata"]["labels"]["chamber.io/managed"] == "true"
+        job_id = f"k8s-{created['metadata']['uid']}"
+        await eventually(lambda: _is(store, job_id, "succeeded"), within=30, what="the TrainJob ran as one gang")
+        done = await record(store, job_id)
+        assert done is not None
+        assert done.placement is not None
+        assert (done.spec.replicas, done.spec.gpus_per_replica) == (2, 8), "numNodes x resourcesPerNode"
+        assert done.spec.workload is not None
+        assert (done.spec.workload.kind, done.spec.workload.name) == ("TrainJob", "finetune")
+        pods, _ = await kc.list(PODS, "default", labels="jobset.sigs.k8s.io/jobset-name=finetune")
+        assert len(pods) == 2
+        assert all(p["metadata"]["labels"]["chamber.io/job-id"] == job_id for p in pods)
+        where = {int(p["metadata"]["labels"]["batch.kubernetes.io/job-completion-index"]): p["spec"]["nodeName"]
+                 for p in pods}  # fmt: skip
+        assert where == {r: done.placement.gpus[r * 8].node for r in range(2)}, "bound where the ledger reserved"
+        assert {p["spec"]["schedulerName"] for p in pods} == {"chamber"}, "the runtime made them Chamber's"
+        finished = await kc.get(TRAINJOBS, "finetune", "default")
+        assert finished["spec"]["suspend"] is False, "the executor resumed it"
+        assert any(c["type"] == "Complete" and c["status"] == "True" for c in finished["status"]["conditions"])
+    await kc.close()
+
+
+async def test_a_trainjob_chamber_cannot_run_is_refused_by_the_webhook(
+    kube: tuple[Settings, Running], bus: Bus
+) -> None:
+    settings, cluster = kube
+    custom = client.CustomObjectsApi(official(cluster.url))
+    kc = KubeClient.connect(cluster.url)
+    await kc.create(CLUSTERTRAININGRUNTIMES, training_runtime("torch-default", scheduler=None, initializer=False))
+    greedy = training_runtime("greedy-init", kind="TrainingRuntime")
+    greedy["spec"]["template"]["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"][0][
+        "resources"
+    ] = {"limits": {"nvidia.com/gpu": "1"}}
+    await kc.create(TRAININGRUNTIMES, greedy, "default")
+    async with running(settings, ("gateway", gateway.main)):
+        await webhooks_up(settings)
+        with pytest.raises(ApiException, match="must say schedulerName: chamber"):
+            await create_trainjob(custom, trainjob("elsewhere", runtime="torch-default", gpus=8))
+        with pytest.raises(ApiException, match="does not exist"):
+            await create_trainjob(custom, trainjob("nowhere", runtime="no-such-runtime", gpus=8))
+        with pytest.raises(ApiException, match="GPUs for the trainer's nodes only"):
+            await create_trainjob(custom, trainjob("greedy", runtime="greedy-init", runtime_kind="TrainingRuntime"))
+    await kc.close()
+
+
+async def test_a_preempted_trainjob_is_suspended_and_resumes_on_its_jobset(
+    kube: tuple[Settings, Running], bus: Bus
+) -> None:
+    settings, cluster = kube
+    batch = client.BatchV1Api(official(cluster.url))
+    custom = client.CustomObjectsApi(official(cluster.url))
+    kc = KubeClient.connect(cluster.url)
+    store = await JobStore.open(bus)
+    await kc.create(CLUSTERTRAININGRUNTIMES, training_runtime(gpus=8, nodes=4, initializer=False))
+    async with running(settings, *SERVICES):
+        await webhooks_up(settings)
+        created = await create_trainjob(custom, trainjob("sweep", seconds=4, priority="research"))
+        victim_id = f"k8s-{created['metadata']['uid']}"
+        await eventually(lambda: _is(store, victim_id, "running"), within=20, what="the TrainJob fills the fleet")
+        urgent = await call(batch.create_namespaced_job, "default", gpu_job("urgent", gpus=8, seconds=1))
+        urgent_id = f"k8s-{urgent.metadata.uid}"
+        await eventually(lambda: _is(store, victim_id, "preempted"), within=20, what="the TrainJob preempted")
+        suspended = await kc.get(TRAINJOBS, "sweep", "default")
+        assert suspended["spec"]["suspend"] is True, "preemption suspends the TrainJob (spec.suspend)"
+        await eventually(lambda: _is(store, urgent_id, "succeeded"), within=20, what="the urgent job ran")
+        await eventually(lambda: _is(store, victim_id, "succeeded"), within=30, what="it resumed and finished")
+        done = await record(store, victim_id)
+        assert done is not None
+        assert (done.preemptions, done.attempt) == (1, 2)
+        pods, _ = await kc.list(PODS, "default", labels="jobset.sigs.k8s.io/jobset-name=sweep")
+        assert {p["metadata"]["annotations"]["chamber.io/attempt"] for p in pods} == {"2"}, "the resumed attempt's"
+        jobset = await kc.get(JOBSETS, "sweep", "default")
+        assert jobset["metadata"]["ownerReferences"][0]["uid"] == created["metadata"]["uid"]
+    await kc.close()
+
+
+async def test_the_node_agent_names_the_job_the_kubelet_gave_each_gpu_to(
+    kube: tuple[Settings, Running], bus: Bus
+) -> None:
+    """A Job runs through Chamber on the emulator; a node agent (fake NVML, a kubelet's PodResources socket that
+    gives the Job's pod the node's two GPUs) publishes telemetry naming that job on each GPU."""
+    settings, cluster = kube
+    batch = client.BatchV1Api(official(cluster.url))
+    store = await JobStore.open(bus)
+    seen: list[NodeTelemetry] = []
+    decoder = Decoder(NodeTelemetry)
+    with short_socket_dir() as sock_dir:
+        async with running(settings, *SERVICES):
+            await webhooks_up(settings)
+            created = await call(batch.create_namespaced_job, "default", gpu_job("probe", gpus=2, seconds=30))
+            job_id = f"k8s-{created.metadata.uid}"
+            await eventually(lambda: _is(store, job_id, "running"), within=20, what="the Job runs")
+            kc = KubeClient.connect(cluster.url)
+            (pod,), _ = await kc.list(PODS, "default", labels="batch.kubernetes.io/job-name=probe")
+            node = pod["spec"]["nodeName"]
+            gpus = {("default", pod["metadata"]["name"]): {"main": ["GPU-fake-0", "GPU-fake-1"]}}
+            async with kubelet(sock_dir / "kubelet.sock", gpus, ["GPU-fake-0", "GPU-fake-1"]):
+                agent = msgspec.structs.replace(
+                    settings, collector_role="agent", nvml_module="tests.support.fakenvml:TWO_H100", node_name=node,
+                    pod_resources_socket=str(sock_dir / "kubelet.sock"), telemetry_interval_s=0.2,
+                )  # fmt: skip
+
+                async def on_msg(msg: Any) -> None:
+                    event = decoder.decode(msg.data)
+                    if isinstance(event, NodeTelemetry) and event.source == "nvml":
+                        seen.append(event)
+
+                sub = await bus.nc.subscribe(bus.names.telemetry(node), cb=on_msg)
+                async with running(agent, ("agent", collector.main)):
+                    await eventually(lambda: any(g.job_id for b in seen for g in b.gpus), within=15,
+                                     what="the agent's telemetry names the job")  # fmt: skip
+                await sub.unsubscribe()
+            await kc.close()
+    named = next(b for b in seen if any(g.job_id for g in b.gpus))
+    assert [(g.uuid, g.job_id) for g in named.gpus] == [("GPU-fake-0", job_id), ("GPU-fake-1", job_id)]
+    assert named.assignment_mismatches == [], "the kubelet gave the pod the 2 GPUs the ledger booked here"

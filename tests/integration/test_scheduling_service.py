@@ -6,6 +6,7 @@ from chamber.collector import service as collector
 from chamber.common.bus import Bus
 from chamber.common.contracts import GpuSample, JobRecord, JobSpec, JobSubmitted, NodeTelemetry
 from chamber.common.jobstore import JobStore
+from chamber.common.runtime import make_context
 from chamber.common.settings import Settings
 from chamber.health import service as health
 from chamber.scheduler import service as scheduler
@@ -82,3 +83,31 @@ async def test_a_gpu_fault_interrupts_its_job_which_resumes_elsewhere(settings: 
         assert after.placement is not None
         assert after.interruptions == 1
         assert f"{node}/5" not in {g.slot for g in after.placement.gpus}
+
+
+async def test_a_job_submitted_again_after_it_ended_is_not_placed_again(settings: Settings, bus: Bus) -> None:
+    """The scheduler keeps only active jobs in memory, so a submission of a job that already ended (a replay after
+    a crash, a redelivery, a duplicate message) looks new to it. The store refuses the new record; the GPUs the
+    pass claimed for it must be released at once, not left to the ledger check 10 s later (meanwhile nobody
+    could use them, and with a full fleet the phantom could have preempted a real job)."""
+    store = await JobStore.open(bus)
+    ledger = make_context(settings, "test").ledger()
+    try:
+        async with running(settings, ("collector", collector.main), ("scheduler", scheduler.main)):
+            spec = JobSpec(name="eval", team="lab", gpus_per_replica=8, duration_s=0.2)
+            await submit(bus, "first", spec, 1.0)
+
+            async def succeeded(job_id: str) -> bool:
+                r = await record(store, job_id)
+                return r is not None and r.state == "succeeded"
+
+            await eventually(lambda: succeeded("first"), what="the job ran and ended")
+            ended = await record(store, "first")
+            await submit(bus, "first", spec, 1.0)  # the same submission again
+            await submit(bus, "after", spec, 2.0)
+            await eventually(lambda: succeeded("after"), what="the next job ran (the duplicate was handled before it)")
+            claims = (await ledger.snapshot()).claims
+            assert "first" not in claims, "the duplicate's claim was released at once"
+            assert await record(store, "first") == ended, "the ended job's record is untouched"
+    finally:
+        await ledger.close()

@@ -46,5 +46,7 @@ def test_the_wheel_carries_code_data_and_entry_point(tmp_path: Path) -> None:
         assert f"chamber/gateway/static/{asset}" in names
     for generated in ("chamber_pb2.py", "chamber_pb2.pyi", "chamber_pb2_grpc.py", "chamber.proto"):
         assert f"chamber/gateway/rpc/{generated}" in names
+    for generated in ("podresources_pb2.py", "podresources_pb2.pyi", "podresources_pb2_grpc.py", "podresources.proto"):
+        assert f"chamber/collector/agent/{generated}" in names, "the kubelet PodResources client is generated too"
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))
     assert "chamber = chamber.cli.main:main" in zipfile.ZipFile(wheel).read(entry_points).decode()

@@ -3,7 +3,15 @@
 from typing import Any
 
 from chamber.cli.kubesim.semantics import merge_patch
-from chamber.common.kube.nodes import cloud_of, gone, gpu_model, inventory, quarantine_patch, release_patch
+from chamber.common.kube.nodes import (
+    cloud_of,
+    gone,
+    gpu_model,
+    inventory,
+    mig_slices,
+    quarantine_patch,
+    release_patch,
+)
 
 
 def node(**labels: str) -> dict[str, Any]:
@@ -59,3 +67,19 @@ def test_quarantine_cordons_and_taints_and_release_undoes_only_what_chamber_did(
     operator_cordoned["spec"]["unschedulable"] = True
     again = merge_patch(operator_cordoned, quarantine_patch(operator_cordoned, "x"))
     assert merge_patch(again, release_patch(again))["spec"]["unschedulable"] is True, "an operator's cordon stays"
+
+
+def test_mig_slices_of_the_mixed_strategy_are_recorded_beside_the_whole_gpus_and_not_booked() -> None:
+    mixed = node(**{"nvidia.com/mig.strategy": "mixed", "nvidia.com/mig-1g.10gb.count": "14",
+                    "nvidia.com/mig-1g.10gb.memory": "9728", "nvidia.com/mig-3g.40gb.count": "2",
+                    "nvidia.com/mig-3g.40gb.memory": "40192"})  # fmt: skip
+    mixed["status"]["allocatable"] = {"nvidia.com/gpu": "6", "nvidia.com/mig-1g.10gb": "13",
+                                      "nvidia.com/mig-3g.40gb": "2", "cpu": "96"}  # fmt: skip
+    inv = inventory(mixed, default_pool="d", pool_label="p", cost_per_gpu_hour=0, now=0)
+    assert len(inv.node.gpus) == 6, "nvidia.com/gpu: the GPUs not in MIG mode, what Chamber books"
+    assert [(s.profile, s.count, s.memory_mb) for s in inv.node.mig_slices] == [
+        ("1g.10gb", 13, 9728), ("3g.40gb", 2, 40192),
+    ], "the device plugin's healthy slices per profile, GFD's memory"  # fmt: skip
+    labelled_only = node(**{"nvidia.com/mig-2g.20gb.count": "3"})
+    assert [(s.profile, s.count) for s in mig_slices(labelled_only)] == [("2g.20gb", 3)], "GFD's count as fallback"
+    assert mig_slices(node()) == [], "no MIG, or the single strategy: nothing beside nvidia.com/gpu"

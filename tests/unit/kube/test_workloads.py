@@ -1,9 +1,11 @@
 """Reading Kubernetes Jobs as Chamber jobs: one rule for the webhooks, the intake and the executor."""
 
+from pathlib import Path
 from typing import Any
 
 import jsonpatch
 import pytest
+import yaml
 
 from chamber.common.kube.workloads import (
     Rejection,
@@ -16,9 +18,11 @@ from chamber.common.kube.workloads import (
     pod_exit,
     pytorch_layout,
     replica_of,
+    runtime_ref,
+    trainer_layout,
     workload_layout,
 )
-from tests.support.kube import gpu_job
+from tests.support.kube import gpu_job, training_runtime, trainjob
 
 
 def with_(job: dict[str, Any], path: str, value: object) -> dict[str, Any]:
@@ -68,8 +72,8 @@ REJECTIONS = [
     ("bad team name", gpu_job("a", team="Team_A"), "cannot run this Job"),
     ("bad topology", gpu_job("a", annotations={"chamber.io/topology": "pod"}), "use node, rack or zone"),
     (
-        "a TrainJob",
-        with_(with_(gpu_job("a"), "apiVersion", "trainer.kubeflow.org/v1alpha1"), "kind", "TrainJob"),
+        "an unknown kind",
+        with_(with_(gpu_job("a"), "apiVersion", "example.com/v1"), "kind", "Workflow"),
         "not supported",
     ),
 ]
@@ -227,3 +231,103 @@ def test_a_pytorchjob_succeeds_or_fails_by_its_conditions() -> None:
     failed = {"status": {"conditions": [{"type": "Failed", "status": "True", "reason": "PyTorchJobFailed"}]}}
     assert job_outcome(failed) == (False, "PyTorchJobFailed")
     assert job_outcome({"status": {"conditions": [{"type": "Running", "status": "True"}]}}) is None
+
+
+def test_a_trainjob_is_one_gang_of_its_trainer_nodes_with_its_resources_per_node() -> None:
+    tj = with_(trainjob("llm", nodes=4, gpus=4, priority="research"), "spec.activeDeadlineSeconds", 7200)
+    tj["metadata"].update(namespace="ml", uid="u-9")
+    spec = job_spec(tj, runtime=training_runtime(gpus=8, nodes=1, grace_s=40))
+    assert (spec.name, spec.team, spec.priority, spec.replicas, spec.gpus_per_replica) == (
+        "llm",
+        "nlp",
+        "research",
+        4,
+        4,
+    )
+    assert (spec.max_runtime_s, spec.checkpoint_grace_s, spec.image) == (7200, 40, "pytorch/pytorch")
+    assert spec.workload is not None
+    assert (spec.workload.kind, spec.workload.api_version, spec.workload.uid) == (
+        "TrainJob", "trainer.kubeflow.org/v1alpha1", "u-9",
+    )  # fmt: skip
+    defaults = job_spec(trainjob("llm"), runtime=training_runtime(gpus=2, nodes=3))
+    assert (defaults.replicas, defaults.gpus_per_replica) == (3, 2), "what the TrainJob leaves out, the runtime says"
+    image = with_(trainjob("llm"), "spec.trainer.image", "me/train:1")
+    assert job_spec(image, runtime=training_runtime()).image == "me/train:1"
+    assert runtime_ref(trainjob("a")) == ("ClusterTrainingRuntime", "torch-chamber")
+    assert runtime_ref(trainjob("a", runtime="r", runtime_kind="TrainingRuntime")) == ("TrainingRuntime", "r")
+
+
+def _mpi(runtime: dict[str, Any]) -> dict[str, Any]:
+    runtime["spec"]["mlPolicy"] = {"numNodes": 1, "mpi": {"numProcPerNode": 1}}
+    return runtime
+
+
+def _gpu_initializer(runtime: dict[str, Any]) -> dict[str, Any]:
+    pod = runtime["spec"]["template"]["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+    pod["containers"][0]["resources"] = {"limits": {"nvidia.com/gpu": "1"}}
+    return runtime
+
+
+TRAINJOB_REJECTIONS = [
+    ("runtime missing", trainjob("a"), None, "does not exist: Chamber reads the GPUs per node"),
+    ("runtime without schedulerName chamber", trainjob("a"), training_runtime(scheduler=None),
+     "must say schedulerName: chamber"),
+    ("no GPUs anywhere", trainjob("a"), training_runtime(gpus=0), "asks for no nvidia.com/gpu"),
+    ("more GPUs than the largest node", trainjob("a", gpus=16), training_runtime(), "largest node has 8"),
+    ("a runtime of another group", with_(trainjob("a"), "spec.runtimeRef.apiGroup", "example.com"),
+     training_runtime(), "ClusterTrainingRuntime and TrainingRuntime only"),
+    ("no runtimeRef", with_(trainjob("a"), "spec.runtimeRef", {}), training_runtime(), "runtimeRef.name is missing"),
+    ("an MPI runtime", trainjob("a"), _mpi(training_runtime()), "MPI runtime"),
+    ("an elastic runtime", trainjob("a"),
+     with_(training_runtime(), "spec.mlPolicy.torch.elasticPolicy", {"minNodes": 1, "maxNodes": 4}), "elasticPolicy"),
+    ("an initializer asking for GPUs", trainjob("a"), _gpu_initializer(training_runtime()),
+     "GPUs for the trainer's nodes only"),
+    ("no trainer step", trainjob("a"), with_(training_runtime(), "spec.template.spec.replicatedJobs", []),
+     "exactly one trainer step"),
+    ("dispatched by MultiKueue", with_(trainjob("a"), "spec.managedBy", "kueue.x-k8s.io/multikueue"),
+     training_runtime(), "MultiKueue"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("case", "job", "runtime", "message"), TRAINJOB_REJECTIONS,
+                         ids=[c[0] for c in TRAINJOB_REJECTIONS])  # fmt: skip
+def test_trainjobs_chamber_cannot_run_are_rejected_with_what_to_fix(
+    case: str, job: dict[str, Any], runtime: dict[str, Any] | None, message: str
+) -> None:
+    with pytest.raises(Rejection, match=message):
+        job_spec(job, largest_node_gpus=8, runtime=runtime)
+
+
+def test_the_trainjob_admission_patch_suspends_it_and_is_idempotent() -> None:
+    tj = trainjob("llm", nodes=2, gpus=8)
+    once = jsonpatch.apply_patch(tj, admission_patch(tj))
+    assert once["spec"]["suspend"] is True
+    assert once["metadata"]["labels"]["chamber.io/managed"] == "true"
+    assert once["spec"]["trainer"] == tj["spec"]["trainer"], "spec.trainer is immutable: the patch leaves it alone"
+    assert jsonpatch.apply_patch(once, admission_patch(once)) == once
+
+
+def test_the_trainers_jobset_is_laid_out_by_its_trainer_step_only() -> None:
+    runtime = training_runtime()
+    jobset = {"spec": runtime["spec"]["template"]["spec"]}
+    jobset["spec"]["replicatedJobs"][1]["template"]["spec"]["parallelism"] = 3
+    layout = trainer_layout(jobset)
+    assert layout == {"node": (0, 3)}
+
+    def pod(rjob: str, index: int) -> dict[str, Any]:
+        return {"metadata": {"labels": {"jobset.sigs.k8s.io/replicatedjob-name": rjob,
+                                        "jobset.sigs.k8s.io/job-index": "0",
+                                        "batch.kubernetes.io/job-completion-index": str(index)}}}  # fmt: skip
+
+    assert [replica_of(pod("node", i), layout) for i in range(3)] == [0, 1, 2]
+    complete = {"status": {"conditions": [{"type": "Complete", "status": "True", "reason": "JobsCompleted"}]}}
+    assert job_outcome(complete) == (True, "")
+
+
+def test_the_trainjob_example_is_one_chamber_can_run() -> None:
+    example = Path(__file__).parents[3] / "deploy" / "examples" / "trainjob.yaml"
+    runtime, tj = yaml.safe_load_all(example.read_text())
+    spec = job_spec(tj, runtime=runtime, largest_node_gpus=8)
+    assert (spec.team, spec.replicas, spec.gpus_per_replica, spec.checkpoint_grace_s) == ("nlp", 2, 8, 120)
+    assert spec.topology is not None
+    assert (spec.topology.level, spec.topology.required) == ("rack", True)

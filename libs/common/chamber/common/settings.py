@@ -83,6 +83,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     """How long an ended replica's output and state are kept."""
     nvml_module: str = ""
     """A module with pynvml's functions to use instead of pynvml (tests and dry runs of the device check)."""
+    pod_resources_socket: str = ""
+    """The kubelet's PodResources socket the node agent reads back device assignments from (the Helm chart sets
+    `/var/lib/kubelet/pod-resources/kubelet.sock`); empty: not read (off Kubernetes)."""
     grpc_port: Annotated[int, msgspec.Meta(ge=0, le=65535)] = 50051
     """The gateway's gRPC port (0 picks a free one), on `http_host`."""
     admin_token: str = ""

@@ -48,7 +48,9 @@ DCGM_FIELDS: list[tuple[str, str, Callable[[GpuSample], float | None]]] = [
      lambda s: s.unallocated_processes),
 ]  # fmt: skip
 
-LABELS = ["gpu", "UUID", "device", "modelName", "Hostname"]
+LABELS = ["gpu", "UUID", "device", "modelName", "Hostname", "namespace", "pod", "chamber_job"]
+"""dcgm-exporter's labels (with `namespace` and `pod` from the kubelet's PodResources, as it sets them) and the
+Chamber job whose pod holds the GPU; the last three are empty where the agent does not read PodResources."""
 
 FLEET_GAUGES: list[tuple[str, str]] = [
     ("gpus_total", "GPUs in the inventory."),
@@ -101,9 +103,16 @@ class ChamberCollector(Collector):
                 value = read(s)
                 if value is None:
                     continue
-                family.add_metric([str(s.index), s.uuid, f"nvidia{s.index}", self.models(node, s.index), node],
-                                  float(value))  # fmt: skip
+                namespace, _, pod = s.pod.partition("/")
+                family.add_metric([str(s.index), s.uuid, f"nvidia{s.index}", self.models(node, s.index), node,
+                                   namespace, pod, s.job_id], float(value))  # fmt: skip
             yield family
+        disagree = "Disagreements between the kubelet's device assignments and the ledger on the node."
+        mismatches = GaugeMetricFamily("chamber_gpu_assignment_mismatches", disagree, labels=["Hostname"])
+        for batch in self._batches():
+            if batch.source == "nvml":
+                mismatches.add_metric([batch.node], float(len(batch.assignment_mismatches)))
+        yield mismatches
         snap = self.latest()
         if snap is None:
             return

@@ -15,7 +15,7 @@ busy when a job holds them); a node agent reads its GPUs and nothing else, so 12
 
 import asyncio
 import socket
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from chamber.collector.agent.host import start_runners
 from chamber.collector.agent.server import AgentServer
@@ -29,6 +29,9 @@ from chamber.common.jobstore import JobStore
 from chamber.common.ledger import Ledger, LedgerUnavailable
 from chamber.common.log import get_logger
 from chamber.common.runtime import Context, wait_event
+
+if TYPE_CHECKING:
+    from chamber.collector.agent.kubelet import Assignments
 
 log = get_logger(__name__)
 
@@ -123,6 +126,9 @@ async def _agent(ctx: Context, bus: Bus, stop: asyncio.Event) -> None:
     runners = await _runners(ctx, bus, [source.node], local=False)
     if runners:
         source.owner = runners[0].owner
+    assignments = _assignments(ctx, node, [g.uuid for g in source.node.gpus])
+    if assignments is not None:
+        source.assigned = lambda: assignments.latest
     uuids = [g.uuid for g in source.node.gpus]
     published: TelemetrySource = TelemetryOnly(source) if s.inventory_source == "kubernetes" else source
     pending: set[asyncio.Task[object]] = set()
@@ -136,13 +142,30 @@ async def _agent(ctx: Context, bus: Bus, stop: asyncio.Event) -> None:
 
     watcher = XidWatcher(nvml, reader.physical, on_xid, resolve=reader.xid_targets)
     watcher.start(asyncio.get_running_loop())
+    reading = asyncio.create_task(assignments.run(stop)) if assignments is not None else None
     try:
         await Collector(ctx, bus, published).run(stop)
     finally:
+        if reading is not None:
+            await asyncio.gather(reading, return_exceptions=True)
         watcher.stop()
         for runner in runners:
             await runner.close()
         reader.close()
+
+
+def _assignments(ctx: Context, node: str, devices: list[str]) -> "Assignments | None":
+    """The kubelet read-back (`CHAMBER_POD_RESOURCES_SOCKET`), with this node's Chamber pods where the agent may
+    read the API (`CHAMBER_KUBE_API`); None when off."""
+    s = ctx.settings
+    if not s.pod_resources_socket:
+        return None
+    from chamber.collector.agent.kubelet import Assignments, PodResourcesClient
+    from chamber.common.kube.client import KubeClient
+
+    kube = KubeClient.connect(s.kube_api) if s.kube_api else None
+    return Assignments(PodResourcesClient(s.pod_resources_socket), node, devices, kube=kube,
+                       interval_s=s.telemetry_interval_s)  # fmt: skip
 
 
 async def _runners(ctx: Context, bus: Bus, nodes: list[Node], *, local: bool) -> list[AgentServer]:

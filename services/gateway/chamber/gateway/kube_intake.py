@@ -7,7 +7,11 @@ Runs inside the gateway (the API edge) when `CHAMBER_KUBE_API` is set:
   while it waits and none is placed by anyone but Chamber.
 - **Validating webhook** (`POST /validate`): a Job Chamber cannot run is refused with the reason, which
   `kubectl apply` prints (`admission webhook "team.jobs.chamber.io" denied the request: ...`).
-- **Watcher**: every managed Job (and JobSet and PyTorchJob, where their CRDs are installed) becomes
+- **TrainJob** (Kubeflow Trainer v2): it has no pod template, so the webhook only suspends and marks it; the
+  GPUs per node, the node count where the TrainJob leaves it out, and the trainer's `schedulerName` come from the
+  ClusterTrainingRuntime or TrainingRuntime its `spec.runtimeRef` names, which the validating webhook and the
+  watcher read (a missing runtime, or one whose trainer pods are not `schedulerName: chamber`, is refused).
+- **Watcher**: every managed Job (and JobSet, PyTorchJob and TrainJob, where their CRDs are installed) becomes
   `JobSubmitted` (its Chamber id is `k8s-<uid>`, so a repeat is the same job); a deleted one becomes
   `JobCancelRequested`. It lists, watches from the list's resource version, resumes after bookmarks and breaks,
   and lists again on `410 Gone`; after every list, active Chamber jobs whose workload no longer exists are
@@ -19,7 +23,7 @@ import base64
 import contextlib
 import json
 import os
-from collections.abc import Generator
+from collections.abc import Awaitable, Callable, Generator
 from typing import Any
 
 import uvicorn
@@ -31,18 +35,22 @@ from chamber.common.bus import Bus, BusError
 from chamber.common.codec import Decoder
 from chamber.common.contracts import TERMINAL_STATES, JobCancelRequested, JobSubmitted, NodeInventory
 from chamber.common.jobstore import JobStore
-from chamber.common.kube.client import JOBS, JOBSETS, PYTORCHJOBS, KubeClient, Obj
+from chamber.common.kube.client import JOBS, JOBSETS, PYTORCHJOBS, RUNTIMES, TRAINJOBS, KubeClient, Obj
+from chamber.common.kube.errors import KubeError, KubeNotFound
 from chamber.common.kube.labels import MANAGED
 from chamber.common.kube.watch import Reflector
 from chamber.common.kube.workloads import (
     JOB_ID_PREFIX,
+    TRAINJOB,
     Rejection,
     admission_patch,
     is_candidate,
     job_id_for,
     job_outcome,
     job_spec,
+    kind_of,
     meta,
+    runtime_ref,
     timestamp,
 )
 from chamber.common.log import get_logger
@@ -51,13 +59,34 @@ from chamber.common.runtime import Context
 log = get_logger(__name__)
 
 
+RuntimeReader = Callable[[Obj], Awaitable[Obj | None]]
+"""Reads the training runtime a TrainJob references; None when it does not exist."""
+
+
+def runtime_reader(client: KubeClient) -> RuntimeReader:
+    """A `RuntimeReader` on the API: a ClusterTrainingRuntime by name, a TrainingRuntime in the TrainJob's
+    namespace (where the trainer looks for it too)."""
+
+    async def read(trainjob: Obj) -> Obj | None:
+        kind, name = runtime_ref(trainjob)
+        res = RUNTIMES[kind]
+        try:
+            return await client.get(res, name, str(meta(trainjob).get("namespace") or "default"))
+        except KubeNotFound:
+            return None
+
+    return read
+
+
 class Admission:
-    """The webhooks' decisions (pure apart from the inventory they read: the largest node's GPU count)."""
+    """The webhooks' decisions (pure apart from what they read: the largest node's GPU count, and a TrainJob's
+    training runtime through `runtimes`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, runtimes: RuntimeReader | None = None) -> None:
         self.largest_node_gpus = 0
+        self.runtimes = runtimes
 
-    def review(self, review: Obj, *, mutating: bool) -> Obj:
+    async def review(self, review: Obj, *, mutating: bool) -> Obj:
         request = review.get("request") or {}
         uid = request.get("uid", "")
         obj = request.get("object") or {}
@@ -68,7 +97,14 @@ class Admission:
                 response.update(patchType="JSONPatch", patch=base64.b64encode(patch).decode())
             else:
                 try:
-                    job_spec(obj, largest_node_gpus=self.largest_node_gpus)
+                    runtime = None
+                    if kind_of(obj) == TRAINJOB and self.runtimes is not None:
+                        runtime = await self.runtimes(obj)
+                    job_spec(obj, largest_node_gpus=self.largest_node_gpus, runtime=runtime)
+                except KubeError as exc:  # the runtime could not be read: refuse now rather than guess
+                    unreadable = f"chamber: cannot read the TrainJob's runtime: {exc}"
+                    response.update(allowed=False, status={"code": 503, "reason": "ServiceUnavailable",
+                                                           "message": unreadable})  # fmt: skip
                 except Rejection as exc:
                     response.update(allowed=False, status={"code": 400, "reason": "BadRequest",
                                                            "message": f"chamber: {exc}"})  # fmt: skip
@@ -78,11 +114,11 @@ class Admission:
 def webhook_app(admission: Admission) -> Litestar:
     @post("/mutate", status_code=HTTP_200_OK)
     async def mutate(data: JSONBody[dict[str, Any]]) -> dict[str, Any]:
-        return admission.review(data, mutating=True)
+        return await admission.review(data, mutating=True)
 
     @post("/validate", status_code=HTTP_200_OK)
     async def validate(data: JSONBody[dict[str, Any]]) -> dict[str, Any]:
-        return admission.review(data, mutating=False)
+        return await admission.review(data, mutating=False)
 
     @get("/healthz")
     async def healthz() -> dict[str, str]:
@@ -108,7 +144,8 @@ class Intake:
         self.submitted: set[str] = set()
         self.reflectors: list[Reflector] = []
         self.kinds: set[str] = {"Job"}
-        """The workload kinds watched (JobSet and PyTorchJob too where their CRDs are installed)."""
+        """The workload kinds watched (JobSet, PyTorchJob and TrainJob too where their CRDs are installed)."""
+        self.runtimes = runtime_reader(client)
 
     async def on_job(self, kind: str, job: Obj) -> None:
         uid = str(meta(job).get("uid") or "")
@@ -127,7 +164,13 @@ class Intake:
         if job_id in self.submitted:
             return
         try:
-            spec = job_spec(job)
+            runtime = None
+            if kind_of(job) == TRAINJOB:
+                runtime = await self._runtime(job)
+            spec = job_spec(job, runtime=runtime)
+        except KubeError as exc:
+            log.warning("kube_intake.runtime_unreadable", job=meta(job).get("name"), error=str(exc))
+            return  # not marked submitted: the next event or relist tries again
         except Rejection as exc:
             log.warning("kube_intake.rejected", job=meta(job).get("name"), namespace=meta(job).get("namespace"),
                         reason=str(exc))  # fmt: skip
@@ -137,6 +180,19 @@ class Intake:
                             JobSubmitted(job_id=job_id, spec=spec, submitted_at=submitted_at), job_id)  # fmt: skip
         self.submitted.add(job_id)
         log.info("kube_intake.submitted", job_id=job_id, job=spec.name, team=spec.team, gpus=spec.gpus)
+
+    async def _runtime(self, trainjob: Obj) -> Obj | None:
+        """The TrainJob's training runtime, retried a few times when the API does not answer."""
+        for attempt in range(3):
+            try:
+                return await self.runtimes(trainjob)
+            except KubeNotFound:
+                return None
+            except KubeError:
+                if attempt == 2:
+                    raise
+                await asyncio.sleep(0.5 * 2**attempt)
+        return None
 
     async def on_synced(self, jobs: dict[str, Obj]) -> None:
         """After a (re)list of every watched namespace: cancel active Chamber jobs whose Job is gone."""
@@ -173,7 +229,7 @@ class Intake:
     async def run(self, stop: asyncio.Event) -> None:
         namespaces: list[str | None] = [*sorted(self._namespaces() or ())] or [None]
         resources = [JOBS]
-        for crd in (JOBSETS, PYTORCHJOBS):
+        for crd in (JOBSETS, PYTORCHJOBS, TRAINJOBS):
             if await self.client.serves(crd):
                 resources.append(crd)
                 self.kinds.add(crd.kind)
@@ -196,7 +252,7 @@ async def run(ctx: Context, stop: asyncio.Event) -> None:
     s = ctx.settings
     bus = await ctx.bus()
     client = KubeClient.connect(s.kube_api)
-    admission = Admission()
+    admission = Admission(runtime_reader(client))
 
     def on_inventory(inv: NodeInventory) -> None:
         admission.largest_node_gpus = max(admission.largest_node_gpus, len(inv.node.gpus))

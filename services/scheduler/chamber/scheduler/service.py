@@ -37,6 +37,7 @@ from chamber.common.contracts import (
     JobRecord,
     JobState,
     JobStateChanged,
+    JobSubmitted,
     Node,
     NodeInventory,
     QuotaConfig,
@@ -170,6 +171,7 @@ class Scheduler:
             decoder=Decoder(JobEvent),
             handler=self.on_event,
             batch_handler=self.on_events,
+            recheck_handler=self.on_events_again,
             batch=256,
         )
         await consumer.start()
@@ -236,7 +238,13 @@ class Scheduler:
     async def on_event(self, event: Any) -> None:
         await self.on_events([event])
 
-    async def on_events(self, events: list[Any]) -> None:
+    async def on_events_again(self, events: list[Any]) -> None:
+        """Events that may have been handled before: replayed after a crash, or redelivered. Memory holds only
+        active jobs, so a submission of a job it does not know may be one that already ran and ended: it is looked
+        up in the store first, never placed a second time."""
+        await self.on_events(events, recheck=True)
+
+    async def on_events(self, events: list[Any], *, recheck: bool = False) -> None:
         """A batch of job events: through the state machine, persisted, then decided on at once. Raises (so the
         events are redelivered) when a record could not be written; memory is brought back to the store first.
 
@@ -249,6 +257,8 @@ class Scheduler:
             async with self._lock:
                 if self._reload_needed:
                     await self._reload()
+                if recheck:
+                    events = await self._unhandled(events)
                 now = self.ctx.clock.now()
                 for event in events:
                     self._apply_event(event, now, todo)
@@ -258,6 +268,25 @@ class Scheduler:
             self._execute(todo)  # what was claimed and written is launched even if a later step failed
         if todo.conflicts:
             raise StaleWrite(f"job records changed by another writer: {', '.join(sorted(todo.conflicts)[:5])}")
+
+    async def _unhandled(self, events: list[Any]) -> list[Any]:
+        """`events` without the submissions of jobs the store already has (one concurrent read per job that memory
+        does not know). A stored record that is still active but missing from memory is taken from the store."""
+        unknown = sorted({e.job_id for e in events if isinstance(e, JobSubmitted) and self.control.submitted(e)})
+        if not unknown:
+            return events
+        found = await asyncio.gather(*(self.store.get(job_id) for job_id in unknown))
+        stored: set[str] = set()
+        for job_id, entry in zip(unknown, found, strict=True):
+            if entry is None:
+                continue
+            stored.add(job_id)
+            record, revision = entry
+            if record.state not in TERMINAL_STATES:
+                log.warning("scheduler.adopt_stored", job_id=job_id, state=record.state.value)
+                self.control.replace(record)
+                self.revisions[job_id] = revision
+        return [e for e in events if not (isinstance(e, JobSubmitted) and e.job_id in stored)]
 
     def _apply_event(self, event: JobEvent, now: float, todo: _Pending) -> None:
         transition = self.control.apply(event, now)
@@ -480,10 +509,17 @@ class Scheduler:
         or a record that another writer changed (take the stored one; the events that caused ours are applied
         again to it when they are redelivered)."""
         conflicts: set[str] = set()
+        phantoms: list[tuple[str, int]] = []
         for record in stale:
             stored = await self.store.get(record.id)
             if record.id in todo.created:
                 todo.created.discard(record.id)
+                placed = todo.placing.pop(record.id, None)
+                if placed is not None and placed.placement is not None:  # claimed in this pass: undo it
+                    attempt = placed.placement.attempt
+                    live = stored is not None and holds_gpus(stored[0]) and stored[0].attempt == attempt
+                    if not live:  # (never release a claim the stored record stands behind)
+                        phantoms.append((record.id, attempt))
                 if stored is None:
                     self.control.forget(record.id)
                     continue
@@ -499,6 +535,13 @@ class Scheduler:
             else:
                 self.control.replace(stored[0])
                 self.revisions[record.id] = stored[1]
+        if phantoms:
+            log.warning("scheduler.duplicate_submission_unplaced", jobs=[job for job, _ in phantoms][:5])
+            ids = {job for job, _ in phantoms}
+            for job in ids:
+                self.starting.pop(job, None)
+            todo.placed = [p for p in todo.placed if p.job_id not in ids]
+            await self.ledger.release_many(phantoms)
         return conflicts
 
     async def _publish(self, todo: _Pending) -> None:

@@ -98,6 +98,20 @@ class ChamberKubeEmulator(kmock.KubernetesEmulator):
             verbs={"create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"},
         )  # fmt: skip
 
+        # Kubeflow Trainer v2's CRDs, as if installed (trainer.kubeflow.org/v1alpha1)
+        self.resources["trainer.kubeflow.org/v1alpha1/trainjobs"] = kmock.ResourceInfo(
+            kind="TrainJob", singular="trainjob", namespaced=True, subresources={"status"},
+            verbs={"create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"},
+        )  # fmt: skip
+        self.resources["trainer.kubeflow.org/v1alpha1/trainingruntimes"] = kmock.ResourceInfo(
+            kind="TrainingRuntime", singular="trainingruntime", namespaced=True,
+            verbs={"create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"},
+        )  # fmt: skip
+        self.resources["trainer.kubeflow.org/v1alpha1/clustertrainingruntimes"] = kmock.ResourceInfo(
+            kind="ClusterTrainingRuntime", singular="clustertrainingruntime", namespaced=False,
+            verbs={"create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"},
+        )  # fmt: skip
+
     async def __aenter__(self) -> "ChamberKubeEmulator":
         await super().__aenter__()
         self.http = aiohttp.ClientSession()

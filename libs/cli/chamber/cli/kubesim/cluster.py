@@ -10,6 +10,11 @@ controllers play, played here so a Job runs end to end without a cluster.
   (`<name>-master-0`, `<name>-worker-<i>`, labelled `training.kubeflow.org/replica-type` and `replica-index` as the
   training operator labels them) while `spec.runPolicy.suspend` is false, deleted when it is true; `Succeeded` when
   every pod succeeded, `Failed` when one failed (not evicted).
+- **Trainer controller** (Kubeflow Trainer v2's `trainer.kubeflow.org/v1alpha1`): a TrainJob gets a JobSet of
+  its name, owned by it, built from the ClusterTrainingRuntime or TrainingRuntime it references (the trainer step
+  gets `numNodes` pods, the `node` container `resourcesPerNode`, image, command and args), suspended while the
+  TrainJob is, and `Complete` / `Failed` when that JobSet is. (There is no default scheduler here: a runtime's
+  initializer steps would stay Pending, so the emulator's examples use runtimes without them.)
 - **Job controller** (`batch/v1`): creates one pod per completion index while a Job is not suspended (owned by
   it, labelled as the real controller labels them), deletes its pods when it is suspended, recreates pods that
   were evicted, and marks the Job `Complete` or `Failed`.
@@ -31,12 +36,25 @@ from typing import Any
 from chamber.cli.kubesim.apiserver import ChamberKubeEmulator, now_rfc3339
 from chamber.collector.core.simfleet import MEMORY_MB, FleetShape, SimulatedFleet
 from chamber.common.kube import labels as L
-from chamber.common.kube.workloads import annotations_of, condition, labels_of, timestamp
+from chamber.common.kube.workloads import (
+    annotations_of,
+    condition,
+    is_trainer_step,
+    labels_of,
+    runtime_ref,
+    runtime_replicated_jobs,
+    timestamp,
+    trainer_nodes,
+    trainer_pod_spec,
+)
 
 Obj = dict[str, Any]
 JOBS, PODS, NODES = "batch/v1/jobs", "/v1/pods", "/v1/nodes"
 JOBSETS = "jobset.x-k8s.io/v1alpha2/jobsets"
 PYTORCHJOBS = "kubeflow.org/v1/pytorchjobs"
+TRAINJOBS = "trainer.kubeflow.org/v1alpha1/trainjobs"
+RUNTIMES = {"ClusterTrainingRuntime": "trainer.kubeflow.org/v1alpha1/clustertrainingruntimes",
+            "TrainingRuntime": "trainer.kubeflow.org/v1alpha1/trainingruntimes"}  # fmt: skip
 
 
 def node_objects(shape: FleetShape, seed: int = 0) -> list[Obj]:
@@ -80,6 +98,12 @@ def webhook_configurations(url: str) -> list[tuple[str, Obj]]:
             "resources": ["jobsets"],
         },
         {"operations": ["CREATE"], "apiGroups": ["kubeflow.org"], "apiVersions": ["v1"], "resources": ["pytorchjobs"]},
+        {
+            "operations": ["CREATE"],
+            "apiGroups": ["trainer.kubeflow.org"],
+            "apiVersions": ["v1alpha1"],
+            "resources": ["trainjobs"],
+        },
     ]
     hooks = []
     for suffix, label in (("team", L.TEAM), ("kueue", L.KUEUE_QUEUE)):
@@ -130,6 +154,8 @@ class EmulatedCluster:
                 await asyncio.wait_for(stop.wait(), timeout=self.tick_s)
 
     def reconcile(self) -> None:
+        for trainjob in self.api.read_all(TRAINJOBS):
+            self._trainjob(trainjob)
         jobs_by_owner: dict[str, list[Obj]] = {}
         for job in self.api.read_all(JOBS):
             jobs_by_owner.setdefault(labels_of(job).get(L.JOBSET_NAME, ""), []).append(job)
@@ -201,6 +227,42 @@ class EmulatedCluster:
                 return js
 
             self.api.update(JOBSETS, ns, name, done)
+
+    # ---- the trainer controller (Kubeflow Trainer v2) ----------------------------------------------------------
+
+    def _trainjob(self, tj: Obj) -> None:
+        meta, spec = tj["metadata"], tj.get("spec") or {}
+        ns, name = meta.get("namespace", "default"), meta["name"]
+        if condition(tj, "Complete") or condition(tj, "Failed"):
+            return
+        suspend = bool(spec.get("suspend"))
+        jobset = self.api.read(JOBSETS, ns, name)
+        if jobset is None:
+            kind, runtime_name = runtime_ref(tj)
+            runtime = self.api.read(RUNTIMES[kind], ns if kind == "TrainingRuntime" else "", runtime_name)
+            if runtime is not None:
+                self.api.create(JOBSETS, _trainer_jobset(tj, runtime, suspend), ns)
+            return
+        if not _owned_by(jobset, meta["uid"]):
+            return
+        if bool((jobset.get("spec") or {}).get("suspend")) != suspend:
+
+            def follow(js: Obj) -> Obj:
+                js["spec"]["suspend"] = suspend
+                return js
+
+            self.api.update(JOBSETS, ns, name, follow)
+        for kind, reason in (("Completed", "JobSetCompleted"), ("Failed", "JobSetFailed")):
+            if condition(jobset, kind):
+                mirrored = "Complete" if kind == "Completed" else "Failed"
+
+                def done(current: Obj, mirrored: str = mirrored, reason: str = reason) -> Obj:
+                    status = current.setdefault("status", {})
+                    mark = {"type": mirrored, "status": "True", "reason": reason, "lastTransitionTime": now_rfc3339()}
+                    status["conditions"] = [*(status.get("conditions") or []), mark]
+                    return current
+
+                self.api.update(TRAINJOBS, ns, name, done)
 
     # ---- the PyTorchJob controller (Kubeflow's training operator) --------------------------------------------
 
@@ -365,6 +427,30 @@ class EmulatedCluster:
                 code = int(ann.get(L.SIM_EXIT_CODE, "0"))
                 self._started.pop(uid, None)
                 self.api.update(PODS, ns, name, lambda p: _end(p, code))
+
+
+def _trainer_jobset(tj: Obj, runtime: Obj, suspend: bool) -> Obj:
+    """The JobSet the trainer makes for a TrainJob from its runtime (what `jobset/builder.go` does)."""
+    meta = tj["metadata"]
+    rjobs = copy.deepcopy(runtime_replicated_jobs(runtime))
+    nodes = trainer_nodes(tj, runtime)
+    for rjob in rjobs:
+        if is_trainer_step(rjob):
+            rjob["replicas"] = 1
+            job_spec = rjob.setdefault("template", {}).setdefault("spec", {})
+            job_spec.update(parallelism=nodes, completions=nodes, completionMode="Indexed")
+            job_spec.setdefault("template", {})["spec"] = trainer_pod_spec(tj, rjob)
+    template_meta = ((runtime.get("spec") or {}).get("template") or {}).get("metadata") or {}
+    owner = {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob", "name": meta["name"],
+             "uid": meta["uid"], "controller": True, "blockOwnerDeletion": True}  # fmt: skip
+    return {
+        "apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
+        "metadata": {"name": meta["name"], "labels": dict(template_meta.get("labels") or {}),
+                     # the emulator's kubelets read chamber.io/sim-* from the owning Job, which copies these
+                     "annotations": dict(template_meta.get("annotations") or {}, **annotations_of(tj)),
+                     "ownerReferences": [owner]},
+        "spec": {"suspend": suspend, "replicatedJobs": rjobs},
+    }  # fmt: skip
 
 
 def _owned_by(obj: Obj, uid: str) -> bool:

@@ -149,13 +149,15 @@ class Bus:
         decoder: Decoder,
         handler: EventHandler[Any],
         batch_handler: BatchHandler[Any] | None = None,
+        recheck_handler: BatchHandler[Any] | None = None,
         batch: int = 64,
         ack_wait_s: float = 30.0,
         max_attempts: int = 10,
     ) -> Consumer[Any]:
         """A durable pull consumer with explicit acks; start it with `await consumer.start()`. With
         `batch_handler`, each fetched batch is handled in one call (one ack per message after it); a batch that
-        fails is retried message by message through `handler`, so a poison message is isolated."""
+        fails is retried message by message through `handler`, so a poison message is isolated. Replayed and
+        redelivered events go to `recheck_handler` when given (see `Consumer`)."""
         consumer: Consumer[Any] = Consumer(
             bus=self,
             stream=self.names.stream(stream),
@@ -164,6 +166,7 @@ class Bus:
             decoder=decoder,
             handler=handler,
             batch_handler=batch_handler,
+            recheck_handler=recheck_handler,
             batch=batch,
             ack_wait_s=ack_wait_s,
             max_attempts=max_attempts,

@@ -11,7 +11,12 @@ one by one, so a poison message is isolated and the rest go through.
 At start, messages that an earlier instance of this consumer received but never acknowledged (it crashed
 mid-batch) are replayed at once rather than after the ack wait (every handler is idempotent, so seeing them
 again when JetStream redelivers them is harmless). Without this, jobs submitted just before a crash waited the
-whole ack wait to be scheduled.
+whole ack wait to be scheduled. The replayed range runs from the ack floor to the last delivery, so it also holds
+messages that were handled and acked after the floor.
+
+Events that may have been handled before (replayed, or redelivered: delivered more than once) go to
+`recheck_handler` when one is given: a handler whose memory does not hold everything it ever handled (the
+scheduler keeps only active jobs) checks those against what is stored instead of taking them as new.
 """
 
 import asyncio
@@ -50,6 +55,7 @@ class Consumer(Generic[T]):
         decoder: Decoder,
         handler: EventHandler[T],
         batch_handler: BatchHandler[T] | None = None,
+        recheck_handler: BatchHandler[T] | None = None,
         batch: int,
         ack_wait_s: float,
         max_attempts: int,
@@ -61,6 +67,7 @@ class Consumer(Generic[T]):
         self.decoder = decoder
         self.handler = handler
         self.batch_handler = batch_handler
+        self.recheck_handler = recheck_handler
         self.batch = batch
         self.ack_wait_s = ack_wait_s
         self.max_attempts = max_attempts
@@ -120,7 +127,9 @@ class Consumer(Generic[T]):
             return
         log.info("consumer.replay_unacked", durable=self.durable, messages=len(events))
         try:
-            if self.batch_handler is not None:
+            if self.recheck_handler is not None:
+                await self.recheck_handler(events)
+            elif self.batch_handler is not None:
                 await self.batch_handler(events)
             else:
                 for event in events:
@@ -157,8 +166,11 @@ class Consumer(Generic[T]):
         if not decoded:
             return
         assert self.batch_handler is not None
+        handle = self.batch_handler
+        if self.recheck_handler is not None and any(_redelivered(msg) for msg, _ in decoded):
+            handle = self.recheck_handler  # the whole batch, so events about one job stay in order
         try:
-            await self.batch_handler([event for _, event in decoded])
+            await handle([event for _, event in decoded])
         except Exception as exc:
             log.warning("consumer.batch_failed", durable=self.durable, size=len(decoded), error=repr(exc))
             for msg, event in decoded:
@@ -184,7 +196,10 @@ class Consumer(Generic[T]):
 
     async def _handle(self, msg: Msg, event: T) -> None:
         try:
-            await self.handler(event)
+            if self.recheck_handler is not None and _redelivered(msg):
+                await self.recheck_handler([event])
+            else:
+                await self.handler(event)
         except Exception as exc:
             attempts = msg.metadata.num_delivered or 1
             if attempts >= self.max_attempts:
@@ -197,6 +212,10 @@ class Consumer(Generic[T]):
             return
         self.processed += 1
         await _settle(msg.ack())
+
+
+def _redelivered(msg: Msg) -> bool:
+    return (msg.metadata.num_delivered or 1) > 1
 
 
 async def _settle(awaitable: Awaitable[None]) -> None:

@@ -2,19 +2,28 @@
 replay of messages a crashed consumer had received but not acknowledged.
 
 One helper instead of a loop in every caller: an ephemeral, unacknowledged pull consumer from the chosen start,
-fetched in batches until the message that had nothing pending after it (or, for a range, the last sequence
-wanted). No client-library internals are used, only the documented consumer API.
+fetched in batches up to the end: the stream's last sequence when the read began (or, for a range, the last
+sequence wanted). The consumer's own count of what is left (`num_pending`) is only a hint: it was seen at 0 three
+messages short of the end, and a read that stopped there replayed a crashed scheduler's unacknowledged range
+without its last submissions (those jobs then waited for the 30 s redelivery); a start-up read of the job records
+could have missed records the same way. So before a read stops short of the end, a direct lookup
+(`next_by_subj`) confirms that nothing matching is left. No client-library internals are used, only the
+documented consumer and stream APIs.
 """
 
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 
 import nats.errors
+import nats.js.errors
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from chamber.common.bus.errors import BusError
+
+STALLS = 3
+"""Fetches that may come back empty while a lookup says messages are left, before the read gives up."""
 
 
 async def read_stream(
@@ -30,12 +39,14 @@ async def read_stream(
     idle_s: float = 1.0,
 ) -> AsyncIterator[Msg]:
     """Every message of `stream` on `subject` from the start chosen by `deliver` (`since`: epoch seconds with
-    BY_START_TIME; `first_seq` with BY_START_SEQUENCE) to the end of the stream, or to `last_seq`."""
+    BY_START_TIME; `first_seq` with BY_START_SEQUENCE) to the end of the stream, or to `last_seq`. Raises BusError
+    when the stream cannot be read or messages known to be left are not delivered."""
     try:
         info = await js.stream_info(stream)
     except nats.errors.Error as exc:
         raise BusError(f"cannot read stream {stream}: {exc}") from exc
-    if info.state.messages == 0 or (last_seq is not None and first_seq is not None and first_seq > last_seq):
+    end = info.state.last_seq if last_seq is None else min(last_seq, info.state.last_seq)
+    if info.state.messages == 0 or (first_seq is not None and first_seq > end):
         return
     config = ConsumerConfig(deliver_policy=deliver, ack_policy=AckPolicy.NONE, inactive_threshold=30.0)
     if since is not None:
@@ -44,22 +55,62 @@ async def read_stream(
     if first_seq is not None:
         config.deliver_policy = DeliverPolicy.BY_START_SEQUENCE
         config.opt_start_seq = first_seq
+    latest_only = config.deliver_policy == DeliverPolicy.LAST_PER_SUBJECT
     try:
         psub = await js.pull_subscribe(subject, stream=stream, config=config)
     except nats.errors.Error as exc:
         raise BusError(f"cannot read {subject} from {stream}: {exc}") from exc
+    seen: int | None = None
+    """The last stream sequence delivered (None: nothing yet)."""
+    stalls = 0
     try:
         while True:
             try:
                 msgs = await psub.fetch(batch, timeout=idle_s)
             except (nats.errors.TimeoutError, TimeoutError):
-                return
+                msgs = []
             for msg in msgs:
-                meta = msg.metadata
-                if last_seq is not None and meta.sequence.stream > last_seq:
+                seq = msg.metadata.sequence.stream
+                if last_seq is not None and seq > last_seq:
                     return
+                seen = seq
                 yield msg
-                if meta.num_pending == 0 or (last_seq is not None and meta.sequence.stream == last_seq):
+                if seq >= end:
                     return
+            if msgs and msgs[-1].metadata.num_pending > 0:
+                continue
+            if seen is None:
+                delivered = (await psub.consumer_info()).delivered
+                seen = delivered.stream_seq if delivered is not None else 0
+            if not await _left(js, stream, subject, seen, end, latest_only=latest_only):
+                return
+            stalls = 0 if msgs else stalls + 1
+            if stalls >= STALLS:
+                raise BusError(f"reading {subject} from {stream}: messages after {seen} are left but not delivered")
+    except nats.errors.Error as exc:
+        raise BusError(f"cannot read {subject} from {stream}: {exc}") from exc
     finally:
         await psub.unsubscribe()
+
+
+async def _left(js: JetStreamContext, stream: str, subject: str, after: int, end: int, *, latest_only: bool) -> bool:
+    """Is a message on `subject` with a sequence in (after, end] still to be delivered? With `latest_only`, one
+    superseded by a later message on its own subject does not count (that later one is what is delivered)."""
+    seq = after + 1
+    while seq <= end:
+        try:
+            found = await js.get_msg(stream, seq=seq, subject=subject, next=True)
+        except nats.js.errors.NotFoundError:
+            return False
+        if found.seq is None or found.seq > end:
+            return False
+        if not latest_only or found.subject is None:
+            return True
+        try:
+            newest = await js.get_msg(stream, subject=found.subject)
+        except nats.js.errors.NotFoundError:
+            return True
+        if newest.seq == found.seq:
+            return True
+        seq = found.seq + 1
+    return False

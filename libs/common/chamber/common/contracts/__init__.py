@@ -23,7 +23,7 @@ from chamber.common.contracts.audit import AuditRecord
 from chamber.common.contracts.base import SCHEMA_VERSION, Contract, Event
 from chamber.common.contracts.decisions import Decision, JobPlaced, JobStateChanged
 from chamber.common.contracts.health import GpuHealthVerdict, HealthCommand, HealthState
-from chamber.common.contracts.inventory import GpuDevice, Node, NodeInventory, Pool, TopologyLabels
+from chamber.common.contracts.inventory import GpuDevice, MigSlices, Node, NodeInventory, Pool, TopologyLabels
 from chamber.common.contracts.jobs import (
     TERMINAL_STATES,
     GpuRef,
@@ -110,6 +110,7 @@ __all__ = [
     "LaunchReplicas",
     "LogsChunk",
     "LogsRequest",
+    "MigSlices",
     "Node",
     "NodeActivityView",
     "NodeInventory",

@@ -31,12 +31,24 @@ class GpuDevice(Contract, frozen=True):
     """For a MIG instance: the UUID of the GPU it is carved from."""
 
 
+class MigSlices(Contract, frozen=True):
+    """MIG instances of one profile that Kubernetes offers as their own resource (`nvidia.com/mig-<profile>`,
+    GPU Feature Discovery's `mixed` strategy). Recorded, not booked: Chamber's jobs ask for `nvidia.com/gpu`."""
+
+    profile: str
+    """`1g.10gb`, `3g.40gb` ..."""
+    count: int
+    memory_mb: int = 0
+
+
 class Node(Contract, frozen=True):
     name: Name
     pool: str
     gpus: list[GpuDevice]
     topology: TopologyLabels = TopologyLabels()
     cluster: str = "local"
+    mig_slices: list[MigSlices] = msgspec.field(default_factory=list)
+    """MIG instances offered per profile beside `gpus` (mixed strategy); not part of what Chamber places on."""
 
 
 class Pool(Contract, frozen=True):

@@ -71,6 +71,11 @@ class GpuSample(Contract, frozen=True):
     unallocated_processes: int | None = None
     """Processes on this GPU that no job placed on it owns (rogue work the ledger does not know); None when the
     source cannot tell (no process list, or no job runner on the node)."""
+    job_id: str = ""
+    """The Chamber job whose pod the kubelet gave this device to (read back through the kubelet's PodResources API
+    on Kubernetes); empty: none, or not known (no PodResources, or a pod that is not Chamber's)."""
+    pod: str = ""
+    """`namespace/name` of the pod the kubelet gave this device to (any pod, Chamber's or not); empty: none."""
 
 
 class NodeTelemetry(Event, frozen=True):
@@ -80,6 +85,9 @@ class NodeTelemetry(Event, frozen=True):
     gpus: list[GpuSample]
     source: str = "sim"
     """`nvml` from a node agent, `sim` from the simulated fleet."""
+    assignment_mismatches: list[str] = msgspec.field(default_factory=list)
+    """Where the kubelet's device assignments (PodResources) disagree with the ledger's placements on this node,
+    one sentence each (docs/kubernetes.md); empty when they agree or when the agent cannot read them."""
 
 
 class GpuXidEvent(Event, frozen=True):

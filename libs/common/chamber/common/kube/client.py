@@ -68,6 +68,12 @@ PDBS = Resource("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget")
 JOBSETS = Resource("jobset.x-k8s.io", "v1alpha2", "jobsets", "JobSet")
 PYTORCHJOBS = Resource("kubeflow.org", "v1", "pytorchjobs", "PyTorchJob")
 TRAINJOBS = Resource("trainer.kubeflow.org", "v1alpha1", "trainjobs", "TrainJob")
+TRAININGRUNTIMES = Resource("trainer.kubeflow.org", "v1alpha1", "trainingruntimes", "TrainingRuntime")
+CLUSTERTRAININGRUNTIMES = Resource(
+    "trainer.kubeflow.org", "v1alpha1", "clustertrainingruntimes", "ClusterTrainingRuntime", namespaced=False
+)
+RUNTIMES = {"TrainingRuntime": TRAININGRUNTIMES, "ClusterTrainingRuntime": CLUSTERTRAININGRUNTIMES}
+"""What a TrainJob's `spec.runtimeRef.kind` may name."""
 
 
 def configuration(target: str) -> k8s.Configuration:

@@ -52,6 +52,14 @@ REPLICA_TYPE = "training.kubeflow.org/replica-type"
 """`master` or `worker` (the replica spec's key, lower-cased)."""
 REPLICA_INDEX = "training.kubeflow.org/replica-index"
 
+# Kubeflow Trainer v2's (trainer.kubeflow.org): on the replicated Jobs of a training runtime's JobSet template.
+TRAINJOB_ANCESTOR = "trainer.kubeflow.org/trainjob-ancestor-step"
+"""`trainer` on the replicated Job whose pods train (`numNodes` of them, `resourcesPerNode` each); the
+initializers are `dataset-initializer` and `model-initializer`."""
+ANCESTOR_TRAINER = "trainer"
+TRAINER_CONTAINER = "node"
+"""The container of the trainer's pods that `resourcesPerNode`, `image`, `command` and `args` replace."""
+
 # Nodes.
 UNHEALTHY_TAINT = "chamber.io/gpu-unhealthy"
 CORDONED_BY = "chamber.io/cordoned-by"

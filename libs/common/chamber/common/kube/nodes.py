@@ -4,16 +4,25 @@ Discovery reads what the NVIDIA GPU Operator puts on a node: allocatable `nvidia
 count of healthy GPUs), GPU Feature Discovery labels (`nvidia.com/gpu.product`, `.memory`, `.count`, MIG), the
 well-known zone label and a rack / NVLink-domain label, `spec.providerID` (which cloud, or on-prem), and a pool
 label. A node without GPUs is not part of the fleet.
+
+MIG under GFD's `mixed` strategy: the device plugin offers each MIG profile as its own resource
+(`nvidia.com/mig-1g.10gb: 7`) beside `nvidia.com/gpu` (the node's GPUs not in MIG mode), and GFD labels each
+profile (`nvidia.com/mig-1g.10gb.count`, `.memory`). Those slices are recorded on the node (`Node.mig_slices`) but
+not booked: a Chamber job asks for `nvidia.com/gpu`, which a MIG slice cannot satisfy under this strategy.
 """
 
+import re
 from typing import Any
 
-from chamber.common.contracts import GpuDevice, Node, NodeInventory, Pool, TopologyLabels
+from chamber.common.contracts import GpuDevice, MigSlices, Node, NodeInventory, Pool, TopologyLabels
 from chamber.common.kube import labels as L
 from chamber.common.kube.workloads import annotations_of, labels_of, meta
 
 Obj = dict[str, Any]
 
+MIG_RESOURCE = re.compile(r"^nvidia\.com/mig-(\d+g\.\d+gb(?:\+[a-z]+)?)$")
+"""A mixed-strategy MIG resource (`nvidia.com/mig-3g.40gb`, `nvidia.com/mig-1g.10gb+me`): its profile."""
+MIG_COUNT_LABEL = re.compile(r"^nvidia\.com/mig-(\d+g\.\d+gb(?:\+[a-z]+)?)\.count$")
 PROVIDERS = {"aws": "aws", "gce": "gcp", "azure": "azure", "oci": "oci", "ibmcloud": "ibm", "kind": "local"}
 
 
@@ -31,6 +40,32 @@ def gpu_count(node: Obj) -> int:
     raw = (status.get("allocatable") or {}).get(L.GPU_RESOURCE) or (status.get("capacity") or {}).get(L.GPU_RESOURCE)
     if raw is None:
         raw = labels_of(node).get(L.GFD_COUNT, "0")
+    try:
+        return int(str(raw))
+    except ValueError:
+        return 0
+
+
+def mig_slices(node: Obj) -> list[MigSlices]:
+    """The MIG profiles a node offers as their own resources (mixed strategy): counts from allocatable (the
+    device plugin's healthy slices), else GFD's `nvidia.com/mig-<profile>.count`; memory from GFD's
+    `nvidia.com/mig-<profile>.memory` (MiB). Empty without MIG or under the `single` strategy."""
+    lab = labels_of(node)
+    status = node.get("status") or {}
+    counts: dict[str, int] = {}
+    for key, raw in (status.get("allocatable") or status.get("capacity") or {}).items():
+        if (m := MIG_RESOURCE.match(key)) is not None:
+            counts[m.group(1)] = _int(raw)
+    if not counts:
+        counts = {m.group(1): _int(raw) for key, raw in lab.items() if (m := MIG_COUNT_LABEL.match(key)) is not None}
+    return [
+        MigSlices(profile=p, count=c, memory_mb=_int(lab.get(f"nvidia.com/mig-{p}.memory", "0")))
+        for p, c in sorted(counts.items())
+        if c > 0
+    ]
+
+
+def _int(raw: object) -> int:
     try:
         return int(str(raw))
     except ValueError:
@@ -58,7 +93,8 @@ def inventory(node: Obj, *, default_pool: str, pool_label: str, cost_per_gpu_hou
     """The inventory of one node; a node that is gone, not ready, or has no GPUs has none."""
     lab = labels_of(node)
     name = str(meta(node).get("name"))
-    count = gpu_count(node) if is_ready(node) and not meta(node).get("deletionTimestamp") else 0
+    usable = is_ready(node) and not meta(node).get("deletionTimestamp")
+    count = gpu_count(node) if usable else 0
     model = gpu_model(node)
     try:
         memory_mb = int(lab.get(L.GFD_MEMORY, "0"))
@@ -71,8 +107,9 @@ def inventory(node: Obj, *, default_pool: str, pool_label: str, cost_per_gpu_hou
                 cluster=cloud)  # fmt: skip
     gpus = [GpuDevice(index=i, uuid="", model=model, memory_mb=memory_mb) for i in range(count)]
     topo = TopologyLabels(zone=lab.get(L.ZONE, "zone-a"), rack=rack, nvlink_domain=nvlink)
-    return NodeInventory(node=Node(name=name, pool=pool.name, gpus=gpus, topology=topo, cluster=cloud), pool=pool,
-                         observed_at=now)  # fmt: skip
+    slices = mig_slices(node) if usable else []
+    return NodeInventory(node=Node(name=name, pool=pool.name, gpus=gpus, topology=topo, cluster=cloud,
+                                   mig_slices=slices), pool=pool, observed_at=now)  # fmt: skip
 
 
 def gone(name: str, *, pool: str, now: float) -> NodeInventory:
@@ -81,7 +118,8 @@ def gone(name: str, *, pool: str, now: float) -> NodeInventory:
 
 
 def mig_strategy(node: Obj) -> str:
-    """GFD's MIG strategy (`none`, `single`, `mixed`): Chamber books whole GPUs, so only `none`/`single` fit."""
+    """GFD's MIG strategy (`none`, `single`, `mixed`): Chamber books `nvidia.com/gpu`, which is every GPU (`none`),
+    every MIG slice (`single`), or the GPUs not in MIG mode (`mixed`, whose slices are `mig_slices`)."""
     return labels_of(node).get(L.GFD_MIG_STRATEGY, "none")
 
 

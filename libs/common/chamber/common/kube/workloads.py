@@ -9,10 +9,12 @@ Supported: `batch/v1` Job (one replica per completion index: `parallelism == com
 than one) and `jobset.x-k8s.io/v1alpha2` JobSet (one gang of every pod of every replicated Job, all asking for
 the same GPUs; replica `offset(replicated Job) + job index x parallelism + completion index`) and Kubeflow's
 `kubeflow.org/v1` PyTorchJob (one gang of its Master then its Workers, all asking for the same GPUs; replica
-`offset(replica type) + replica index`). TrainJob is recognised and rejected with a clear message until its
-translation lands (docs/kubernetes.md).
+`offset(replica type) + replica index`) and Kubeflow Trainer v2's `trainer.kubeflow.org/v1alpha1` TrainJob (one
+gang of its `numNodes` trainer pods, `resourcesPerNode` each; what the TrainJob leaves out is read from the
+training runtime it references, which the caller fetches and passes in, so these readers stay pure).
 """
 
+import copy
 import datetime
 from typing import Any
 
@@ -28,7 +30,11 @@ MAX_REPLICAS = 1024
 JOB = "batch/v1/Job"
 JOBSET = "jobset.x-k8s.io/v1alpha2/JobSet"
 PYTORCHJOB = "kubeflow.org/v1/PyTorchJob"
-SUPPORTED = (JOB, JOBSET, PYTORCHJOB)
+TRAINJOB = "trainer.kubeflow.org/v1alpha1/TrainJob"
+SUPPORTED = (JOB, JOBSET, PYTORCHJOB, TRAINJOB)
+TRAINER_GROUP = "trainer.kubeflow.org"
+RUNTIME_KINDS = ("ClusterTrainingRuntime", "TrainingRuntime")
+MULTIKUEUE = "kueue.x-k8s.io/multikueue"
 PYTORCH_REPLICA_TYPES = ("Master", "Worker")
 """A PyTorchJob's replica specs, in gang order: the Master is replica 0 (rank 0), the Workers follow."""
 
@@ -205,7 +211,7 @@ def _pytorch_pod_specs(pytorchjob: Obj) -> tuple[list[tuple[str, Obj]], int]:
     return pods, total
 
 
-def _pod_specs(obj: Obj) -> tuple[list[tuple[str, Obj]], int]:
+def _pod_specs(obj: Obj, runtime: Obj | None = None) -> tuple[list[tuple[str, Obj]], int]:
     """(where, pod spec) of every pod template of a workload, and how many pods its gang has."""
     kind = kind_of(obj)
     if kind == JOB:
@@ -224,20 +230,137 @@ def _pod_specs(obj: Obj) -> tuple[list[tuple[str, Obj]], int]:
         return specs, total
     if kind == PYTORCHJOB:
         return _pytorch_pod_specs(obj)
+    if kind == TRAINJOB:
+        return _trainjob_pod_specs(obj, runtime)
     raise Rejection(
-        f"{kind} is recognised but not supported yet: submit a batch/v1 Job, a JobSet or a PyTorchJob "
-        "(docs/kubernetes.md)"
+        f"{kind} is not supported: submit a batch/v1 Job, a JobSet, a PyTorchJob or a TrainJob (docs/kubernetes.md)"
     )
 
 
-def job_spec(job: Obj, *, largest_node_gpus: int = 0) -> JobSpec:
-    """The Chamber job a workload (`batch/v1` Job, JobSet, PyTorchJob) stands for. Raises `Rejection` with what
-    to fix."""
+# ---- Kubeflow Trainer v2: TrainJob and its training runtime ---------------------------------------------------
+
+
+def runtime_ref(trainjob: Obj) -> tuple[str, str]:
+    """(kind, name) of the training runtime a TrainJob references (`spec.runtimeRef`; the kind defaults to
+    ClusterTrainingRuntime, as the trainer's CRD defaults it)."""
+    ref: Obj = (trainjob.get("spec") or {}).get("runtimeRef") or {}
+    name = str(ref.get("name") or "")
+    if not name:
+        raise Rejection("spec.runtimeRef.name is missing: a TrainJob names the training runtime it runs on")
+    group, kind = ref.get("apiGroup") or TRAINER_GROUP, ref.get("kind") or "ClusterTrainingRuntime"
+    if group != TRAINER_GROUP or kind not in RUNTIME_KINDS:
+        raise Rejection(
+            f"spec.runtimeRef is {group}/{kind}: Chamber reads {TRAINER_GROUP}'s ClusterTrainingRuntime and "
+            "TrainingRuntime only"
+        )
+    return kind, name
+
+
+def runtime_replicated_jobs(runtime: Obj) -> list[Obj]:
+    """The replicated Jobs of a training runtime's JobSet template."""
+    rjobs: list[Obj] = (((runtime.get("spec") or {}).get("template") or {}).get("spec") or {}).get(
+        "replicatedJobs"
+    ) or []
+    return rjobs
+
+
+def is_trainer_step(rjob: Obj) -> bool:
+    """A replicated Job whose pods train: labelled `trainer.kubeflow.org/trainjob-ancestor-step: trainer` (the
+    label the trainer itself finds it by)."""
+    return bool(labels_of(rjob.get("template") or {}).get(L.TRAINJOB_ANCESTOR) == L.ANCESTOR_TRAINER)
+
+
+def trainer_pod_spec(trainjob: Obj, trainer_rjob: Obj) -> Obj:
+    """The trainer's pod spec as the trainer builds it: the runtime's template with the TrainJob's `image`,
+    `command`, `args` and `resourcesPerNode` on the `node` container."""
+    pod_spec: Obj = copy.deepcopy(pod_template(trainer_rjob.get("template") or {}).get("spec") or {})
+    trainer: Obj = (trainjob.get("spec") or {}).get("trainer") or {}
+    per_node: Obj = trainer.get("resourcesPerNode") or {}
+    for container in pod_spec.get("containers") or []:
+        if container.get("name") != L.TRAINER_CONTAINER:
+            continue
+        for key in ("image", "command", "args"):
+            if trainer.get(key) is not None:
+                container[key] = trainer[key]
+        if per_node.get("limits") or per_node.get("requests"):
+            container["resources"] = {k: v for k, v in per_node.items() if k in ("limits", "requests") and v}
+    return pod_spec
+
+
+def trainer_nodes(trainjob: Obj, runtime: Obj) -> int:
+    """`spec.trainer.numNodes`, else the runtime's `spec.mlPolicy.numNodes`, else 1 (the trainer's defaults)."""
+    trainer: Obj = (trainjob.get("spec") or {}).get("trainer") or {}
+    policy: Obj = (runtime.get("spec") or {}).get("mlPolicy") or {}
+    return int(trainer.get("numNodes") or policy.get("numNodes") or 1)
+
+
+def _trainjob_pod_specs(trainjob: Obj, runtime: Obj | None) -> tuple[list[tuple[str, Obj]], int]:
+    kind, name = runtime_ref(trainjob)
+    if (trainjob.get("spec") or {}).get("managedBy") == MULTIKUEUE:
+        raise Rejection(f"spec.managedBy is {MULTIKUEUE}: this TrainJob is MultiKueue's to dispatch, not Chamber's")
+    if runtime is None:
+        raise Rejection(
+            f"the {kind} {name!r} named by spec.runtimeRef does not exist: Chamber reads the GPUs per node and the "
+            "trainer's pod template from it"
+        )
+    policy: Obj = (runtime.get("spec") or {}).get("mlPolicy") or {}
+    where = f"{kind} {name!r}"
+    if policy.get("mpi") is not None:
+        raise Rejection(f"{where} is an MPI runtime (a launcher beside the nodes): not supported by Chamber yet")
+    if ((policy.get("torch") or {}).get("elasticPolicy")) is not None:
+        raise Rejection(f"{where} has torch.elasticPolicy: Chamber runs a fixed gang of numNodes pods")
+    rjobs = runtime_replicated_jobs(runtime)
+    trainers = [r for r in rjobs if is_trainer_step(r)]
+    if len(trainers) != 1:
+        raise Rejection(
+            f"{where} has {len(trainers)} replicated Jobs labelled {L.TRAINJOB_ANCESTOR}={L.ANCESTOR_TRAINER}: "
+            "Chamber schedules exactly one trainer step"
+        )
+    for rjob in rjobs:
+        if rjob is trainers[0]:
+            continue
+        step = f"{where}, replicated Job {rjob.get('name')!r}"
+        pod_spec = pod_template(rjob.get("template") or {}).get("spec") or {}
+        if gpus_of_pod_spec(pod_spec):
+            raise Rejection(f"{step} asks for {L.GPU_RESOURCE}: Chamber books GPUs for the trainer's nodes only")
+        if pod_spec.get("schedulerName") == L.SCHEDULER_NAME:
+            raise Rejection(
+                f"{step} has schedulerName {L.SCHEDULER_NAME}: Chamber binds only the trainer's pods; leave the "
+                "initializers to the default scheduler"
+            )
+    pod_spec = trainer_pod_spec(trainjob, trainers[0])
+    scheduler = pod_spec.get("schedulerName")
+    if scheduler != L.SCHEDULER_NAME:
+        raise Rejection(
+            f"{where}: the trainer's pod template has schedulerName {scheduler or 'default-scheduler'!r}; a TrainJob "
+            f"cannot set it, so the runtime must say schedulerName: {L.SCHEDULER_NAME} for Chamber to place its "
+            "nodes (docs/kubernetes.md)"
+        )
+    nodes = trainer_nodes(trainjob, runtime)
+    if not 1 <= nodes <= MAX_REPLICAS:
+        raise Rejection(f"spec.trainer.numNodes is {nodes}: Chamber runs 1 to {MAX_REPLICAS} nodes")
+    return [(f"{where} trainer template (with spec.trainer)", pod_spec)], nodes
+
+
+def trainer_layout(jobset: Obj) -> dict[str, tuple[int, int]]:
+    """The replica layout (see `replica_of`) of the JobSet the trainer made for a TrainJob: its trainer step only,
+    whose pods are the gang (the initializers' pods are not Chamber's)."""
+    return {
+        str(rjob.get("name")): (0, int(((rjob.get("template") or {}).get("spec") or {}).get("parallelism", 1) or 1))
+        for rjob in replicated_jobs(jobset)
+        if is_trainer_step(rjob)
+    }
+
+
+def job_spec(job: Obj, *, largest_node_gpus: int = 0, runtime: Obj | None = None) -> JobSpec:
+    """The Chamber job a workload (`batch/v1` Job, JobSet, PyTorchJob, TrainJob) stands for. Raises `Rejection`
+    with what to fix. A TrainJob needs the training runtime its `spec.runtimeRef` names (`runtime`; None when it
+    does not exist)."""
     m, lab, ann = meta(job), labels_of(job), annotations_of(job)
     team = team_of(job)
     if team is None:
         raise Rejection(f"label {L.TEAM} (or {L.KUEUE_QUEUE}) is missing")
-    specs, replicas = _pod_specs(job)
+    specs, replicas = _pod_specs(job, runtime)
     counts = set()
     for where, pod_spec in specs:
         if pod_spec.get("nodeName"):
@@ -271,6 +394,8 @@ def job_spec(job: Obj, *, largest_node_gpus: int = 0) -> JobSpec:
     preemptible = ann.get(L.PREEMPTIBLE)
     grace = tpl_spec.get("terminationGracePeriodSeconds", 30)
     containers = tpl_spec.get("containers") or [{}]
+    if kind_of(job) == TRAINJOB:  # the trainer's image is its `node` container's
+        containers = [c for c in containers if c.get("name") == L.TRAINER_CONTAINER] or containers
     raw: Obj = {
         "name": str(m.get("name") or m.get("generateName") or "job")[:128], "team": team,
         "gpus_per_replica": gpus, "replicas": replicas, "priority": priority, "pool": lab.get(L.POOL),
@@ -300,6 +425,9 @@ def admission_patch(job: Obj) -> list[Obj]:
     if not meta(job).get("labels"):
         ops.append({"op": "add", "path": "/metadata/labels", "value": {}})
     ops.append({"op": "add", "path": "/metadata/labels/chamber.io~1managed", "value": "true"})
+    if kind_of(job) == TRAINJOB:  # no pod template: the runtime sets the trainer's schedulerName (see above)
+        ops.append({"op": "add", "path": "/spec/suspend", "value": True})
+        return ops
     if kind_of(job) == PYTORCHJOB:
         if not _run_policy(job):
             ops.append({"op": "add", "path": "/spec/runPolicy", "value": {}})
@@ -336,8 +464,8 @@ def condition(obj: Obj, kind: str) -> Obj | None:
 
 
 def job_outcome(job: Obj) -> tuple[bool, str] | None:
-    """(succeeded, message) once the Job completed or failed; None while it is not finished. A Job says
-    `Complete`, a JobSet `Completed`, a PyTorchJob `Succeeded`."""
+    """(succeeded, message) once the Job completed or failed; None while it is not finished. A Job and a
+    TrainJob say `Complete`, a JobSet `Completed`, a PyTorchJob `Succeeded`."""
     if any(condition(job, c) for c in ("Complete", "SuccessCriteriaMet", "Completed", "Succeeded")):
         return True, ""
     failed = condition(job, "Failed")

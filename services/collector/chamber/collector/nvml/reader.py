@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 
 import msgspec
 
+from chamber.collector.core.assignments import Attribution
 from chamber.collector.core.usage import usage_percent
 from chamber.common.contracts import (
     GpuDevice,
@@ -299,7 +300,12 @@ class NvmlSource:
     """The TelemetrySource of a node agent: this node's GPUs, read with NVML.
 
     With an `owner` (the node's job runner), each GPU process is attributed to its job, and the processes that no
-    job placed on that GPU owns are counted (`unallocated_processes`): work the ledger does not know about."""
+    job placed on that GPU owns are counted (`unallocated_processes`): work the ledger does not know about.
+
+    With `assigned` (on Kubernetes: the kubelet's device assignments joined with Chamber's pods, see
+    `chamber.collector.core.assignments`), each GPU names the job and pod the kubelet gave it to, its processes
+    belong to that job (when no runner says otherwise), and the batch carries where the kubelet and the ledger
+    disagree."""
 
     def __init__(
         self,
@@ -310,24 +316,40 @@ class NvmlSource:
         interval_s: float,
         *,
         owner: Owner | None = None,
+        assigned: Callable[[], Attribution | None] | None = None,
     ) -> None:
         self.reader = reader
         self.node = Node(name=node, pool=pool.name, gpus=reader.devices(), topology=topology)
         self.pool = pool
         self.interval_s = interval_s
         self.owner = owner
+        self.assigned = assigned
         self._unallocated: dict[int, int] = {}
 
     def inventory(self, now: float) -> list[NodeInventory]:
         return [NodeInventory(node=self.node, pool=self.pool, observed_at=now)]
 
     def sample(self, now: float, allocation: Mapping[str, str]) -> list[NodeTelemetry]:
-        gpus = [self._attributed(self.reader.sample(i)) for i in range(len(self.reader.entries))]
+        attribution = self.assigned() if self.assigned is not None else None
+        gpus = [self._attributed(self.reader.sample(i), attribution) for i in range(len(self.reader.entries))]
+        mismatches = list(attribution.mismatches) if attribution is not None else []
         return [
-            NodeTelemetry(node=self.node.name, sampled_at=now, interval_s=self.interval_s, gpus=gpus, source="nvml")
+            NodeTelemetry(
+                node=self.node.name,
+                sampled_at=now,
+                interval_s=self.interval_s,
+                gpus=gpus,
+                source="nvml",
+                assignment_mismatches=mismatches,
+            )
         ]
 
-    def _attributed(self, sample: GpuSample) -> GpuSample:
+    def _attributed(self, sample: GpuSample, attribution: Attribution | None = None) -> GpuSample:
+        if attribution is not None:
+            job = attribution.job_of.get(sample.uuid, "")
+            sample = msgspec.structs.replace(sample, job_id=job, pod=attribution.pod_of.get(sample.uuid, ""))
+            if self.owner is None and sample.processes is not None:  # the kubelet says whose the device is
+                return self._counted(sample, [msgspec.structs.replace(p, job_id=job) for p in sample.processes])
         if self.owner is None or sample.processes is None:
             return sample
         owner = self.owner
@@ -335,6 +357,9 @@ class NvmlSource:
             GpuProcess(pid=p.pid, used_memory_mb=p.used_memory_mb, job_id=owner(p.pid, sample.index))
             for p in sample.processes
         ]
+        return self._counted(sample, processes)
+
+    def _counted(self, sample: GpuSample, processes: list[GpuProcess]) -> GpuSample:
         unallocated = sum(1 for p in processes if not p.job_id)
         if unallocated and self._unallocated.get(sample.index) != unallocated:
             rogue = [p.pid for p in processes if not p.job_id]

@@ -18,6 +18,13 @@ A JobSet or a PyTorchJob is run the same way: its pod templates get the attempt 
 (`spec.suspend` for a JobSet, `spec.runPolicy.suspend` for a PyTorchJob, which is also how it is suspended); its
 pods are matched to replicas through the workload's layout (`workload_layout`).
 
+A TrainJob (Kubeflow Trainer v2) has no pod template of its own: the trainer makes a JobSet of the same name from
+its training runtime, suspended while the TrainJob is. At launch the executor puts the attempt on that JobSet's
+trainer step (the replicated Job labelled `trainer.kubeflow.org/trainjob-ancestor-step: trainer`; JobSet allows
+pod-template metadata changes while suspended) and unsuspends the TrainJob (`spec.suspend`, which is also how it
+is suspended); the trainer resumes the JobSet, whose trainer pods (replica = completion index) are bound like any
+JobSet's. The initializers' pods are not Chamber's (GPU-less, default scheduler).
+
 The executor follows pods (label `chamber.io/job-id`) and managed Jobs with the reflector (list, watch, relist
 on 410), so a restarted scheduler finds everything again; `resync` re-arms what the records say.
 """
@@ -39,10 +46,11 @@ from chamber.common.contracts import (
     JobStopped,
 )
 from chamber.common.kube import labels as L
-from chamber.common.kube.client import JOBS, JOBSETS, PODS, PYTORCHJOBS, KubeClient, Obj, Resource
+from chamber.common.kube.client import JOBS, JOBSETS, PODS, PYTORCHJOBS, TRAINJOBS, KubeClient, Obj, Resource
 from chamber.common.kube.errors import KubeConflict, KubeError, KubeNotFound
 from chamber.common.kube.watch import Reflector
 from chamber.common.kube.workloads import (
+    is_trainer_step,
     job_id_for,
     job_outcome,
     labels_of,
@@ -54,16 +62,21 @@ from chamber.common.kube.workloads import (
     replica_of,
     replicated_jobs,
     timestamp,
+    trainer_layout,
     workload_layout,
 )
 from chamber.common.log import get_logger
 
 log = get_logger(__name__)
-RESOURCES: dict[str, Resource] = {"Job": JOBS, "JobSet": JOBSETS, "PyTorchJob": PYTORCHJOBS}
+RESOURCES: dict[str, Resource] = {"Job": JOBS, "JobSet": JOBSETS, "PyTorchJob": PYTORCHJOBS, "TrainJob": TRAINJOBS}
+LAID_OUT = ("JobSet", "PyTorchJob", "TrainJob")
+TRAINER_JOBSET_WAIT_S = 15.0
+"""How long a TrainJob's launch waits for the trainer to make its JobSet (it does so on the TrainJob's creation)."""
+"""Kinds whose pods are matched to replicas through a layout read from the cluster."""
 """The workload kinds the executor runs, by `WorkloadRef.kind`."""
 NO_WORKLOAD = (
-    "no Kubernetes workload behind this job: with CHAMBER_EXECUTOR=kubernetes, submit a batch/v1 Job, a JobSet or a "
-    "PyTorchJob labelled chamber.io/team (docs/kubernetes.md)"
+    "no Kubernetes workload behind this job: with CHAMBER_EXECUTOR=kubernetes, submit a batch/v1 Job, a JobSet, a "
+    "PyTorchJob or a TrainJob labelled chamber.io/team (docs/kubernetes.md)"
 )
 Event = JobStarted | JobFinished | JobStopped | JobLaunchFailed
 
@@ -140,9 +153,14 @@ class KubernetesExecutor:
                 attempt.layout = workload_layout(pytorchjob)
                 await self.client.patch(PYTORCHJOBS, ref.name, _unsuspend_pytorchjob(pytorchjob, template_meta),
                                         ref.namespace)  # fmt: skip
+            elif ref.kind == "TrainJob":
+                attempt.layout = await self._launch_trainjob(record, template_meta)
             else:
                 patch = {"spec": {"suspend": False, "template": {"metadata": template_meta}}}
                 await self.client.patch(JOBS, ref.name, patch, ref.namespace)
+        except _NotReady as exc:
+            await self._fail(record, str(exc))
+            return
         except KubeNotFound:
             await self._fail(record, f"the Job {ref.namespace}/{ref.name} is gone")
             return
@@ -151,6 +169,34 @@ class KubernetesExecutor:
             return
         log.info("kube_executor.launched", job_id=record.id, attempt=record.attempt, nodes=nodes)
         await self._progress(attempt)
+
+    async def _launch_trainjob(self, record: JobRecord, template_meta: Obj) -> dict[str, tuple[int, int]]:
+        """Put the attempt on the trainer's JobSet (its trainer step), then unsuspend the TrainJob."""
+        ref = record.spec.workload
+        assert ref is not None
+        await self.client.get(TRAINJOBS, ref.name, ref.namespace)  # gone: KubeNotFound, reported as such
+        jobset: Obj | None = None
+        waited = 0.0
+        while jobset is None:  # the trainer makes it as soon as it sees the TrainJob, which may be after us
+            try:
+                jobset = await self.client.get(JOBSETS, ref.name, ref.namespace)
+            except KubeNotFound:
+                if waited >= min(self.start_timeout_s, TRAINER_JOBSET_WAIT_S):
+                    raise _NotReady(
+                        f"the trainer made no JobSet for TrainJob {ref.namespace}/{ref.name} within {waited:g} s (is "
+                        "the Kubeflow trainer controller running?)"
+                    ) from None
+                await asyncio.sleep(0.25)
+                waited += 0.25
+        if not any(o.get("uid") == ref.uid for o in meta(jobset).get("ownerReferences") or []):
+            raise _NotReady(f"the JobSet {ref.namespace}/{ref.name} is not this TrainJob's (a namesake's, going)")
+        layout = trainer_layout(jobset)
+        if not layout:
+            raise _NotReady(f"the JobSet {ref.namespace}/{ref.name} has no trainer step")
+        await self.client.patch(JOBSETS, ref.name, _jobset_patch(jobset, template_meta, trainer_only=True),
+                                ref.namespace)  # fmt: skip
+        await self.client.patch(TRAINJOBS, ref.name, {"spec": {"suspend": False}}, ref.namespace)
+        return layout
 
     async def stop(self, record: JobRecord, reason: str, grace_s: float = 0.0) -> None:
         await self._ensure_started()
@@ -194,10 +240,13 @@ class KubernetesExecutor:
                 attempt = Attempt(record, replica_nodes(record), self.clock.now(), started=True)
                 self.attempts[record.id] = attempt
                 ref = record.spec.workload
-                if ref is not None and ref.kind in ("JobSet", "PyTorchJob"):
+                if ref is not None and ref.kind in LAID_OUT:
                     with contextlib.suppress(KubeError):
-                        workload = await self.client.get(RESOURCES[ref.kind], ref.name, ref.namespace)
-                        attempt.layout = workload_layout(workload)
+                        if ref.kind == "TrainJob":
+                            attempt.layout = trainer_layout(await self.client.get(JOBSETS, ref.name, ref.namespace))
+                        else:
+                            workload = await self.client.get(RESOURCES[ref.kind], ref.name, ref.namespace)
+                            attempt.layout = workload_layout(workload)
                 self._adopt_pods(attempt)
                 await self._progress(attempt)
             else:
@@ -217,7 +266,7 @@ class KubernetesExecutor:
             return
         self._pods = Reflector(self.client, PODS, self._on_pod, labels=L.JOB_ID, name="pods")
         reflectors = [self._pods, Reflector(self.client, JOBS, self._on_job, labels=f"{L.MANAGED}=true", name="jobs")]
-        for crd in (JOBSETS, PYTORCHJOBS):
+        for crd in (JOBSETS, PYTORCHJOBS, TRAINJOBS):
             if await self.client.serves(crd):
                 reflectors.append(
                     Reflector(self.client, crd, self._on_job, labels=f"{L.MANAGED}=true", name=crd.plural)
@@ -285,7 +334,7 @@ class KubernetesExecutor:
         live = [p for p in attempt.pods.values() if not meta(p).get("deletionTimestamp")]
         unbound = [p for p in live if not (p.get("spec") or {}).get("nodeName") and meta(p)["uid"] not in attempt.bound]
         ref = attempt.record.spec.workload
-        if ref is not None and ref.kind in ("JobSet", "PyTorchJob") and attempt.layout is None:
+        if ref is not None and ref.kind in LAID_OUT and attempt.layout is None:
             return  # its replica layout is read at launch and on resync; without it no pod can be bound
         indexes = {replica_of(p, attempt.layout) for p in live}
         if unbound and not attempt.binding and indexes >= set(range(replicas)):
@@ -391,21 +440,32 @@ class KubernetesExecutor:
                 await asyncio.sleep(0.5)
 
 
+class _NotReady(KubeError):
+    """The workload is not in a state a launch can start from (reported as the launch's failure reason)."""
+
+
 def _unsuspend_jobset(jobset: Obj, template_meta: Obj) -> Obj:
-    """Merge patch that resumes a JobSet with the attempt on every replicated Job's pod template. Its
-    `replicatedJobs` is a list, which a merge patch replaces whole: the patch carries the whole list and the
-    JobSet's resource version (a concurrent change is a conflict, never a lost edit)."""
+    """Merge patch that resumes a JobSet with the attempt on every replicated Job's pod template."""
+    patch = _jobset_patch(jobset, template_meta)
+    patch["spec"]["suspend"] = False
+    return patch
+
+
+def _jobset_patch(jobset: Obj, template_meta: Obj, *, trainer_only: bool = False) -> Obj:
+    """Merge patch that puts the attempt on a JobSet's replicated Jobs' pod templates (only the trainer step's
+    with `trainer_only`). Its `replicatedJobs` is a list, which a merge patch replaces whole: the patch carries
+    the whole list and the JobSet's resource version (a concurrent change is a conflict, never a lost edit)."""
     rjobs = []
     for rjob in replicated_jobs(jobset):
         new = copy.deepcopy(rjob)
-        pod_meta = (
-            new.setdefault("template", {}).setdefault("spec", {}).setdefault("template", {}).setdefault("metadata", {})
-        )
-        for key in ("labels", "annotations"):
-            pod_meta[key] = dict(pod_meta.get(key) or {}, **template_meta[key])
+        if not trainer_only or is_trainer_step(rjob):
+            pod_meta = new.setdefault("template", {}).setdefault("spec", {}).setdefault("template", {})
+            pod_meta = pod_meta.setdefault("metadata", {})
+            for key in ("labels", "annotations"):
+                pod_meta[key] = dict(pod_meta.get(key) or {}, **template_meta[key])
         rjobs.append(new)
     return {"metadata": {"resourceVersion": meta(jobset).get("resourceVersion")},
-            "spec": {"suspend": False, "replicatedJobs": rjobs}}  # fmt: skip
+            "spec": {"replicatedJobs": rjobs}}  # fmt: skip
 
 
 def _unsuspend_pytorchjob(pytorchjob: Obj, template_meta: Obj) -> Obj:
@@ -418,6 +478,10 @@ def _unsuspend_pytorchjob(pytorchjob: Obj, template_meta: Obj) -> Obj:
 def _pending(attempt: Attempt) -> str:
     """Why an attempt is not running yet, for the launch-failed reason."""
     if not attempt.pods:
+        ref = attempt.record.spec.workload
+        if ref is not None and ref.kind == "TrainJob":
+            return (f"no trainer pod of TrainJob {ref.namespace}/{ref.name} yet (its initializers run first; see "
+                    f"`kubectl describe trainjob,jobset {ref.name}`)")  # fmt: skip
         return "the Job controller created no pods (see `kubectl describe job`: quota, LimitRange, admission)"
     parts = []
     for pod in attempt.pods.values():
