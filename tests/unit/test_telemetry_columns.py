@@ -34,6 +34,11 @@ def test_every_sample_field_has_a_column_of_its_type() -> None:
         assert columns[name] == list[type_], name  # type: ignore[valid-type]
 
 
+def test_every_batch_field_travels() -> None:
+    batch = set(NodeTelemetry.__struct_fields__) - {"gpus"}
+    assert batch <= set(NodeTelemetryColumns.__struct_fields__)
+
+
 @pytest.mark.parametrize(
     "batch",
     [
@@ -46,9 +51,10 @@ def test_every_sample_field_has_a_column_of_its_type() -> None:
             interval_s=1.0,
             source="nvml",
             gpus=[
-                GpuSample(index=0, uuid="a", xids=[79, 48], usage=12.5, retired_pages_pending=False),
-                GpuSample(index=7, uuid="b", processes=[GpuProcess(pid=1, job_id="j")], ecc_dbe_volatile=0),
+                GpuSample(index=0, uuid="a", xids=[79, 48], usage=12.5, retired_pages_pending=False, pod="ns/p"),
+                GpuSample(index=7, uuid="b", processes=[GpuProcess(pid=1, job_id="j")], ecc_dbe_volatile=0, job_id="j"),
             ],
+            assignment_mismatches=["GPU 7: the kubelet gave it to ns/p, the ledger to j"],
         ),
     ],
     ids=["nvml-h100", "no-gpus", "nothing-measured", "sparse-capabilities"],
