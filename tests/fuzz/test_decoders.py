@@ -7,6 +7,7 @@ DecodeError, never anything else, for valid messages broken in one place, arbitr
 
 from typing import Any
 
+import msgspec
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -23,10 +24,14 @@ from chamber.common.contracts import (
     JobStateChanged,
     JobSubmitted,
     NodeInventory,
+    NodeTelemetry,
     QuotaConfig,
     QuotaState,
     RollupPoint,
+    TelemetryActivityView,
     TelemetryEvent,
+    TelemetryWire,
+    to_columns,
 )
 from tests.fuzz.strategies import broken, contract_documents, json_values, nested, to_json
 
@@ -103,3 +108,35 @@ def test_deep_nesting_decodes_or_is_refused(type_: Any, depth: int) -> None:
     """1,000 levels crash a recursive decoder written by hand; msgspec's must refuse (or skip an unknown field)."""
     decodes_or_refuses(type_, nested(b"1", depth))
     decodes_or_refuses(type_, b'{"kind":' * depth + b"1" + b"}" * depth)
+
+
+COLUMNS = pytest.mark.parametrize(
+    "type_", [TelemetryWire, TelemetryActivityView], ids=["TelemetryWire (health)", "TelemetryActivityView (collector)"]
+)
+
+
+def columns_documents() -> st.SearchStrategy[Any]:
+    """Valid `NodeTelemetryColumns` documents: random valid batches in their wire form (random lists of the type
+    alone would almost never have consistent lengths)."""
+    full = Decoder(NodeTelemetry)
+    return contract_documents(NodeTelemetry).map(lambda doc: msgspec.to_builtins(to_columns(full.decode(to_json(doc)))))
+
+
+@given(data=st.data())
+def test_a_valid_columns_message_decodes(data: st.DataObject) -> None:
+    assert decodes_or_refuses(TelemetryWire, to_json(data.draw(columns_documents()))) is not None
+
+
+@COLUMNS
+@given(data=st.data())
+def test_a_columns_message_broken_in_one_place_decodes_or_is_refused(type_: Any, data: st.DataObject) -> None:
+    decodes_or_refuses(type_, to_json(data.draw(broken(columns_documents()))))
+
+
+@COLUMNS
+@given(data=st.data())
+def test_columns_bytes_mangled_are_refused_or_decode(type_: Any, data: st.DataObject) -> None:
+    valid = to_json(data.draw(columns_documents()))
+    cut = data.draw(st.integers(0, len(valid)))
+    decodes_or_refuses(type_, valid[:cut])
+    decodes_or_refuses(type_, valid[:cut] + bytes([data.draw(st.integers(0, 255))]) + valid[cut + 1 :])

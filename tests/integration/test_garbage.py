@@ -11,6 +11,7 @@ from chamber.common.contracts import (
     JobSubmitted,
     NodeTelemetry,
     QuotaState,
+    to_columns,
 )
 from chamber.common.jobstore import JobStore
 from chamber.common.ledger import Ledger
@@ -33,6 +34,9 @@ GARBAGE = [
     b'{"kind": "JobSubmitted", "job_id": "x", "submitted_at": 1, "spec": {"name": "a", "team": "t", '
     b'"gpus_per_replica": -5}}',
     b'{"kind": "NodeTelemetry", "node": "n", "gpus": "many"}',
+    b'{"kind": "NodeTelemetryColumns", "node": "n", "sampled_at": 1, "interval_s": 1, "index": [0, 1], "uuid": ["a"]}',
+    b'{"kind": "NodeTelemetryColumns", "node": "n", "sampled_at": 1, "interval_s": 1, "index": [0], "uuid": ["a"], '
+    b'"gpu_util": [1, 2, 3]}',
     b'{"kind": "JobStateChanged", "record": null}',
     b'{"a": ' * 10_000,
 ]
@@ -78,7 +82,7 @@ async def test_services_survive_garbage(settings: Settings, cleanup: None) -> No
             bad_gpu = GpuSample(index=3, uuid="GPU-x", ecc_dbe_volatile=2)
             await bus.publish(
                 names.telemetry("node-0001"),
-                NodeTelemetry(node="node-0001", sampled_at=2.0, interval_s=1.0, gpus=[bad_gpu]),
+                to_columns(NodeTelemetry(node="node-0001", sampled_at=2.0, interval_s=1.0, gpus=[bad_gpu])),
             )
 
             async def cordoned() -> bool:

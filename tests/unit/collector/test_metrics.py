@@ -1,19 +1,26 @@
 """Fleet metrics and rollups from samples, allocation, health and prices (definitions in docs/metrics.md)."""
 
+import itertools
+from collections.abc import Sequence
+
 import msgspec
+import numpy as np
 import pytest
 
 from chamber.collector.core.lag import LagHistogram
-from chamber.collector.core.metrics import JOBS_REPORTED, FleetMetrics, PoolPrice, activity
+from chamber.collector.core.metrics import JOBS_REPORTED, Batch, FleetMetrics, PoolPrice, activities, activity, column
 from chamber.collector.core.rollups import Rollups
+from chamber.collector.core.slots import floats
 from chamber.common.codec import encode
 from chamber.common.contracts import (
     GpuSample,
     JobRecord,
     JobState,
     NodeActivityView,
+    NodeColumnsActivityView,
     NodeTelemetry,
     TelemetryActivityView,
+    to_columns,
 )
 from tests.support.builders import make_job
 
@@ -213,3 +220,49 @@ def test_gpu_usage_and_unallocated_processes_are_exported_per_gpu() -> None:
     assert sample.labels["UUID"] == "GPU-a", "a GPU whose source cannot tell has no value (not 0)"
     assert [s.value for s in families["chamber_gpu_usage"].samples] == [71.25]
     assert activity(rogue) == pytest.approx(0.7125), "fleet activity follows the GPU's usage"
+
+
+def test_activities_of_many_samples_match_activity_of_each() -> None:
+    values = [None, 0.0, 5.0, 50.0, 120.0, -3.0]
+    grid = [
+        GpuSample(index=0, uuid="x", usage=u, power_w=p, power_limit_w=lim, sm_activity=sm, gpu_util=g)
+        for u, p, lim, sm, g in itertools.product(
+            [None, 40.0, 150.0], [None, 20.0, 600.0], [None, 0.0, 700.0], [None, 0.0, 0.4, 1.5], values
+        )
+    ]
+    got = activities(*(column([getattr(s, f) for s in grid]) for f in
+                       ("usage", "power_w", "power_limit_w", "sm_activity", "gpu_util")))  # fmt: skip
+    assert got.tolist() == pytest.approx([activity(s) for s in grid])
+
+
+def test_columns_rows_and_full_batches_ingest_alike() -> None:
+    batches = [
+        batch("n1", [90, 0, 50], at=10.0, power=[600, 40, 400]),
+        batch("n2", [10, 20], at=11.0),
+        NodeTelemetry(node="n3", sampled_at=12.0, interval_s=2.0,
+                      gpus=[GpuSample(index=5, uuid="a", usage=30.0), GpuSample(index=2, uuid="b", sm_activity=0.7)]),
+        batch("n1", [10, 10, 10], at=13.0),
+    ]  # fmt: skip
+    as_rows = [msgspec.json.decode(encode(b), type=NodeActivityView) for b in batches]
+    as_columns = [msgspec.json.decode(encode(to_columns(b)), type=NodeColumnsActivityView) for b in batches]
+    results = []
+    forms: list[Sequence[Batch]] = [batches, as_rows, as_columns]
+    for form in forms:
+        m = fleet({"n1": ("h100", 3), "n2": ("h100", 2)})
+        m.ingest_many((b, None) for b in form)
+        cols = m.slots.cols
+        by_key = {k: (floats(cols.activity)[i], floats(cols.seen_at)[i]) for i, k in enumerate(m.slots.keys)}
+        results.append((by_key, m.samples, m.take_reported()))
+    assert results[0] == results[1] == results[2]
+    by_key, samples, (times, gpus) = results[2]
+    assert by_key["n1/0"] == (pytest.approx(0.1), 13.0), "the later batch of a node wins"
+    assert by_key["n3/5"] == (pytest.approx(0.3), 12.0)
+    assert by_key["n3/2"] == (pytest.approx(0.7), 12.0)
+    assert (samples, times, gpus) == (10, [10.0, 11.0, 12.0, 13.0], [3, 2, 2, 3])
+
+
+def test_a_column_absent_on_every_gpu_counts_as_none() -> None:
+    m = fleet({"n1": ("h100", 2)})
+    raw = encode(to_columns(batch("n1", [80, 30], power=[500, 10])))
+    m.ingest_many([(msgspec.json.decode(raw, type=NodeColumnsActivityView), raw)])
+    assert np.allclose(floats(m.slots.cols.activity)[:2], [0.8, 0.0])

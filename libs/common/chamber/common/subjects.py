@@ -86,7 +86,7 @@ SUBJECTS: tuple[SubjectSpec, ...] = (
     SubjectSpec("decisions.placed.<job>", "DECISIONS", "JobPlaced", "scheduler", "(audit, dashboard)"),
     SubjectSpec("decisions.state.<job>", "DECISIONS", "JobStateChanged", "scheduler", "quota"),
     SubjectSpec("inventory.<node>", "INVENTORY", "NodeInventory", "collector", "scheduler, gateway"),
-    SubjectSpec("telemetry.<node>", "TELEMETRY", "NodeTelemetry, GpuXidEvent", "collector", "health, collector"),
+    SubjectSpec("telemetry.<node>", "TELEMETRY", "NodeTelemetryColumns, GpuXidEvent", "collector", "health, collector"),
     SubjectSpec("metrics.fleet", "METRICS", "FleetSnapshot", "collector", "gateway"),
     SubjectSpec("metrics.rollup.<1m-1h-1d>", "METRICS", "RollupPoint", "collector", "gateway"),
     SubjectSpec("metrics.scheduler", "METRICS", "SchedulerStats", "scheduler (leader)", "gateway, benchmarks"),

@@ -7,7 +7,7 @@ from prometheus_client.registry import Collector
 
 from chamber.collector.core.metrics import FleetMetrics
 from chamber.common.codec import DecodeError, Decoder
-from chamber.common.contracts import FleetSnapshot, GpuSample, NodeTelemetry
+from chamber.common.contracts import FleetSnapshot, GpuSample, NodeTelemetry, NodeTelemetryColumns, as_telemetry
 
 MIB = 1.0
 
@@ -70,7 +70,7 @@ def _flag(value: bool | None) -> float | None:
     return None if value is None else float(value)
 
 
-_batch = Decoder(NodeTelemetry)
+_batch = Decoder(NodeTelemetryColumns | NodeTelemetry)
 
 
 class ChamberCollector(Collector):
@@ -89,9 +89,11 @@ class ChamberCollector(Collector):
                 yield kept
             elif isinstance(kept, bytes):
                 try:
-                    yield _batch.decode(kept)
+                    batch = as_telemetry(_batch.decode(kept))
                 except DecodeError:
                     continue
+                if isinstance(batch, NodeTelemetry):
+                    yield batch
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         samples = [(batch.node, s) for batch in self._batches() for s in batch.gpus]

@@ -24,7 +24,7 @@ from chamber.collector.core.simfleet import FleetShape, PoolShape, SimulatedFlee
 from chamber.collector.core.source import TelemetryOnly, TelemetrySource
 from chamber.common.bus import Bus, PublishError
 from chamber.common.codec import DecodeError, Decoder
-from chamber.common.contracts import FaultInjection, GpuXidEvent, Node, Pool, TopologyLabels
+from chamber.common.contracts import FaultInjection, GpuXidEvent, Node, Pool, TopologyLabels, to_columns
 from chamber.common.jobstore import JobStore
 from chamber.common.ledger import Ledger, LedgerUnavailable
 from chamber.common.log import get_logger
@@ -63,7 +63,7 @@ class Collector:
                 owners = {}
             allocation = {slot: holder.rsplit("/", 1)[0] for slot, holder in owners.items()}
         for batch in self.source.sample(now, allocation):
-            await self.bus.publish_nowait(self.bus.names.telemetry(batch.node), batch)
+            await self.bus.publish_nowait(self.bus.names.telemetry(batch.node), to_columns(batch))
 
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():

@@ -34,10 +34,12 @@ from chamber.common.contracts import (
     Node,
     NodeInventory,
     NodeTelemetry,
+    NodeTelemetryColumns,
     QuotaConfig,
     QuotaState,
     RollupPoint,
     TeamUsage,
+    as_telemetry,
 )
 from chamber.common.feasibility import Infeasible, never_fits
 from chamber.common.jobstore import JobStore
@@ -68,7 +70,7 @@ from chamber.gateway.tokens import TokenStore
 log = get_logger(__name__)
 
 _submitted = Decoder(JobSubmitted)
-_telemetry = Decoder(NodeTelemetry)
+_telemetry = Decoder(NodeTelemetryColumns | NodeTelemetry)
 
 
 class _Kind(msgspec.Struct):
@@ -76,6 +78,7 @@ class _Kind(msgspec.Struct):
 
 
 _kind = msgspec.json.Decoder(_Kind)
+_BATCHES = ("NodeTelemetryColumns", "NodeTelemetry")
 FLEET_TICK_S = 1.0
 FEASIBILITY_ENTRIES = 1024
 """Job shapes whose feasibility is remembered (forgotten all at once beyond this, or when the fleet changes)."""
@@ -275,7 +278,7 @@ class GatewayState:
 
     async def _on_telemetry(self, msg: Msg) -> None:
         try:
-            if _kind.decode(msg.data).kind == "NodeTelemetry":
+            if _kind.decode(msg.data).kind in _BATCHES:
                 self.telemetry[msg.subject.rsplit(".", 1)[-1]] = msg.data
         except (msgspec.DecodeError, msgspec.ValidationError):
             return
@@ -318,7 +321,9 @@ class GatewayState:
         out: dict[str, NodeTelemetry] = {}
         for node, raw in list(self.telemetry.items()):
             with contextlib.suppress(DecodeError):
-                out[node] = _telemetry.decode(raw)
+                batch = as_telemetry(_telemetry.decode(raw))
+                assert isinstance(batch, NodeTelemetry)
+                out[node] = batch
         return out
 
     def ledger_changed(self) -> None:

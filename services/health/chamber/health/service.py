@@ -21,7 +21,9 @@ from chamber.common.contracts import (
     HealthState,
     NodeInventory,
     NodeTelemetry,
-    TelemetryEvent,
+    NodeTelemetryColumns,
+    TelemetryWire,
+    as_telemetry,
 )
 from chamber.common.ledger import Ledger, LedgerUnavailable
 from chamber.common.log import get_logger
@@ -73,7 +75,7 @@ class Health:
         consumers = [
             self.bus.consumer(
                 stream=TELEMETRY, durable="health", filter_subjects=[self.bus.names.subject("telemetry.>")],
-                decoder=Decoder(TelemetryEvent), handler=self.on_telemetry,
+                decoder=Decoder(TelemetryWire), handler=self.on_telemetry,
             ),
             self.bus.consumer(
                 stream=HEALTH, durable="health-commands", filter_subjects=[self.bus.names.subject("health.commands.>")],
@@ -87,7 +89,8 @@ class Health:
         self.inventory[inv.node.name] = [g.index for g in inv.node.gpus]
         self.engine.set_inventory(inv.node.name, len(inv.node.gpus), self.ctx.clock.now())
 
-    async def on_telemetry(self, event: NodeTelemetry | GpuXidEvent) -> None:
+    async def on_telemetry(self, event: NodeTelemetryColumns | NodeTelemetry | GpuXidEvent) -> None:
+        event = as_telemetry(event)
         batch = event if isinstance(event, NodeTelemetry) else as_batch(event)
         async with self._lock:
             await self.apply(self.engine.observe(batch, self.ctx.clock.now()))

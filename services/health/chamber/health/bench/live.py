@@ -32,6 +32,7 @@ from chamber.common.contracts import (
     Node,
     NodeInventory,
     Pool,
+    to_columns,
 )
 from chamber.common.runtime import make_context
 from chamber.common.settings import Settings
@@ -87,9 +88,10 @@ async def _telemetry(bus: Bus, fleet: NoisyFleet, stop: asyncio.Event, seen: Obs
             delay = start + i * fleet.interval_s / n - time.time()
             if delay > 0.002:
                 await asyncio.sleep(delay)
-            batch = fleet.sample_node(node, time.time())
-            if batch is None:
+            sampled = fleet.sample_node(node, time.time())
+            if sampled is None:
                 continue
+            batch = to_columns(sampled)  # as node agents publish it
             late = fleet.late_by()
             if late:
                 loop.call_later(late, later, bus.names.telemetry(node.name), batch)
