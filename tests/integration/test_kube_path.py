@@ -18,7 +18,15 @@ from chamber.cli.kubesim.serve import Running, emulated_cluster
 from chamber.collector import service as collector
 from chamber.common.bus import Bus
 from chamber.common.codec import Decoder
-from chamber.common.contracts import HealthCommand, JobEvent, JobLaunchFailed, JobRecord, NodeTelemetry
+from chamber.common.contracts import (
+    HealthCommand,
+    JobEvent,
+    JobLaunchFailed,
+    JobRecord,
+    NodeTelemetry,
+    TelemetryWire,
+    as_telemetry,
+)
 from chamber.common.jobstore import JobStore
 from chamber.common.kube.client import (
     CLUSTERTRAININGRUNTIMES,
@@ -597,7 +605,7 @@ async def test_the_node_agent_names_the_job_the_kubelet_gave_each_gpu_to(
     batch = client.BatchV1Api(official(cluster.url))
     store = await JobStore.open(bus)
     seen: list[NodeTelemetry] = []
-    decoder = Decoder(NodeTelemetry)
+    decoder = Decoder(TelemetryWire)
     with short_socket_dir() as sock_dir:
         async with running(settings, *SERVICES):
             await webhooks_up(settings)
@@ -615,7 +623,7 @@ async def test_the_node_agent_names_the_job_the_kubelet_gave_each_gpu_to(
                 )  # fmt: skip
 
                 async def on_msg(msg: Any) -> None:
-                    event = decoder.decode(msg.data)
+                    event = as_telemetry(decoder.decode(msg.data))
                     if isinstance(event, NodeTelemetry) and event.source == "nvml":
                         seen.append(event)
 
