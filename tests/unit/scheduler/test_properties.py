@@ -131,6 +131,9 @@ def test_one_cycle_keeps_every_invariant(world: World) -> None:
     taken = dict(owners)
     placed: dict[str, tuple[GpuRef, ...]] = {}
     usage = dict(usage_before)  # as the cycle goes: what each team holds or has set aside when it decides
+    moved_to: dict[str, str] = {}
+    """slot -> the moved job (consolidation) it is held for."""
+    set_aside: set[str] = set()
     for d in decisions:
         if (isinstance(d, Place) and not by_id[d.job_id].nominated) or isinstance(d, Nominate):
             key = (by_id[d.job_id].spec.team, "default")
@@ -148,7 +151,26 @@ def test_one_cycle_keeps_every_invariant(world: World) -> None:
                 assert nominated_to.get(g.slot, d.job_id) == d.job_id, f"{g.slot} was set aside for another job"
                 taken[g.slot] = d.job_id
             placed[d.job_id] = d.gpus
-        if isinstance(d, Preempt):
+        if isinstance(d, Nominate):
+            set_aside.update(g.slot for g in d.gpus)
+        if isinstance(d, Preempt) and d.move:
+            victim = by_id[d.job_id]
+            assert victim.placement is not None
+            assert DEFAULT_CLASSES[victim.spec.priority].preemptible, "non-preemptible jobs are never moved"
+            assert d.by is not None
+            by = by_id[d.by]
+            at_least = DEFAULT_CLASSES[by.spec.priority].value >= DEFAULT_CLASSES[victim.spec.priority].value
+            assert at_least, "a job is moved only to open room for one of at least its priority"
+            to = state.moves.get(d.job_id, ())
+            assert len(to) == len(victim.placement.gpus), "a moved job has as many GPUs held for it as it holds"
+            assert len({g.node for g in to}) == 1, "a moved job goes to one node"
+            for g in to:
+                assert g.slot not in taken, f"{g.slot} held for {d.job_id} is not free"
+                assert g.slot not in cordoned, f"{g.slot} held for {d.job_id} is unschedulable"
+                assert g.slot not in nominated_to, f"{g.slot} was set aside for a preemptor"
+                assert g.slot not in moved_to, f"{g.slot} was held for another moved job"
+                moved_to[g.slot] = d.job_id
+        elif isinstance(d, Preempt):
             victim = by_id[d.job_id]
             assert victim.placement is not None
             if not d.interrupt:
@@ -162,6 +184,8 @@ def test_one_cycle_keeps_every_invariant(world: World) -> None:
                     team = victim.spec.team
                     nominal = quota.quota(team, "default").nominal
                     assert usage.get((team, "default"), 0) > nominal, "another team is taken from only to reclaim"
+    assert not set_aside & set(moved_to), "GPUs held for a moved job are not set aside for a preemptor too"
+    assert not set(placed) & {d.job_id for d in decisions if isinstance(d, Preempt) and d.move}
     if quota is not None:
         for job_id in placed:
             job = by_id[job_id]

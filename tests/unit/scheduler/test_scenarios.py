@@ -48,6 +48,18 @@ def holding(job: str, node: str, count: int, start: int = 0) -> tuple[tuple[str,
 J = make_job
 
 
+def fragmented() -> list[JobRecord]:
+    """2 GPUs free on a (next to a 4-GPU job and two 1-GPU jobs) and 2 on b (next to a 6-GPU job); a 4-GPU job
+    waits. All preemptible (`research`), all of one priority."""
+    return [
+        J("r1").gpus(4).priority("research").running_on(*holding("r1", "a", 4)).started_at(NOW - 600).build(),
+        J("s1").gpus(1).priority("research").running_on(("a", 4)).started_at(NOW - 600).build(),
+        J("s2").gpus(1).priority("research").running_on(("a", 5)).started_at(NOW - 600).build(),
+        J("r2").gpus(6).priority("research").running_on(*holding("r2", "b", 6)).started_at(NOW - 600).build(),
+        J("wide").gpus(4).priority("research").at(0).build(),
+    ]
+
+
 def two_gangs_behind_two_nodes() -> list[JobRecord]:
     """a is busy for 40 more minutes, half of b for 100; two 8-GPU gangs and a 4-GPU job wait."""
     return [
@@ -272,7 +284,8 @@ SCENARIOS = [
         config=SchedulerConfig(order="fifo", backfill_on_predictions=True),  # the head first, whatever its rank
     ),
     Scenario(
-        "backfill on users' estimates only (the default): the same job, predicted short, does not use them",
+        "backfill on users' estimates only (backfill_on_predictions off): the same job, predicted short, does not "
+        "use them",
         [n8("a"), n8("b")],
         [
             J("r").running_on(*holding("r", "a", 8)).estimate(3600).started_at(NOW - 1200).build(),
@@ -281,7 +294,7 @@ SCENARIOS = [
         ],
         waiting={"head": "reserved", "quick": "reserved for head"},
         history=[("team-a", "eval", 4, 300.0)],
-        config=SchedulerConfig(order="fifo"),
+        config=SchedulerConfig(order="fifo", backfill_on_predictions=False),
     ),
     Scenario(
         "a head blocked by jobs without estimates still holds its capacity",
@@ -293,6 +306,52 @@ SCENARIOS = [
         ],
         waiting={"head": "earliest start unknown", "small": "reserved for head"},
         config=EASY,
+    ),
+    # ---- consolidation
+    Scenario(
+        "consolidation: 4 GPUs are free but on no one node; two one-GPU jobs move to open a node for a 4-GPU job",
+        [n8("a"), n8("b")],
+        fragmented(),
+        preempted={"s1", "s2"},
+        nominated={"wide"},
+    ),
+    Scenario(
+        "consolidation comes after the walk: a one-GPU job behind takes a free GPU first, then too few are free",
+        [n8("a"), n8("b")],
+        [*fragmented(), J("one").gpus(1).priority("research").at(1).build()],
+        placed={"one": {"a"}},
+        waiting={"wide": "waiting for 4 GPUs"},
+    ),
+    Scenario(
+        "consolidation moves a job only if it has a place elsewhere now",
+        [n8("a"), n8("b"), n8("c")],
+        [
+            J("big").gpus(4).priority("research").running_on(*holding("big", "a", 4)).build(),
+            J("s").gpus(2).priority("research").running_on(*holding("s", "a", 2, start=4)).build(),
+            J("r2").gpus(7).priority("research").running_on(*holding("r2", "b", 7)).build(),
+            J("r3").gpus(7).priority("research").running_on(*holding("r3", "c", 7)).build(),
+            J("wide").gpus(4).priority("research").at(0).build(),
+        ],
+        waiting={"wide": "waiting for 4 GPUs"},
+    ),
+    Scenario(
+        "consolidation never moves a job as large as the one it makes room for, nor a non-preemptible one (train)",
+        [n8("a"), n8("b")],
+        [
+            J("r1").gpus(4).priority("train").running_on(*holding("r1", "a", 4)).build(),
+            J("s1").gpus(1).priority("train").running_on(("a", 4)).build(),
+            J("s2").gpus(1).priority("train").running_on(("a", 5)).build(),
+            J("r2").gpus(6).priority("train").running_on(*holding("r2", "b", 6)).build(),
+            J("wide").gpus(4).priority("train").at(0).build(),
+        ],
+        waiting={"wide": "waiting for 4 GPUs"},
+    ),
+    Scenario(
+        "consolidation off: the 4-GPU job waits on the fragmented fleet",
+        [n8("a"), n8("b")],
+        fragmented(),
+        waiting={"wide": "waiting for 4 GPUs"},
+        config=SchedulerConfig(consolidate=False),
     ),
     # ---- preemption
     Scenario(

@@ -11,11 +11,16 @@ and what the runtime predictor learned from jobs that finished before. Policies 
 - `fair-fifo`: Chamber's earlier order: borrowing, reclaim, fair share, then submit time; EASY backfill on the
   users' estimates;
 - `spf`: fair share, then shortest predicted GPU-time first (learned runtimes, Helios's QSSF); EASY backfill on
-  the smaller of the user's estimate and the prediction; age protection;
+  the users' estimates; age protection (Chamber's default before consolidation);
+- `spf-drain`: `spf` with 8 sticky reservations and backfill on the smaller of the user's estimate and the
+  prediction;
+- `qssf`: shortest predicted GPU-time before fair share, otherwise as `spf`;
 - `las`: fair share, then least attained GPU-time first (Tiresias, no estimates needed); EASY backfill on the
   users' estimates; age protection;
 - `chamber`: what Chamber runs by default (the scheduler's `SchedulerConfig()`), the winner of the comparison in
-  docs/simulator.md.
+  docs/simulator.md: shortest predicted GPU-time first, then fair share (guarantees first by the quota's two
+  passes and reclaim); EASY backfill on the smaller of the user's estimate and the prediction; consolidation
+  (small jobs moved to open room for multi-GPU ones); age protection.
 """
 
 import heapq
@@ -64,26 +69,34 @@ class Policy:
     """Order teams by fair-share standing (recomputed hourly from demand, as the quota service does)."""
 
 
+def _before_consolidation(**changes: Any) -> SchedulerConfig:
+    """Every comparison policy runs without what came with consolidation (moves, backfill on predictions, the
+    rank before fair share), so that it stays what its name says while the default moves on."""
+    return SchedulerConfig(consolidate=False, backfill_on_predictions=False, rank_first=False, **changes)
+
+
 POLICIES: dict[str, Policy] = {
     "fifo": Policy(
-        SchedulerConfig(max_reservations=0, preemption=False, strict_fifo=True, order="fifo", predict=False,
-                        max_wait_s=None),
+        _before_consolidation(max_reservations=0, preemption=False, strict_fifo=True, order="fifo",
+                              predict=False, max_wait_s=None),
         quotas="none", fair_share=False,
     ),
     "isolated": Policy(
-        SchedulerConfig(max_reservations=0, preemption=False, strict_fifo_per_team=True, order="fifo",
-                        predict=False, max_wait_s=None),
+        _before_consolidation(max_reservations=0, preemption=False, strict_fifo_per_team=True, order="fifo",
+                              predict=False, max_wait_s=None),
         quotas="isolated", fair_share=False,
     ),
-    "kueue": Policy(SchedulerConfig(max_reservations=0, order="fifo", predict=False, max_wait_s=None),
+    "kueue": Policy(_before_consolidation(max_reservations=0, order="fifo", predict=False, max_wait_s=None),
                     fair_share=False),
-    "fair-fifo": Policy(SchedulerConfig(order="fifo", predict=False, max_wait_s=None, max_reservations=1,
-                                          sticky_reservations="none")),
+    "fair-fifo": Policy(_before_consolidation(order="fifo", predict=False, max_wait_s=None, max_reservations=1,
+                                              sticky_reservations="none")),
+    "spf": Policy(_before_consolidation()),
     "spf-drain": Policy(
-        SchedulerConfig(order="spf", max_reservations=8, sticky_reservations="all", backfill_on_predictions=True)
+        SchedulerConfig(order="spf", max_reservations=8, sticky_reservations="all", consolidate=False,
+                        backfill_on_predictions=True, rank_first=False)
     ),
-    "qssf": Policy(SchedulerConfig(order="spf", rank_first=True)),
-    "las": Policy(SchedulerConfig(order="las", predict=False)),
+    "qssf": Policy(SchedulerConfig(order="spf", consolidate=False, backfill_on_predictions=False, rank_first=True)),
+    "las": Policy(_before_consolidation(order="las", predict=False)),
     "chamber": Policy(SchedulerConfig()),
 }  # fmt: skip
 STANDING_EVERY_S = 3600.0
@@ -114,6 +127,8 @@ class Stats:
     lost_gpu_s: float = 0.0
     lost_fault_gpu_s: float = 0.0
     preemptions: int = 0
+    moves: int = 0
+    """Of the preemptions, those that moved a job to open room for another (consolidation)."""
     interruptions: int = 0
     faults: int = 0
     series: list[dict[str, Any]] = field(default_factory=list)
@@ -288,6 +303,7 @@ class Simulation:
                         job_id=d.job_id, attempt=d.attempt, stopped_at=at, reason="faulty GPU", graceful=False,
                         started_at=self.now, interrupted=True))  # fmt: skip
             elif isinstance(d, Preempt) and change is not None:
+                self.stats.moves += d.move
                 at = self.now + d.grace_s
                 stop = JobStopped(
                     job_id=d.job_id, attempt=d.attempt, stopped_at=at, reason=d.reason, graceful=d.grace_s > 0

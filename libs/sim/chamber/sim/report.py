@@ -72,6 +72,7 @@ def summarize(sim: Simulation, wall_s: float) -> dict[str, Any]:
         "p99_queue_s": round(_pct(queue, 0.99), 1),
         "idle_gpu_hours": round(max(0.0, healthy_gpu_s - busy) / 3600, 1),
         "preemptions": sim.stats.preemptions,
+        "moves": sim.stats.moves,
         "interruptions": sim.stats.interruptions,
         "faults": sim.stats.faults,
         "gpu_hours_lost": round(sim.stats.lost_gpu_s / 3600, 1),

@@ -108,6 +108,7 @@ class Controller:
 
     def forget(self, job_id: str) -> None:
         self.records.pop(job_id, None)
+        self.state.drop_move(job_id)
         if self.state.release(job_id) is None:
             self.state.withdraw(job_id)
 
@@ -144,6 +145,8 @@ class Controller:
             state.release(record.id)
             if record.state not in TERMINAL_STATES:
                 state.requeue(pending_from(record, self.classes))
+            else:
+                state.drop_move(record.id)
         elif record.state in TERMINAL_STATES:
             state.withdraw(record.id)  # it never held GPUs (cancelled while waiting)
         elif t.stop_attempt is not None:

@@ -25,6 +25,7 @@ from chamber.common.contracts import GpuRef
 from chamber.common.quota import admit, may_reclaim
 from chamber.scheduler.core.admission import Option, QuotaNeed, admissions, budget_refusal, displacement
 from chamber.scheduler.core.backfill import Release, Reservation, release_order, reserve
+from chamber.scheduler.core.consolidation import plan_consolidation, single_node_jobs
 from chamber.scheduler.core.decisions import Decision, Nominate, Preempt, Wait
 from chamber.scheduler.core.fleet import FleetIndex
 from chamber.scheduler.core.model import PendingJob, RunningJob, Shape
@@ -75,6 +76,17 @@ class CycleContext:
     _stopping: dict[tuple[str, str], int] | None = None
     _pools: dict[tuple[str | None, str | None], list[str]] = field(default_factory=dict)
     _pinned: dict[tuple[Shape, str], Shape] = field(default_factory=dict)
+    to_consolidate: list[PendingJob] = field(default_factory=list)
+    """Multi-GPU jobs the walk found no room for, in queue order: room is opened for them after it."""
+    consolidation_failed: set[Shape] = field(default_factory=set)
+    """Shapes no consolidation plan opened room for in this context (room only gets scarcer within it)."""
+    _on_node: dict[str, list[RunningJob]] | None = None
+
+    def on_node(self, state: SchedulingState) -> dict[str, list[RunningJob]]:
+        """Running jobs held on one node alone, by node, once per context (jobs placed since are not movable)."""
+        if self._on_node is None:
+            self._on_node = single_node_jobs(state.running.values())
+        return self._on_node
 
     def pools_of(self, state: SchedulingState, shape: Shape) -> list[str]:
         """The pools a shape may use (its own, or every pool of its GPU model); cached for the cycle."""
@@ -176,6 +188,7 @@ def decide_arrivals(state: SchedulingState, ctx: CycleContext, arrived: Iterable
             decisions.append(Wait(job.id, QUEUED))
             continue
         cycle.consider(job, decisions)
+    cycle.consolidate(decisions)
     return decisions
 
 
@@ -216,6 +229,7 @@ class _Cycle:
         if deferred:
             ctx.borrowing = True
             self._walk(deferred, decisions)
+        self.consolidate(decisions)
         sticky = self.config.sticky_reservations
         if sticky != "none":
             queue.reserved = {
@@ -313,6 +327,12 @@ class _Cycle:
         ctx, shape = self.ctx, job.shape
         if len(ctx.reservations) < self.config.max_reservations:
             return False  # it might be a head to reserve for
+        if self.config.consolidate and shape.gpus > 1:
+            pools = ctx.pools_of(self.state, shape) if self.state.quota_on else [shape.pool]
+            if any(ctx.pinned(shape, p) not in ctx.consolidation_failed for p in pools if p is not None) or (
+                not self.state.quota_on and shape not in ctx.consolidation_failed
+            ):
+                return False  # room might be opened for it by moving small jobs
         if job.estimate is not None and ctx.reserved_free and any(r.start is not None for r in ctx.reservations):
             return False  # it might backfill
         if not self.state.quota_on:
@@ -373,6 +393,8 @@ class _Cycle:
             ctx.blocked.add(option.shape)
         if adm.options and self._backfill_into_reservation(job, decisions):
             return "placed"
+        if self.config.consolidate and job.shape.gpus > 1:
+            ctx.to_consolidate.append(job)  # room may be opened for it after the walk (`consolidate`)
         if self.config.preemption:
             for option in adm.options:
                 if self._try_preemption(job, decisions, option):
@@ -501,6 +523,68 @@ class _Cycle:
         self._preempt_for(job, plan.victims, plan.gpus, decisions, quota=need is not None)
         return True
 
+    def consolidate(self, decisions: list[Decision]) -> None:
+        """After the walk: open room, in queue order, for the multi-GPU jobs that found none, with the GPUs that
+        every job had its turn at and that are still free."""
+        state, ctx = self.state, self.ctx
+        waiting, ctx.to_consolidate = ctx.to_consolidate, []
+        for job in waiting:
+            if state.index.free_total() < 2:
+                return
+            if state.queue.jobs.get(job.id) is not job:
+                continue  # placed (backfilled) since, or nominated
+            mine = next((i for i, r in enumerate(ctx.reservations) if r.job_id == job.id), None)
+            if mine is not None:  # the GPUs its own reservation holds free are free for it
+                for node, indices in ctx.held[mine].items():
+                    state.index.give(node, indices)
+            moved = any(self._try_consolidation(job, decisions, o) for o in admissions(state, job, ctx).options)
+            if mine is None:
+                continue
+            if moved:
+                del ctx.reservations[mine], ctx.held[mine]
+            else:
+                for node, indices in ctx.held[mine].items():
+                    state.index.take(node, indices)
+
+    def _try_consolidation(self, job: PendingJob, decisions: list[Decision], option: Option) -> bool:
+        """Move a few small preemptible jobs elsewhere (each re-placed at once) to open room for this job on a
+        fleet whose free GPUs suffice but are scattered (see `consolidation`)."""
+        state, ctx = self.state, self.ctx
+        shape, now = option.shape, ctx.now
+        if shape in ctx.consolidation_failed:
+            return False
+
+        def movable(r: RunningJob) -> bool:
+            return (
+                r.preemptible and not r.stopping and r.priority <= job.priority and r.id not in ctx.fresh
+                and now - r.started_at >= r.min_runtime_s
+            )  # fmt: skip
+
+        plan = plan_consolidation(
+            state.index, shape, ctx.on_node(state), now, movable=movable,
+            max_moved_gpus=self.config.consolidation_max_moved_gpus,
+        )  # fmt: skip
+        if plan is None:
+            ctx.consolidation_failed.add(shape)
+            return False
+        names = []
+        for move in plan.moves:
+            victim = move.job
+            victim.stopping = True
+            ctx.stopped(victim)
+            names.append(victim.id)
+            state.hold_move(victim.id, move.to)
+            grace = victim.checkpoint_grace_s
+            decisions.append(
+                Preempt(victim.id, victim.attempt, grace, f"moved to {move.to[0].node} to open room for {job.id} "
+                        f"({job.shape.describe()}); {grace:g} s to checkpoint", by=job.id, move=True)
+            )  # fmt: skip
+        job.waiting_for = tuple(f"{m.job.id}/{m.job.attempt}" for m in plan.moves)
+        state.nominate(job, plan.gpus)
+        reason = f"moving {', '.join(names)} elsewhere to open room for {job.shape.describe()}; starts when they stop"
+        decisions.append(Nominate(job.id, plan.gpus, reason, victims=tuple(names)))
+        return True
+
     def _backfill_into_reservation(self, job: PendingJob, decisions: list[Decision]) -> bool:
         """Place the job partly on one reservation's held GPUs, if its estimate ends before that reservation's
         start (the soonest-starting reservations are the tightest, so the latest-starting ones are tried first)."""
@@ -607,9 +691,11 @@ class _Cycle:
                 reason = f"waiting for {', '.join(sorted(blocked_by))} to stop (preempted for it)"
                 decisions.append(Wait(job_id, Reason(WaitKind.PREEMPTING, reason)))
                 continue
+            moved = job_id in state.relocated
+            how = " (moved to open room for another job)" if moved else " (on the GPUs it preempted for)"
             state.drop_nomination(job_id)
             job.waiting_for = ()
-            self._place(job, gpus, _placed_reason(gpus) + " (on the GPUs it preempted for)", decisions)
+            self._place(job, gpus, _placed_reason(gpus) + how, decisions)
 
     def _interrupt(self, decisions: list[Decision]) -> None:
         state = self.state

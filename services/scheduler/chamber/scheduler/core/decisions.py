@@ -25,6 +25,9 @@ class Preempt:
     by: str | None = None
     """The job it makes room for; None for an interruption (its GPU became unschedulable)."""
     interrupt: bool = False
+    move: bool = False
+    """Consolidation: the job starts again at once on GPUs held for it (`SchedulingState.moves`); it is moved to
+    open room for `by`, not displaced by it."""
 
 
 @dataclass(frozen=True, slots=True)
