@@ -12,8 +12,21 @@ def test_the_scheduler_order_and_age_limit_come_from_the_environment() -> None:
     assert Settings.from_env({}).scheduler_order == "spf"
 
 
+@pytest.mark.parametrize(("value", "expected"), [("false", False), ("0", False), ("true", True)])
+def test_consolidation_can_be_turned_off(value: str, expected: bool) -> None:
+    assert Settings.from_env({"CHAMBER_SCHEDULER_CONSOLIDATE": value}).scheduler_consolidate is expected
+    assert Settings.from_env({}).scheduler_consolidate is True
+    settings = Settings.from_env({"CHAMBER_SCHEDULER_CONSOLIDATE": value})
+    assert Settings.from_env(settings.to_env()).scheduler_consolidate is expected, "a child process gets it too"
+
+
 @pytest.mark.parametrize(
-    ("name", "value"), [("CHAMBER_SCHEDULER_ORDER", "shortest"), ("CHAMBER_SCHEDULER_MAX_WAIT_S", "-1")]
+    ("name", "value"),
+    [
+        ("CHAMBER_SCHEDULER_ORDER", "shortest"),
+        ("CHAMBER_SCHEDULER_MAX_WAIT_S", "-1"),
+        ("CHAMBER_SCHEDULER_CONSOLIDATE", "maybe"),
+    ],
 )
 def test_a_bad_scheduler_setting_is_refused_naming_it(name: str, value: str) -> None:
     with pytest.raises(SettingsError, match=name):

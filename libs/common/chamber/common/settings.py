@@ -44,6 +44,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     from finished jobs), least attained GPU-time first, or submit time (docs/scheduler.md)."""
     scheduler_max_wait_s: Annotated[float, msgspec.Meta(ge=0)] = 86_400.0
     """Age protection: a job waiting longer goes ahead of its priority peers (0: off)."""
+    scheduler_consolidate: bool = True
+    """Consolidation: move a few small preemptible jobs (each restarted at once elsewhere, from its checkpoint) to
+    open a node for a multi-GPU job on a fragmented fleet (docs/scheduler.md#consolidation)."""
     launch_timeout_s: Annotated[float, msgspec.Meta(gt=0)] = 300.0
     """A placed job that has not started within this long is requeued (its GPUs released)."""
     log_level: str = "INFO"

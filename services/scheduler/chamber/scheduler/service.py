@@ -119,7 +119,11 @@ class Scheduler:
         self.names = bus.names
         settings = ctx.settings
         self.control = Controller(
-            SchedulerConfig(order=settings.scheduler_order, max_wait_s=settings.scheduler_max_wait_s or None)
+            SchedulerConfig(
+                order=settings.scheduler_order,
+                max_wait_s=settings.scheduler_max_wait_s or None,
+                consolidate=settings.scheduler_consolidate,
+            )
         )
         self.revisions: dict[str, int] = {}
         """KV revision of every active record."""
