@@ -7,12 +7,18 @@ there for capacity, so every scheduling cycle has them in its queue: the hard ca
 one-GPU jobs are submitted over HTTP by `--clients` concurrent clients, as fast as the gateway takes them, with
 short durations (so the default pool never fills: what is timed is the scheduler, not a lack of GPUs). Each
 job's `decisions.placed` is timestamped on arrival.
+
+The clients are the lean keep-alive HTTP/1.1 client of `chamber.common.loadgen` on uvloop: the load generator
+shares the cores with the system it measures, so it should take as little of them as a client can. Each
+service's CPU per job from the first submit to the last placement is reported (`cpu_ms_per_job`, with the NATS
+and Redis servers when they run on this machine): where the machine's time goes.
 """
 
 import asyncio
 import os
 import random
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
@@ -21,8 +27,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
-import aiohttp
 import msgspec
 
 from chamber.cli.infra import free_port, resolve
@@ -30,6 +36,7 @@ from chamber.common.bus import Bus
 from chamber.common.cleanup import delete_namespace
 from chamber.common.codec import encode
 from chamber.common.contracts import JobSpec, JobSubmitted, SchedulerStats
+from chamber.common.loadgen import Conn, cpu_s, listener_pid, request
 from chamber.common.settings import Settings
 from chamber.common.subjects import Names
 
@@ -66,13 +73,18 @@ class _Services:
         self.env = {**os.environ, **settings.to_env(), "PYTHONUNBUFFERED": "1"}
         self.log_dir = log_dir
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.servers = {
+            name: pid
+            for name, url in (("nats", settings.nats_url), ("redis", settings.redis_url))
+            if (pid := _local_server(url)) is not None
+        }
 
     def start(self) -> None:
         for name in SERVICES:
-            log = (self.log_dir / f"{name}.log").open("wb")
-            self.procs[name] = subprocess.Popen(
-                [sys.executable, "-m", "chamber.cli.main", "service", name], env=self.env, stdout=log, stderr=log
-            )
+            with (self.log_dir / f"{name}.log").open("wb") as log:
+                self.procs[name] = subprocess.Popen(
+                    [sys.executable, "-m", "chamber.cli.main", "service", name], env=self.env, stdout=log, stderr=log
+                )
 
     def stop(self) -> None:
         for proc in self.procs.values():
@@ -84,8 +96,22 @@ class _Services:
             except subprocess.TimeoutExpired:
                 proc.kill()
 
+    def cpu(self) -> dict[str, float]:
+        """CPU seconds so far of each service (and of this load generator), where /proc tells."""
+        seconds = {name: cpu_s(proc.pid) for name, proc in self.procs.items()} | {"loadgen": cpu_s(os.getpid())}
+        seconds |= {name: cpu_s(pid) for name, pid in self.servers.items()}
+        return {name: s for name, s in seconds.items() if s is not None}
+
     def dead(self) -> list[str]:
         return [name for name, proc in self.procs.items() if proc.poll() is not None]
+
+
+def _local_server(url: str) -> int | None:
+    """The pid of the NATS or Redis server behind `url` when it runs on this machine (its CPU is the system's)."""
+    parsed = urlparse(url)
+    if parsed.hostname not in ("127.0.0.1", "localhost") or parsed.port is None:
+        return None
+    return listener_pid(parsed.port)
 
 
 async def run(cfg: E2EConfig) -> dict[str, Any]:
@@ -100,16 +126,28 @@ async def run(cfg: E2EConfig) -> dict[str, Any]:
     log_dir = Path(tempfile.mkdtemp(prefix="chamber-bench-e2e-"))
     services = _Services(settings, log_dir)
     services.start()
+    finished = False
     try:
-        return await _bench(cfg, settings, services)
+        result = await _bench(cfg, settings, services)
+        finished = True
+        return result
     finally:
         services.stop()
+        if finished:  # the logs are kept, and named in the error, when the run failed
+            shutil.rmtree(log_dir, ignore_errors=True)
         await delete_namespace(settings.nats_url, settings.redis_url, namespace)
         infra.stop()
 
 
+class _Created(msgspec.Struct):
+    id: str
+
+
+_created = msgspec.json.Decoder(_Created)
+
+
 async def _bench(cfg: E2EConfig, settings: Settings, services: _Services) -> dict[str, Any]:
-    api = f"http://127.0.0.1:{settings.http_port}"
+    port = settings.http_port
     names = Names(settings.namespace)
     total_gpus = (cfg.nodes + BUSY_NODES) * cfg.gpus_per_node
     bus = await Bus.connect(settings.nats_url, names, "bench")
@@ -127,18 +165,15 @@ async def _bench(cfg: E2EConfig, settings: Settings, services: _Services) -> dic
     await bus.nc.subscribe(names.subject("decisions.placed.>"), cb=on_placed)
     await bus.nc.subscribe(names.scheduler_stats(), cb=on_stats)
     rng = random.Random(cfg.seed)
-    connector = aiohttp.TCPConnector(limit=cfg.clients)
-    auth = {"Authorization": f"Bearer {TOKEN}"}
-    async with aiohttp.ClientSession(api, connector=connector, headers=auth) as http:
-        await _until(lambda: _fleet_ready(http, total_gpus), 60, "the services are up with every GPU", services)
-        blockers = [
-            {"name": f"blocker-{i}", "team": "serving", "gpus_per_replica": cfg.gpus_per_node, "priority": "inference",
-             "pool": "busy", "duration_s": 86400}
-            for i in range(BUSY_NODES)
-        ]  # fmt: skip
-        for body in blockers:
-            async with http.post("/v1/jobs", json=body) as resp:
-                resp.raise_for_status()
+    await _until(lambda: _fleet_ready(port, total_gpus), 60, "the services are up with every GPU", services)
+    conns = [await Conn.open(port) for _ in range(cfg.clients)]
+    try:
+        for i in range(BUSY_NODES):
+            body = {"name": f"blocker-{i}", "team": "serving", "gpus_per_replica": cfg.gpus_per_node,
+                    "priority": "inference", "pool": "busy", "duration_s": 86400}  # fmt: skip
+            status, raw = await conns[0].call(request("POST", "/v1/jobs", TOKEN, msgspec.json.encode(body)))
+            if status != 201:
+                raise RuntimeError(f"submit refused: {status} {raw[:300]!r}")
         await _until(lambda: _placed_count(placed_at, BUSY_NODES), 60, "the busy pool is full", services)
         if cfg.pending:
             await _preload(bus, names, cfg, rng)
@@ -146,33 +181,36 @@ async def _bench(cfg: E2EConfig, settings: Settings, services: _Services) -> dic
         stats.clear()
         submitted_at: dict[str, float] = {}
         latencies: list[float] = []
-        bodies = [
-            {"name": f"e2e-{i}", "team": f"team-{i % cfg.teams}", "gpus_per_replica": 1, "priority": "train",
-             "duration_s": round(rng.uniform(*cfg.duration_s), 3)}
+        todo = [
+            request("POST", "/v1/jobs", TOKEN, msgspec.json.encode(
+                {"name": f"e2e-{i}", "team": f"team-{i % cfg.teams}", "gpus_per_replica": 1, "priority": "train",
+                 "duration_s": round(rng.uniform(*cfg.duration_s), 3)}))
             for i in range(cfg.jobs)
         ]  # fmt: skip
-        queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
-        for body in bodies:
-            queue.put_nowait(body)
+        todo.reverse()
 
-        async def client() -> None:
-            while not queue.empty():
-                body = queue.get_nowait()
+        async def client(conn: Conn) -> None:
+            while todo:
+                req = todo.pop()
                 t0 = time.perf_counter()
-                async with http.post("/v1/jobs", json=body) as resp:
-                    data = await resp.json()
-                    if resp.status != 201:
-                        raise RuntimeError(f"submit refused: {resp.status} {data}")
-                submitted_at[data["id"]] = t0
+                status, raw = await conn.call(req)
+                if status != 201:
+                    raise RuntimeError(f"submit refused: {status} {raw[:300]!r}")
+                submitted_at[_created.decode(raw).id] = t0
                 latencies.append(time.perf_counter() - t0)
 
+        cpu0 = services.cpu()
         started = time.perf_counter()
-        await asyncio.gather(*(client() for _ in range(cfg.clients)))
+        await asyncio.gather(*(client(conn) for conn in conns))
         submit_s = time.perf_counter() - started
         await _until(
             lambda: _all_placed(placed_at, submitted_at), cfg.timeout_s, "every submitted job placed", services
         )
+        cpu1 = services.cpu()
         await asyncio.sleep(1.2)  # one more scheduler report
+    finally:
+        for conn in conns:
+            conn.close()
     await bus.close()
     waits = [(placed_at[j] - t) * 1000 for j, t in submitted_at.items()]
     last = max(placed_at[j] for j in submitted_at)
@@ -192,6 +230,9 @@ async def _bench(cfg: E2EConfig, settings: Settings, services: _Services) -> dic
         "scheduler_apply_p99_ms": round(max((s.apply_p99_ms for s in stats), default=0.0), 2),
         "scheduler_waiting_at_end": stats[-1].waiting if stats else None,
         "scheduler_rss_mb": max((s.rss_mb for s in stats), default=0.0),
+        "cpu_ms_per_job": {
+            name: round((cpu1[name] - cpu0[name]) * 1000 / cfg.jobs, 3) for name in cpu0 if name in cpu1
+        },
     }
 
 
@@ -215,12 +256,18 @@ async def _preload(bus: Bus, names: Names, cfg: E2EConfig, rng: random.Random) -
             chunk = []
 
 
-async def _fleet_ready(http: aiohttp.ClientSession, gpus: int) -> bool:
+async def _fleet_ready(port: int, gpus: int) -> bool:
     try:
-        async with http.get("/v1/fleet") as resp:
-            return resp.status == 200 and (await resp.json()).get("gpus_total") == gpus
-    except aiohttp.ClientError:
+        conn = await Conn.open(port)
+    except OSError:
         return False
+    try:
+        status, raw = await conn.call(request("GET", "/v1/fleet", TOKEN))
+    except (OSError, asyncio.IncompleteReadError, ValueError):
+        return False
+    finally:
+        conn.close()
+    return status == 200 and msgspec.json.decode(raw).get("gpus_total") == gpus
 
 
 async def _placed_count(placed: dict[str, float], n: int) -> bool:

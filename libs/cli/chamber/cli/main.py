@@ -116,12 +116,14 @@ def _bench_e2e(args: argparse.Namespace) -> int:
     import asyncio
 
     from chamber.cli.bench_e2e import E2EConfig, run
+    from chamber.common.loadgen import loop_factory
 
     cfg = E2EConfig(
         nodes=args.nodes, gpus_per_node=args.gpus_per_node, jobs=args.jobs, pending=args.pending, clients=args.clients,
         seed=args.seed,
     )  # fmt: skip
-    return _emit(asyncio.run(run(cfg)), args.json)
+    with asyncio.Runner(loop_factory=loop_factory()) as runner:
+        return _emit(runner.run(run(cfg)), args.json)
 
 
 def _bench_quota(args: argparse.Namespace) -> int:

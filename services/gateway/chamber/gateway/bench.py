@@ -26,6 +26,7 @@ from typing import Any
 
 from chamber.cli.infra import free_port, resolve
 from chamber.common.cleanup import delete_namespace
+from chamber.common.loadgen import Conn, cpu_s, loop_factory, request
 
 SERVICES = ("collector", "scheduler", "quota", "health", "gateway")
 READ_PATHS = ("/v1/jobs?limit=50", "/v1/fleet")
@@ -39,39 +40,6 @@ class BenchConfig:
     preload: int = 1000
     nodes: int = 128
     submit_connections: int = 64
-
-
-class Conn:
-    """One keep-alive HTTP/1.1 connection: send a request, read one response (status and body)."""
-
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.reader = reader
-        self.writer = writer
-
-    @classmethod
-    async def open(cls, port: int) -> "Conn":
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        return cls(reader, writer)
-
-    async def call(self, request: bytes) -> tuple[int, bytes]:
-        self.writer.write(request)
-        head = await self.reader.readuntil(b"\r\n\r\n")
-        status = int(head[9:12])
-        lower = head.lower()
-        at = lower.find(b"content-length:")
-        length = int(head[at + 15 : head.index(b"\r\n", at)]) if at >= 0 else 0
-        body = await self.reader.readexactly(length) if length else b""
-        return status, body
-
-    def close(self) -> None:
-        self.writer.close()
-
-
-def _request(method: str, path: str, token: str, body: bytes = b"") -> bytes:
-    head = f"{method} {path} HTTP/1.1\r\nhost: bench\r\nauthorization: Bearer {token}\r\n"
-    if body:
-        head += f"content-type: application/json\r\ncontent-length: {len(body)}\r\n"
-    return head.encode() + b"\r\n" + body
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -92,7 +60,7 @@ class Phase:
 async def _reads(port: int, token: str, connections: int, seconds: float) -> tuple[Phase, dict[str, int], float]:
     phase = Phase()
     by_path = dict.fromkeys(READ_PATHS, 0)
-    requests = [_request("GET", p, token) for p in READ_PATHS]
+    requests = [request("GET", p, token) for p in READ_PATHS]
     stop_at = time.perf_counter() + seconds
 
     async def worker(n: int) -> None:
@@ -135,7 +103,7 @@ async def _submits(
                            "priority": "research"}).encode()  # fmt: skip
         conn = await idle.get()
         try:
-            status, _ = await conn.call(_request("POST", "/v1/jobs", token, body))
+            status, _ = await conn.call(request("POST", "/v1/jobs", token, body))
         finally:
             idle.put_nowait(conn)
         phase.latencies_ms.append((time.perf_counter() - due) * 1000)
@@ -161,7 +129,7 @@ async def _submits(
 async def _http(port: int, method: str, path: str, token: str, body: Any = None) -> tuple[int, Any]:
     conn = await Conn.open(port)
     try:
-        status, raw = await conn.call(_request(method, path, token, json.dumps(body).encode() if body else b""))
+        status, raw = await conn.call(request(method, path, token, json.dumps(body).encode() if body else b""))
     finally:
         conn.close()
     return status, json.loads(raw) if raw else None
@@ -176,15 +144,6 @@ async def _wait(check: Any, what: str, timeout_s: float = 120.0) -> None:
         if time.monotonic() > deadline:
             raise RuntimeError(f"bench: {what} did not happen within {timeout_s:.0f} s")
         await asyncio.sleep(0.2)
-
-
-def _cpu_s(pid: int) -> float | None:
-    """User+system CPU seconds of a process (Linux /proc); None elsewhere."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 async def _drive(cfg: BenchConfig, port: int, admin: str, gateway_pid: int) -> dict[str, Any]:
@@ -204,13 +163,13 @@ async def _drive(cfg: BenchConfig, port: int, admin: str, gateway_pid: int) -> d
         return status == 200 and len(jobs) >= preload.ok
 
     await _wait(settled, "the preloaded jobs reaching the job store", timeout_s=300.0)
-    cpu0 = _cpu_s(gateway_pid)
+    cpu0 = cpu_s(gateway_pid)
     reads, by_path, read_s = await _reads(port, viewer["token"], cfg.connections, cfg.seconds)
-    cpu1 = _cpu_s(gateway_pid)
-    cpu2 = _cpu_s(gateway_pid)
+    cpu1 = cpu_s(gateway_pid)
+    cpu2 = cpu_s(gateway_pid)
     submits, achieved = await _submits(port, member["token"], rate=cfg.submit_rate, seconds=cfg.seconds,
                                        pool_size=cfg.submit_connections, tag="bench")  # fmt: skip
-    cpu3 = _cpu_s(gateway_pid)
+    cpu3 = cpu_s(gateway_pid)
     _, jobs = await _http(port, "GET", "/v1/fleet", admin)
     measured = None not in (cpu0, cpu1, cpu2, cpu3)
     lat = submits.latencies_ms
@@ -256,10 +215,10 @@ def run(cfg: BenchConfig) -> dict[str, Any]:
             with open(Path(logs, f"{name}.log"), "wb") as out:
                 procs[name] = subprocess.Popen([sys.executable, "-m", "chamber.cli.main", "service", name], env=env,
                                                stdout=out, stderr=out)  # fmt: skip
-        loop_factory = _loop_factory()
-        with asyncio.Runner(loop_factory=loop_factory) as runner:
+        factory = loop_factory()
+        with asyncio.Runner(loop_factory=factory) as runner:
             result = runner.run(_drive(cfg, port, admin, procs["gateway"].pid))
-        result["client_loop"] = "uvloop" if loop_factory is not None else "asyncio"
+        result["client_loop"] = "uvloop" if factory is not None else "asyncio"
         result["config"] = asdict(cfg)
         return result
     finally:
@@ -275,11 +234,3 @@ def run(cfg: BenchConfig) -> dict[str, Any]:
         for path in Path(logs).glob("*.log"):
             path.unlink()
         os.rmdir(logs)
-
-
-def _loop_factory() -> Any:
-    try:
-        import uvloop
-    except ImportError:
-        return None
-    return uvloop.new_event_loop
