@@ -166,18 +166,22 @@ async def _bench(cfg: E2EConfig, settings: Settings, services: _Services) -> dic
     await bus.nc.subscribe(names.scheduler_stats(), cb=on_stats)
     rng = random.Random(cfg.seed)
     await _until(lambda: _fleet_ready(port, total_gpus), 60, "the services are up with every GPU", services)
-    conns = [await Conn.open(port) for _ in range(cfg.clients)]
+    conn = await Conn.open(port)
     try:
         for i in range(BUSY_NODES):
             body = {"name": f"blocker-{i}", "team": "serving", "gpus_per_replica": cfg.gpus_per_node,
                     "priority": "inference", "pool": "busy", "duration_s": 86400}  # fmt: skip
-            status, raw = await conns[0].call(request("POST", "/v1/jobs", TOKEN, msgspec.json.encode(body)))
+            status, raw = await conn.call(request("POST", "/v1/jobs", TOKEN, msgspec.json.encode(body)))
             if status != 201:
                 raise RuntimeError(f"submit refused: {status} {raw[:300]!r}")
-        await _until(lambda: _placed_count(placed_at, BUSY_NODES), 60, "the busy pool is full", services)
-        if cfg.pending:
-            await _preload(bus, names, cfg, rng)
-            await _until(lambda: _waiting(stats, cfg.pending), 600, f"{cfg.pending} jobs waiting", services)
+    finally:
+        conn.close()
+    await _until(lambda: _placed_count(placed_at, BUSY_NODES), 60, "the busy pool is full", services)
+    if cfg.pending:
+        await _preload(bus, names, cfg, rng)
+        await _until(lambda: _waiting(stats, cfg.pending), 600, f"{cfg.pending} jobs waiting", services)
+    conns = [await Conn.open(port) for _ in range(cfg.clients)]  # opened now: idle keep-alives time out
+    try:
         stats.clear()
         submitted_at: dict[str, float] = {}
         latencies: list[float] = []
