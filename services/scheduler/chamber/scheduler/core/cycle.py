@@ -440,8 +440,10 @@ class _Cycle:
             for option, need in adm.displace:
                 if self._try_preemption(job, decisions, option, need):
                     return "nominated"
-            for option in adm.reclaim_only:
-                if self._try_preemption(job, decisions, option):
+            for option in adm.reclaim_only:  # the quota refuses it, but reclaiming past the guarantee may not
+                if self._may_pass(job.team, job.shape.gpus, option.past) and self._try_preemption(
+                    job, decisions, option
+                ):
                     return "nominated"
         if not adm.options:
             why = Reason(WaitKind.QUOTA, f"waiting: {adm.refusal}")
