@@ -20,7 +20,8 @@ and what the runtime predictor learned from jobs that finished before. Policies 
 - `chamber`: what Chamber runs by default (the scheduler's `SchedulerConfig()`), the winner of the comparison in
   docs/simulator.md: shortest predicted GPU-time first, then fair share (guarantees first by the quota's two
   passes and reclaim); EASY backfill on the smaller of the user's estimate and the prediction; consolidation
-  (small jobs moved to open room for multi-GPU ones); age protection.
+  (small jobs moved to open room for multi-GPU ones); reclaim past a guarantee (a team below its guarantee
+  reclaims for its smallest waiting job even when it is wider than what is left of the guarantee); age protection.
 """
 
 import heapq
@@ -71,8 +72,10 @@ class Policy:
 
 def _before_consolidation(**changes: Any) -> SchedulerConfig:
     """Every comparison policy runs without what came with consolidation (moves, backfill on predictions, the
-    rank before fair share), so that it stays what its name says while the default moves on."""
-    return SchedulerConfig(consolidate=False, backfill_on_predictions=False, rank_first=False, **changes)
+    rank before fair share) and after it (reclaim past a guarantee), so that it stays what its name says while
+    the default moves on."""
+    return SchedulerConfig(consolidate=False, backfill_on_predictions=False, rank_first=False,
+                           reclaim_past_guarantee=False, **changes)  # fmt: skip
 
 
 POLICIES: dict[str, Policy] = {
@@ -93,9 +96,10 @@ POLICIES: dict[str, Policy] = {
     "spf": Policy(_before_consolidation()),
     "spf-drain": Policy(
         SchedulerConfig(order="spf", max_reservations=8, sticky_reservations="all", consolidate=False,
-                        backfill_on_predictions=True, rank_first=False)
+                        backfill_on_predictions=True, rank_first=False, reclaim_past_guarantee=False)
     ),
-    "qssf": Policy(SchedulerConfig(order="spf", consolidate=False, backfill_on_predictions=False, rank_first=True)),
+    "qssf": Policy(SchedulerConfig(order="spf", consolidate=False, backfill_on_predictions=False, rank_first=True,
+                                   reclaim_past_guarantee=False)),
     "las": Policy(_before_consolidation(order="las", predict=False)),
     "chamber": Policy(SchedulerConfig()),
 }  # fmt: skip

@@ -5,12 +5,19 @@ a refusal says why. A team's own higher-priority work always comes before its ow
 team's quota in a pool is full, a job may still be admitted by displacing the team's own lower-priority,
 preemptible jobs there (Kueue's `withinClusterQueue: LowerPriority`, KAI's in-queue preemption), so a
 non-preemptible job within the team's nominal never waits behind the team's borrowed preemptible work.
+
+A team below its guarantee whose job is wider than its unused guarantee (a team at 14 of 16 guaranteed GPUs
+waiting with a 4-GPU job) can take it no further by the nominal rule alone: no job of it fits the guarantee, and
+the idle GPUs it lends are borrowed by others. `reclaim_past` says how far past its guarantee such a job would
+take the team: the cycle may then reclaim for it too (see `cycle`), the way Kueue's fair-sharing preemption
+reasons (a preemptor may take from a borrower as long as it ends no further above its guarantee than the
+borrower does).
 """
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
-from chamber.common.quota import admit, may_reclaim
+from chamber.common.quota import QuotaBook, QuotaUsage, admit, may_reclaim
 from chamber.scheduler.core.model import PendingJob, Shape
 from chamber.scheduler.core.state import SchedulingState
 
@@ -25,6 +32,9 @@ class Option:
     borrowing: bool
     reclaim: bool
     """Within its nominal: it may take back capacity other teams borrow."""
+    past: int = 0
+    """GPUs the job would take its team past its guarantee though the team is below it now (`reclaim_past`):
+    it may reclaim from teams that borrow more than that, when it is the team's smallest waiting job."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +56,9 @@ class Admissions:
     """Pools where the job fits the team's nominal if the team's own lower-priority work makes room."""
     pools: list[str]
     """The pools the job may use at all (its own, or every pool of its GPU model)."""
+    reclaim_only: list[Option] = field(default_factory=list)
+    """Pools the quota refuses (the cohort has nothing to lend) where the job could still start by reclaiming
+    past its team's guarantee (`Option.past`); never placed on free GPUs directly."""
 
 
 def budget_refusal(state: SchedulingState, job: PendingJob) -> str:
@@ -66,13 +79,16 @@ def admissions(state: SchedulingState, job: PendingJob, ctx: "CycleContext | Non
         pools = [job.shape.pool] if job.shape.pool else state.index.pools(job.shape.gpu_model)
     options: list[Option] = []
     displace: list[tuple[Option, QuotaNeed]] = []
+    reclaim_only: list[Option] = []
     refusals: list[str] = []
     gpus = job.shape.gpus
     for pool in pools:
         adm = admit(book, state.usage, job.team, pool, gpus, preemptible=job.preemptible)
         pinned = ctx.pinned(job.shape, pool) if ctx is not None else replace(job.shape, pool=pool)
+        past = reclaim_past(book, state.usage, job.team, pool, gpus, preemptible=job.preemptible)
         if adm.ok:
-            options.append(Option(pinned, adm.borrowing, may_reclaim(book, state.usage, job.team, pool, gpus)))
+            reclaim = may_reclaim(book, state.usage, job.team, pool, gpus)
+            options.append(Option(pinned, adm.borrowing, reclaim, past if adm.borrowing else 0))
             continue
         need = displacement(state, job.team, pool, gpus=gpus, priority=job.priority, preemptible=job.preemptible)
         if need == 0:
@@ -80,9 +96,11 @@ def admissions(state: SchedulingState, job: PendingJob, ctx: "CycleContext | Non
             continue
         if need is not None:
             displace.append((Option(pinned, False, False), QuotaNeed(job.team, pool, need)))
+        if past:
+            reclaim_only.append(Option(pinned, True, False, past))
         refusals.append(_why(state, job, pool))
     options.sort(key=lambda o: o.borrowing)
-    return Admissions(options, "; ".join(refusals[:2]), displace, pools)
+    return Admissions(options, "; ".join(refusals[:2]), displace, pools, reclaim_only)
 
 
 def _why(state: SchedulingState, job: PendingJob, pool: str) -> str:
@@ -122,3 +140,20 @@ def displacement(
     legal = min(limit, max(0, used - q.nominal) + state.usage.borrowable(team, pool))
     need = max(0, over - legal)
     return need if need <= lower else None
+
+
+def reclaim_past(book: QuotaBook, usage: QuotaUsage, team: str, pool: str, gpus: int, *, preemptible: bool) -> int:
+    """How many GPUs past its guarantee a job of `gpus` takes its team in `pool`, when the team is below its
+    guarantee now and the job is wider than what is left of it; 0 otherwise (within the guarantee, or the team
+    already at or above it). Only preemptible jobs go past a guarantee (they borrow), and never past the
+    borrowing limit."""
+    if not book.enabled or not preemptible:
+        return 0
+    q = book.quota(team, pool)
+    used = usage.get((team, pool), 0)
+    past = used + gpus - q.nominal
+    if used >= q.nominal or past <= 0:
+        return 0
+    if q.borrowing_limit is not None and past > q.borrowing_limit:
+        return 0
+    return past

@@ -6,7 +6,9 @@
    a. place it on free capacity (best fit, topology honoured);
    b. else backfill it into reserved capacity, if its estimate ends before that reservation starts;
    c. else preempt lower-priority work for it, if a plan really fits (the freed GPUs are nominated to it); under
-      quotas, a job whose team's quota is full of its own lower-priority work displaces that work;
+      quotas, a job whose team's quota is full of its own lower-priority work displaces that work, and a team
+      below its guarantee reclaims borrowed GPUs for its smallest waiting job even when that job takes it a
+      little past the guarantee (`_try_preemption`);
    d. else, while fewer than `max_reservations` heads hold one, reserve for it (EASY backfill: the first
       blocked heads must not starve; with several, several nodes drain at once for the gangs waiting);
    e. else it waits, with the reason.
@@ -23,7 +25,14 @@ from dataclasses import dataclass, field, replace
 
 from chamber.common.contracts import GpuRef
 from chamber.common.quota import admit, may_reclaim
-from chamber.scheduler.core.admission import Option, QuotaNeed, admissions, budget_refusal, displacement
+from chamber.scheduler.core.admission import (
+    Option,
+    QuotaNeed,
+    admissions,
+    budget_refusal,
+    displacement,
+    reclaim_past,
+)
 from chamber.scheduler.core.backfill import Release, Reservation, release_order, reserve
 from chamber.scheduler.core.consolidation import plan_consolidation, single_node_jobs
 from chamber.scheduler.core.decisions import Decision, Nominate, Preempt, Wait
@@ -81,6 +90,19 @@ class CycleContext:
     consolidation_failed: set[Shape] = field(default_factory=set)
     """Shapes no consolidation plan opened room for in this context (room only gets scarcer within it)."""
     _on_node: dict[str, list[RunningJob]] | None = None
+    _smallest: dict[str, int] | None = None
+
+    def smallest_waiting(self, state: SchedulingState) -> dict[str, int]:
+        """Per team, the fewest GPUs any of its queued jobs asks for, once per context (O(sub-queues)): only that
+        job may reclaim past the team's guarantee."""
+        if self._smallest is None:
+            self._smallest = {}
+            queue = state.queue
+            for key in queue.subqueue_keys():
+                team, gpus = key[2], key[3].gpus
+                if gpus < self._smallest.get(team, gpus + 1) and queue.head(key) is not None:
+                    self._smallest[team] = gpus
+        return self._smallest
 
     def on_node(self, state: SchedulingState) -> dict[str, list[RunningJob]]:
         """Running jobs held on one node alone, by node, once per context (jobs placed since are not movable)."""
@@ -307,9 +329,20 @@ class _Cycle:
         state = self.state
         book = state.quota
         assert book is not None
-        return admit(book, state.usage, team, pool, gpus, preemptible=preemptible).ok or (
-            displacement(state, team, pool, gpus=gpus, priority=priority, preemptible=preemptible) is not None
+        return (
+            admit(book, state.usage, team, pool, gpus, preemptible=preemptible).ok
+            or displacement(state, team, pool, gpus=gpus, priority=priority, preemptible=preemptible) is not None
+            or self._may_pass(team, gpus, reclaim_past(book, state.usage, team, pool, gpus, preemptible=preemptible))
         )
+
+    def _may_pass(self, team: str, gpus: int, past: int) -> bool:
+        """May a job of `gpus` that takes `team` `past` GPUs beyond its guarantee (`reclaim_past`) reclaim for it:
+        some team borrows, and no job of the team asks for fewer GPUs (the one that ends its shortfall soonest;
+        a wider one would take more than the team is short of)."""
+        ctx = self.ctx
+        if past <= 0 or not ctx.reclaimable or not self.config.reclaim_past_guarantee:
+            return False
+        return gpus <= ctx.smallest_waiting(self.state).get(team, gpus)
 
     def _exhausted(self, job: PendingJob) -> bool:
         """Nothing free, nothing reserved, nobody this job (or anyone after it) may preempt: stop looking."""
@@ -352,12 +385,17 @@ class _Cycle:
         pinned = ctx.pinned(job.shape, pool)
         if pinned not in ctx.blocked:
             return False
+        book = state.quota
+        assert book is not None
+        past = reclaim_past(book, state.usage, job.team, pool, job.shape.gpus, preemptible=job.preemptible)
+        if self._may_pass(job.team, job.shape.gpus, past) and job.priority > ctx.preempt_failed.get(
+            (pinned, f"{job.team}/past"), NO_PRIORITY
+        ):
+            return False
         if job.priority <= ctx.preempt_failed.get((pinned, job.team), NO_PRIORITY):
             return True
         if state.preemptible_below(job.team, pool, job.priority) > 0:
             return False
-        book = state.quota
-        assert book is not None
         return not (ctx.reclaimable and may_reclaim(book, state.usage, job.team, pool, job.shape.gpus))
 
     # ---- one job -------------------------------------------------------------------------------------------
@@ -401,6 +439,11 @@ class _Cycle:
                     return "nominated"
             for option, need in adm.displace:
                 if self._try_preemption(job, decisions, option, need):
+                    return "nominated"
+            for option in adm.reclaim_only:  # the quota refuses it, but reclaiming past the guarantee may not
+                if self._may_pass(job.team, job.shape.gpus, option.past) and self._try_preemption(
+                    job, decisions, option
+                ):
                     return "nominated"
         if not adm.options:
             why = Reason(WaitKind.QUOTA, f"waiting: {adm.refusal}")
@@ -477,13 +520,25 @@ class _Cycle:
         """Without quota: any lower-priority preemptible job. With quota: lower-priority jobs of the job's own
         team, and other teams' borrowed jobs only when the job stays within its nominal (reclaim). So teams
         never preempt each other back and forth: only a team within its guarantee takes from a borrower.
-        With `need`, only the team's own lower-priority jobs, and they must free that much of its quota."""
+        With `need`, only the team's own lower-priority jobs, and they must free that much of its quota.
+
+        Reclaim past the guarantee (`option.past`, when `_may_pass`): a team below its guarantee whose smallest
+        waiting job is wider than what is left of it may take, from other teams' jobs of at most its priority,
+        as long as each team taken from still borrows at least `past` GPUs afterwards: the preemptor ends no
+        further above its guarantee than any of its victims' teams (Kueue's fair-sharing rule, preempt while the
+        preemptor's final share is at most the target's, in GPUs beyond the guarantee). Nobody is taken below
+        its guarantee, so nobody reclaims back."""
         state, ctx = self.state, self.ctx
         now, shape = ctx.now, option.shape
         budgets: dict[str, int] | None = None
         quota_need: tuple[str, str, int] | None = None
+        past = 0
         if state.quota_on:
+            if need is None and option.past and self._may_pass(job.team, shape.gpus, option.past):
+                past = option.past
             key = (shape, job.team if need is None else f"{job.team}/displace")
+            if past:
+                key = (shape, f"{job.team}/past")
             book = state.quota
             assert book is not None
             if need is not None:
@@ -491,18 +546,23 @@ class _Cycle:
                 if need.gpus - stopping <= 0:
                     return False  # enough of its own work is already stopping: it is admitted once it has
                 quota_need = (need.team, need.pool, need.gpus - stopping)
-            elif option.reclaim:
+            elif option.reclaim or past:
                 budgets = {
-                    team: used - book.quota(team, pool).nominal
+                    team: used - book.quota(team, pool).nominal - past
                     for (team, pool), used in state.usage.items()
-                    if pool == shape.pool and team != job.team and used > book.quota(team, pool).nominal
+                    if pool == shape.pool and team != job.team and used > book.quota(team, pool).nominal + past
                 }
-            reclaim = option.reclaim and need is None
+            reclaim = (option.reclaim or past > 0) and need is None
+            if past and not budgets and state.preemptible_below(job.team, shape.pool or "", job.priority) <= 0:
+                return False  # nobody borrows enough to give some back, and the team has nothing of its own
 
             def allowed(r: RunningJob) -> bool:
                 if r.team == job.team:
                     return can_be_victim(r, job.priority, now) and (need is None or r.pool == need.pool)
-                return reclaim and r.pool == shape.pool and r.team in (budgets or ()) and can_be_reclaimed(r, now)
+                return (
+                    reclaim and r.pool == shape.pool and r.team in (budgets or ()) and can_be_reclaimed(r, now)
+                    and (not past or r.priority <= job.priority)
+                )  # fmt: skip
         else:
             key = (shape, "")
             if ctx.lowest_victim is None or job.priority <= ctx.lowest_victim:
@@ -515,12 +575,17 @@ class _Cycle:
             return False
         plan = plan_preemption(
             state.index, replace(job, shape=shape), ctx.victims(state), now, allowed, budgets=budgets,
-            quota_need=quota_need, by_cost=True,
+            quota_need=quota_need, by_cost=True, strict_budgets=past > 0,
         )  # fmt: skip
         if plan is None:
             ctx.preempt_failed[key] = job.priority
             return False
-        self._preempt_for(job, plan.victims, plan.gpus, decisions, quota=need is not None)
+        why = ""
+        if need is not None:
+            why = f" to free team {job.team}'s quota"
+        elif past and any(v.team != job.team for v in plan.victims):
+            why = f" to bring team {job.team} up to its guarantee ({past} GPUs past it, as borrowing)"
+        self._preempt_for(job, plan.victims, plan.gpus, decisions, why=why)
         return True
 
     def consolidate(self, decisions: list[Decision]) -> None:
@@ -656,10 +721,9 @@ class _Cycle:
         gpus: tuple[GpuRef, ...],
         decisions: list[Decision],
         *,
-        quota: bool,
+        why: str = "",
     ) -> None:
         names = []
-        why = f" to free team {job.team}'s quota" if quota else ""
         for victim in victims:
             victim.stopping = True
             self.ctx.stopped(victim)

@@ -61,11 +61,14 @@ def plan_preemption(
     budgets: Mapping[str, int] | None = None,
     quota_need: tuple[str, str, int] | None = None,
     by_cost: bool = False,
+    strict_budgets: bool = False,
 ) -> PreemptionPlan | None:
     """`allowed` replaces the default victim rule (quota: own team by priority, other teams only by reclaim).
     `budgets` is what each listed team borrows above its nominal: a team's jobs may be taken while it still
     borrows before each of them (Kueue's rule), so the last one taken may leave it a little below its nominal
     when its jobs are larger than what it borrows; otherwise fragmentation could hide borrowed capacity for good.
+    `strict_budgets`: a team's jobs are taken only while all of them together stay within its budget (a reclaim
+    past the preemptor's guarantee must leave every victim's team borrowing at least as much as it will).
     `quota_need` (team, pool, gpus): the victims must also free that many GPUs of that team's quota in that pool
     (the job displaces its own team's lower-priority work). `by_cost`: `running` is already in cost order."""
     parts = index.partitions_for(job.shape)
@@ -88,7 +91,9 @@ def plan_preemption(
         listed = list(candidates)
         orders = [listed, _node_order(listed, avail, only)]
     for order in orders:
-        plan = _search(index, job, order, dict(avail), only=only, budgets=budgets, quota_need=quota_need)
+        plan = _search(
+            index, job, order, dict(avail), only=only, budgets=budgets, quota_need=quota_need, strict=strict_budgets
+        )
         if plan is not None:
             return plan
     return None
@@ -119,6 +124,7 @@ def _search(
     only: Set[str] | None,
     budgets: Mapping[str, int] | None,
     quota_need: tuple[str, str, int] | None,
+    strict: bool = False,
 ) -> PreemptionPlan | None:
     counter = CapacityCounter(index, job.shape, avail)
     team, pool, need = quota_need if quota_need is not None else ("", "", 0)
@@ -131,8 +137,9 @@ def _search(
     freed_quota = 0
     for victim in candidates:
         if budgets is not None and victim.team in budgets:
-            if spent.get(victim.team, 0) >= budgets[victim.team]:
-                continue  # it no longer borrows once the victims taken so far are gone
+            taken, limit = spent.get(victim.team, 0), budgets[victim.team]
+            if taken + len(victim.gpus) > limit if strict else taken >= limit:
+                continue  # it would no longer borrow (strict: enough) once the victims taken so far are gone
             spent[victim.team] = spent.get(victim.team, 0) + len(victim.gpus)
         for name, n in _freed(victim, only):
             counter.add(name, n)

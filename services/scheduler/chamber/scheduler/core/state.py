@@ -72,6 +72,11 @@ class SchedulerConfig:
     consolidation_max_moved_gpus: int = 4
     """GPUs moved at most to open room for one job (8 opened room for more jobs in the contended replays, but
     moved twice as many and cost the average JCT 0.5% at load 0.8; docs/simulator.md)."""
+    reclaim_past_guarantee: bool = True
+    """A team below its guarantee may reclaim borrowed GPUs for its smallest waiting job even when that job takes
+    it past the guarantee, from teams that would still borrow at least as much (see `cycle._try_preemption`);
+    off: only a job that fits the team's unused guarantee reclaims (Kueue's classic `reclaimWithinCohort`), and
+    a team short by less than its smallest job's width stays short until something ends."""
 
 
 UNKNOWN = float("inf")
