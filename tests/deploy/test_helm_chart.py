@@ -96,6 +96,7 @@ def test_the_default_install_runs_everything_with_a_standby_scheduler() -> None:
     assert env["CHAMBER_EXECUTOR"] == "kubernetes"
     assert env["CHAMBER_KUBE_API"] == "in-cluster"
     assert env["CHAMBER_NATS_URL"] == "nats://chamber-nats:4222"
+    assert (env["CHAMBER_SCHEDULER_CONSOLIDATE"], env["CHAMBER_SCHEDULER_RECLAIM_PAST_GUARANTEE"]) == ("true", "true")
     agent = by_name[("DaemonSet", "chamber-node-agent")]["spec"]["template"]["spec"]
     assert agent["runtimeClassName"] == "nvidia"
     assert agent["nodeSelector"] == {"nvidia.com/gpu.present": "true"}

@@ -20,6 +20,14 @@ def test_consolidation_can_be_turned_off(value: str, expected: bool) -> None:
     assert Settings.from_env(settings.to_env()).scheduler_consolidate is expected, "a child process gets it too"
 
 
+@pytest.mark.parametrize(("value", "expected"), [("false", False), ("true", True)])
+def test_reclaim_past_a_guarantee_can_be_turned_off(value: str, expected: bool) -> None:
+    settings = Settings.from_env({"CHAMBER_SCHEDULER_RECLAIM_PAST_GUARANTEE": value})
+    assert settings.scheduler_reclaim_past_guarantee is expected
+    assert Settings.from_env({}).scheduler_reclaim_past_guarantee is True
+    assert Settings.from_env(settings.to_env()).scheduler_reclaim_past_guarantee is expected
+
+
 @pytest.mark.parametrize(
     ("name", "value"),
     [

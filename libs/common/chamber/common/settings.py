@@ -47,6 +47,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     scheduler_consolidate: bool = True
     """Consolidation: move a few small preemptible jobs (each restarted at once elsewhere, from its checkpoint) to
     open a node for a multi-GPU job on a fragmented fleet (docs/scheduler.md#consolidation)."""
+    scheduler_reclaim_past_guarantee: bool = True
+    """A team below its guarantee may reclaim borrowed GPUs for its smallest waiting job even when that job takes
+    it past the guarantee, from teams that still borrow at least as much afterwards (docs/scheduler.md#preemption);
+    false: Kueue's classic rule (reclaim only within the guarantee)."""
     launch_timeout_s: Annotated[float, msgspec.Meta(gt=0)] = 300.0
     """A placed job that has not started within this long is requeued (its GPUs released)."""
     log_level: str = "INFO"

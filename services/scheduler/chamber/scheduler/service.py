@@ -123,6 +123,7 @@ class Scheduler:
                 order=settings.scheduler_order,
                 max_wait_s=settings.scheduler_max_wait_s or None,
                 consolidate=settings.scheduler_consolidate,
+                reclaim_past_guarantee=settings.scheduler_reclaim_past_guarantee,
             )
         )
         self.revisions: dict[str, int] = {}
