@@ -15,6 +15,7 @@ and Redis servers when they run on this machine): where the machine's time goes.
 """
 
 import asyncio
+import itertools
 import os
 import random
 import secrets
@@ -59,6 +60,8 @@ class E2EConfig:
     duration_s: tuple[float, float] = (0.2, 0.4)
     seed: int = 1
     timeout_s: float = 300.0
+    rate: float | None = None
+    """Submits per second, open loop (latency at that load); None: as fast as the gateway takes them."""
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -192,11 +195,18 @@ async def _bench(cfg: E2EConfig, settings: Settings, services: _Services) -> dic
             for i in range(cfg.jobs)
         ]  # fmt: skip
         todo.reverse()
+        interval = 1.0 / cfg.rate if cfg.rate else 0.0
+        sent = itertools.count()
 
         async def client(conn: Conn) -> None:
             while todo:
                 req = todo.pop()
                 t0 = time.perf_counter()
+                if interval:  # open loop: each submit has its time, and its latencies count from it
+                    due = started + next(sent) * interval
+                    if due > t0:
+                        await asyncio.sleep(due - t0)
+                    t0 = due
                 status, raw = await conn.call(req)
                 if status != 201:
                     raise RuntimeError(f"submit refused: {status} {raw[:300]!r}")
@@ -204,7 +214,7 @@ async def _bench(cfg: E2EConfig, settings: Settings, services: _Services) -> dic
                 latencies.append(time.perf_counter() - t0)
 
         cpu0 = services.cpu()
-        started = time.perf_counter()
+        started = time.perf_counter() + 0.01
         await asyncio.gather(*(client(conn) for conn in conns))
         submit_s = time.perf_counter() - started
         await _until(
@@ -224,6 +234,7 @@ async def _bench(cfg: E2EConfig, settings: Settings, services: _Services) -> dic
         "pending": cfg.pending,
         "jobs": cfg.jobs,
         "clients": cfg.clients,
+        "rate": cfg.rate or "max",
         "submit_per_s": round(cfg.jobs / submit_s),
         "submit_p99_ms": round(_pct(latencies, 0.99) * 1000, 1),
         "placed_per_s": round(cfg.jobs / (last - started)),

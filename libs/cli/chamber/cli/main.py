@@ -83,6 +83,13 @@ def _webhook_cert(args: argparse.Namespace) -> int:
     return 0
 
 
+def _positive(value: str) -> float:
+    number = float(value)
+    if not number > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, not {value}")
+    return number
+
+
 def _emit(result: object, one_line: bool) -> int:
     import json
 
@@ -120,7 +127,7 @@ def _bench_e2e(args: argparse.Namespace) -> int:
 
     cfg = E2EConfig(
         nodes=args.nodes, gpus_per_node=args.gpus_per_node, jobs=args.jobs, pending=args.pending, clients=args.clients,
-        seed=args.seed,
+        seed=args.seed, rate=args.rate,
     )  # fmt: skip
     with asyncio.Runner(loop_factory=loop_factory()) as runner:
         return _emit(runner.run(run(cfg)), args.json)
@@ -242,6 +249,12 @@ def build_parser() -> argparse.ArgumentParser:
     e2e.add_argument("--pending", type=int, default=0, help="jobs waiting in the queue throughout")
     e2e.add_argument("--clients", type=int, default=32, help="concurrent HTTP clients")
     e2e.add_argument("--seed", type=int, default=1)
+    e2e.add_argument(
+        "--rate",
+        type=_positive,
+        default=None,
+        help="submits per second, open loop: latency at that load (default: as fast as they are taken)",
+    )
     e2e.add_argument("--json", action="store_true", help="one line of JSON")
     e2e.set_defaults(func=_bench_e2e)
     quota = bench.add_parser("quota", help="fair-share recompute and admission checks")
