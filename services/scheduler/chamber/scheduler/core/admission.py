@@ -10,7 +10,7 @@ non-preemptible job within the team's nominal never waits behind the team's borr
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from chamber.common.quota import admit, may_reclaim
+from chamber.common.quota import admits, may_reclaim
 from chamber.scheduler.core.model import PendingJob, Shape
 from chamber.scheduler.core.state import SchedulingState
 
@@ -69,10 +69,10 @@ def admissions(state: SchedulingState, job: PendingJob, ctx: "CycleContext | Non
     refusals: list[str] = []
     gpus = job.shape.gpus
     for pool in pools:
-        adm = admit(book, state.usage, job.team, pool, gpus, preemptible=job.preemptible)
+        ok, borrowing = admits(book, state.usage, job.team, pool, gpus, preemptible=job.preemptible)
         pinned = ctx.pinned(job.shape, pool) if ctx is not None else replace(job.shape, pool=pool)
-        if adm.ok:
-            options.append(Option(pinned, adm.borrowing, may_reclaim(book, state.usage, job.team, pool, gpus)))
+        if ok:
+            options.append(Option(pinned, borrowing, may_reclaim(book, state.usage, job.team, pool, gpus)))
             continue
         need = displacement(state, job.team, pool, gpus=gpus, priority=job.priority, preemptible=job.preemptible)
         if need == 0:
