@@ -4,7 +4,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from chamber.common.contracts import OrgConfig, PoolConfig, QuotaConfig, TeamConfig, TeamQuota
-from chamber.common.quota import QuotaBook, QuotaUsage
+from chamber.common.quota import QuotaBook, QuotaUsage, admit, admits
 
 TEAMS = ["a", "b", "c", "d", "stranger"]
 POOLS = ["p", "q"]
@@ -53,3 +53,31 @@ def test_incremental_totals_match_a_full_recompute(
         for t in TEAMS:
             for p in POOLS:
                 assert totals.borrowable(t, p) == reference(book, plain, t, p)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(0, 8), st.one_of(st.none(), st.integers(0, 6))), min_size=4, max_size=4),
+    st.lists(st.tuples(st.sampled_from(TEAMS), st.sampled_from(POOLS), st.integers(0, 12)), max_size=20),
+    st.integers(1, 16),
+    st.booleans(),
+)
+def test_the_quick_admission_answer_is_the_full_one(
+    quotas: list[tuple[int, int | None]], usage: list[tuple[str, str, int]], gpus: int, preemptible: bool
+) -> None:
+    """`admits` (no reason written, the scheduler's hot path) answers as `admit` for every team and pool."""
+    teams = [
+        TeamConfig(name=name, org="o", cohort="x" if name in "ab" else "y",
+                   quotas=[TeamQuota(pool=p, nominal=n, borrowing_limit=limit) for p in POOLS])
+        for name, (n, limit) in zip("abcd", quotas, strict=True)
+    ]  # fmt: skip
+    config = QuotaConfig(pools=[PoolConfig(name=p, gpu_model="H100") for p in POOLS], orgs=[OrgConfig(name="o")],
+                         teams=teams)  # fmt: skip
+    book = QuotaBook(config, {"p": 40, "q": 40})
+    totals = QuotaUsage(book)
+    for team, pool, n in usage:
+        totals.add(team, pool, n)
+    for t in TEAMS:
+        for p in POOLS:
+            full = admit(book, totals, t, p, gpus, preemptible=preemptible)
+            assert admits(book, totals, t, p, gpus, preemptible=preemptible) == (full.ok, full.borrowing)

@@ -9,7 +9,7 @@ Semantics follow Kueue's cohorts and KAI-Scheduler's deserved/over-quota rules:
 - the surplus is shared by weight, adjusted by recent usage (decayed with a half-life), by water-filling.
 """
 
-from chamber.common.quota.admission import Admission, QuotaUsage, admit, borrowed_jobs, may_reclaim
+from chamber.common.quota.admission import Admission, QuotaUsage, admit, admits, borrowed_jobs, may_reclaim
 from chamber.common.quota.book import ConfigError, QuotaBook, validate
 from chamber.common.quota.fairshare import decay, fair_shares, standings
 
@@ -19,6 +19,7 @@ __all__ = [
     "QuotaBook",
     "QuotaUsage",
     "admit",
+    "admits",
     "borrowed_jobs",
     "decay",
     "fair_shares",

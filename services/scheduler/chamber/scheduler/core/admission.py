@@ -17,7 +17,7 @@ borrower does).
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
-from chamber.common.quota import QuotaBook, QuotaUsage, admit, may_reclaim
+from chamber.common.quota import QuotaBook, QuotaUsage, admits, may_reclaim
 from chamber.scheduler.core.model import PendingJob, Shape
 from chamber.scheduler.core.state import SchedulingState
 
@@ -83,12 +83,12 @@ def admissions(state: SchedulingState, job: PendingJob, ctx: "CycleContext | Non
     refusals: list[str] = []
     gpus = job.shape.gpus
     for pool in pools:
-        adm = admit(book, state.usage, job.team, pool, gpus, preemptible=job.preemptible)
+        ok, borrowing = admits(book, state.usage, job.team, pool, gpus, preemptible=job.preemptible)
         pinned = ctx.pinned(job.shape, pool) if ctx is not None else replace(job.shape, pool=pool)
         past = reclaim_past(book, state.usage, job.team, pool, gpus, preemptible=job.preemptible)
-        if adm.ok:
+        if ok:
             reclaim = may_reclaim(book, state.usage, job.team, pool, gpus)
-            options.append(Option(pinned, adm.borrowing, reclaim, past if adm.borrowing else 0))
+            options.append(Option(pinned, borrowing, reclaim, past if borrowing else 0))
             continue
         need = displacement(state, job.team, pool, gpus=gpus, priority=job.priority, preemptible=job.preemptible)
         if need == 0:

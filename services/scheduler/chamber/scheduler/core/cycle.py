@@ -18,13 +18,12 @@ preemption plans) is kept in a `CycleContext` until something invalidates it, so
 decided against it without a new cycle (`decide_arrivals`).
 """
 
-import heapq
 import itertools
 from collections.abc import Container, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 
 from chamber.common.contracts import GpuRef
-from chamber.common.quota import admit, may_reclaim
+from chamber.common.quota import admits, may_reclaim
 from chamber.scheduler.core.admission import (
     Option,
     QuotaNeed,
@@ -46,13 +45,11 @@ from chamber.scheduler.core.preemption import (
     plan_preemption,
     victim_cost,
 )
-from chamber.scheduler.core.queue import Order, ParkGroup, SubQueue
+from chamber.scheduler.core.queue import WOKEN, Entry, ParkGroup, SubQueue, Walk, entry
 from chamber.scheduler.core.reasons import Reason, WaitKind, placed_on
 from chamber.scheduler.core.state import SchedulingState
 
 NO_PRIORITY = -(10**9)
-Head = tuple[Order, int, "SubQueue | ParkGroup"]
-"""(queue order, tie-break, a sub-queue or a parked group) in a cycle's walk."""
 
 
 @dataclass
@@ -68,7 +65,7 @@ class CycleContext:
     reclaimable: bool = False
     """Some running job is on borrowed capacity: a team within its quota may reclaim it whatever the priorities."""
     seq: Iterator[int] = field(default_factory=itertools.count)
-    """Tie-breaks of the heads in a cycle's walk, unique across both passes (items themselves never compare)."""
+    """Numbers of the sub-queues woken in a cycle's walk (see `queue.Entry`)."""
     backfill_tested: int = 0
     tests: int = 0
     """Sub-queue heads looked at in this cycle (bounded by `max_tests_per_cycle`)."""
@@ -236,21 +233,14 @@ class _Cycle:
         standing = state.standing
         if not state.quota_on:
             queue.wake_all()
-        heads: list[Head] = []
-        seq = ctx.seq
-        for sq in queue.subqueues():
-            head = queue.head_of(sq)
-            if head is not None:
-                heads.append((queue.order_of(head, standing), next(seq), sq))
-        for group, parking in queue.parked.items():  # looked at in their turn, and woken only if admitted then
-            heads.append((parking.order, next(seq), group))
+        # Sub-queue heads, and parked groups (looked at in their turn, and woken only if admitted then).
         # Two passes under quotas (as Kueue orders its heads): first every job its team's guarantee admits, then
         # the ones that would borrow, so a borrower never takes in a cycle what a guaranteed job needs in it.
         ctx.borrowing = not state.quota_on
-        deferred = self._walk(heads, decisions)
+        deferred = self._walk(Walk(queue, queue.heads(standing)), decisions)
         if deferred:
             ctx.borrowing = True
-            self._walk(deferred, decisions)
+            self._walk(Walk(queue, [], deferred), decisions)
         self.consolidate(decisions)
         sticky = self.config.sticky_reservations
         if sticky != "none":
@@ -259,24 +249,19 @@ class _Cycle:
             }
         return decisions
 
-    def _walk(
-        self,
-        heads: list[Head],
-        decisions: list[Decision],
-    ) -> list[Head]:
+    def _walk(self, heads: Walk, decisions: list[Decision]) -> list[Entry]:
         """Walk sub-queue heads in queue order; returns the heads set aside because they would borrow."""
         state, ctx, queue = self.state, self.ctx, self.state.queue
         standing = state.standing
-        heapq.heapify(heads)
-        deferred: list[Head] = []
+        deferred: list[Entry] = []
         seq = ctx.seq
-        while heads and ctx.tests < self.config.max_tests_per_cycle:
-            key, n_item, item = heapq.heappop(heads)
+        while ctx.tests < self.config.max_tests_per_cycle and (popped := heads.pop()) is not None:
+            kind, number, item = popped[-3:]
             if not isinstance(item, SubQueue):
                 for woken in self._wake(item):
                     head = queue.head_of(woken)
                     if head is not None:
-                        heapq.heappush(heads, (queue.order_of(head, standing), next(seq), woken))
+                        heads.push(entry(queue.order_of(head, standing), WOKEN, next(seq), woken))
                 continue
             sq = item
             job = queue.head_of(sq)
@@ -290,9 +275,9 @@ class _Cycle:
                 break
             if self._hopeless(job):
                 continue  # its sub-queue stays as it was: nothing this cycle could do for it
-            outcome = self.consider(job, decisions)
+            outcome = "borrower" if not ctx.borrowing and self._only_borrows(job) else self.consider(job, decisions)
             if outcome == "borrower":
-                deferred.append((key, n_item, sq))
+                deferred.append(popped)
                 continue
             if outcome in ("blocked", "reserved"):
                 if self.config.strict_fifo:
@@ -306,7 +291,7 @@ class _Cycle:
                 continue
             nxt = queue.head_of(sq)
             if nxt is not None:
-                heapq.heappush(heads, (queue.order_of(nxt, standing), n_item, sq))
+                heads.push(entry(queue.order_of(nxt, standing), kind, number, sq))
         return deferred
 
     # ---- shortcuts that keep a cycle O(sub-queues that can move) ---------------------------------------------
@@ -330,7 +315,7 @@ class _Cycle:
         book = state.quota
         assert book is not None
         return (
-            admit(book, state.usage, team, pool, gpus, preemptible=preemptible).ok
+            admits(book, state.usage, team, pool, gpus, preemptible=preemptible)[0]
             or displacement(state, team, pool, gpus=gpus, priority=priority, preemptible=preemptible) is not None
             or self._may_pass(team, gpus, reclaim_past(book, state.usage, team, pool, gpus, preemptible=preemptible))
         )
@@ -343,6 +328,24 @@ class _Cycle:
         if past <= 0 or not ctx.reclaimable or not self.config.reclaim_past_guarantee:
             return False
         return gpus <= ctx.smallest_waiting(self.state).get(team, gpus)
+
+    def _only_borrows(self, job: PendingJob) -> bool:
+        """Quickly, in the first pass: every pool the job may use admits it only by borrowing, so `consider` would
+        set it aside for the second pass (decided before the questions `consider` asks first answer otherwise).
+        A sufficient test: False sends the job through `consider`, which decides in full."""
+        state, ctx = self.state, self.ctx
+        book = state.quota
+        if book is None or not job.preemptible:
+            return False
+        pools = ctx.pools_of(state, job.shape)
+        if not pools or budget_refusal(state, job) or self._unschedulable(job):
+            return False
+        kind = (job.team, job.shape.pool, job.shape.gpu_model, job.preemptible, job.priority)
+        known = ctx.refused.get(kind)
+        if known is not None and job.shape.gpus >= known[0]:
+            return False
+        usage, gpus = state.usage, job.shape.gpus
+        return all(admits(book, usage, job.team, p, gpus, preemptible=True) == (True, True) for p in pools)
 
     def _exhausted(self, job: PendingJob) -> bool:
         """Nothing free, nothing reserved, nobody this job (or anyone after it) may preempt: stop looking."""

@@ -20,8 +20,10 @@ thousand teams at their quota, a cycle then walks the sub-queues that can move, 
 
 import bisect
 import heapq
+import itertools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from chamber.common.contracts import GpuRef
 from chamber.scheduler.core.model import PendingJob, Shape
@@ -34,26 +36,74 @@ Rank = Callable[[PendingJob], float]
 AGED = float("-inf")
 ParkGroup = tuple[str, str, bool, int]
 """(team, pool, preemptible, priority): sub-queues whose heads the team's quota in that pool refuses."""
+Entry = tuple[Any, ...]
+"""(*queue order, kind, number, a sub-queue or a parked group): one item of a cycle's walk, flat (one tuple
+comparison, not two nested ones: ~20,000 are ordered). Items of equal order come sub-queues first (in the order
+they were made), then parked groups (same), then sub-queues woken in the cycle (in the order they woke)."""
+SUBQUEUE, GROUP, WOKEN = 0, 1, 2
 
 
-@dataclass
+def entry(order: Order, kind: int, number: int, item: "SubQueue | ParkGroup") -> Entry:
+    return (*order, kind, number, item)
+
+
+@dataclass(eq=False)
 class SubQueue:
     key: QueueKey
+    number: int
+    """When it was made, among sub-queues (ties in queue order go to the older)."""
     heap: list[tuple[float, float, str, int]] = field(default_factory=list)
     """(rank, submitted at, job id, entry number); entries of removed (or re-ranked) jobs are skipped lazily."""
     parked: ParkGroup | None = None
+    entry: Entry | None = None
+    """Its item in the queue's kept walk order (`JobQueue.heads`); None while parked or changed since."""
+    order: Order | None = None
+    """The queue order its `entry` has."""
 
 
 @dataclass
 class Parking:
     order: Order
     """The queue order of its first head when parked: where the group comes up for a look in a cycle."""
+    number: int
+    """When it was made, among parked groups (ties in queue order go to the older)."""
+    entry: Entry | None = None
+    """Its item in the queue's kept walk order (`JobQueue.heads`)."""
+    entry_order: Order | None = None
     subqueues: list[tuple[int, int, SubQueue]] = field(default_factory=list)
     """(GPUs its head asked for, tie-break, sub-queue), smallest first."""
 
     @property
     def min_gpus(self) -> int:
         return self.subqueues[0][0] if self.subqueues else 0
+
+
+class Walk:
+    """A cycle's items in queue order: the kept order of `JobQueue.heads` read once from the front, merged with
+    the items pushed during the cycle (sub-queues with a new head, woken sub-queues), as one heap of them all
+    would give them, without building that heap."""
+
+    def __init__(self, queue: "JobQueue", ordered: list[Entry], pushed: list[Entry] | None = None) -> None:
+        self._current = queue.current
+        self._ordered = ordered
+        self._next = 0
+        self._pushed = pushed or []
+        heapq.heapify(self._pushed)
+
+    def pop(self) -> Entry | None:
+        """The next item, or None when there are no more."""
+        ordered, current, i, pushed = self._ordered, self._current, self._next, self._pushed
+        n = len(ordered)
+        while i < n and not current(ordered[i]):
+            i += 1
+        if i < n and not (pushed and pushed[0] < ordered[i]):
+            self._next = i + 1
+            return ordered[i]
+        self._next = i
+        return heapq.heappop(pushed) if pushed else None
+
+    def push(self, item: Entry) -> None:
+        heapq.heappush(self._pushed, item)
 
 
 def _fifo(job: PendingJob) -> float:
@@ -74,8 +124,16 @@ class JobQueue:
         """job -> the number of its one valid heap entry (older entries of the job are stale)."""
         self._entries = 0
         self.parked: dict[ParkGroup, Parking] = {}
-        self.reserved: dict[str, tuple[GpuRef, ...]] = {}
-        """Jobs that held a reservation at the end of the last full cycle, with the GPUs it planned on."""
+        self._reserved: dict[str, tuple[GpuRef, ...]] = {}
+        self._numbers = itertools.count()
+        self._walk: list[Entry] = []
+        """Every sub-queue's head and every parked group, in queue order, kept from cycle to cycle (`heads`)."""
+        self._stale = 0
+        """Items of `_walk` that no longer stand for anything (skipped, dropped when there are many)."""
+        self._changed: set[SubQueue] = set()
+        self._changed_groups: set[ParkGroup] = set()
+        self._walk_standing: dict[str, float] | None = None
+        """The standings `_walk` was ordered with (a new standings mapping re-orders it all)."""
         self.aging = aging
         self._by_age: list[tuple[float, str]] = []
         """(submitted at, job id) of every job pushed and not yet aged (lazily cleaned): who ages next. Kept only
@@ -83,6 +141,17 @@ class JobQueue:
 
     def __len__(self) -> int:
         return len(self.jobs)
+
+    @property
+    def reserved(self) -> dict[str, tuple[GpuRef, ...]]:
+        """Jobs that held a reservation at the end of the last full cycle, with the GPUs it planned on."""
+        return self._reserved
+
+    @reserved.setter
+    def reserved(self, reserved: dict[str, tuple[GpuRef, ...]]) -> None:
+        if reserved or self._reserved:
+            self._walk_standing = None  # a reservation orders its job ahead: the kept order is re-made
+        self._reserved = reserved
 
     def key_of(self, job: PendingJob) -> QueueKey:
         return (job.priority, min(job.preemptions, self.standing_cap), job.team, job.shape)
@@ -93,7 +162,7 @@ class JobQueue:
         key = self.key_of(job)
         sq = self._subqueues.get(key)
         if sq is None:
-            sq = self._subqueues[key] = SubQueue(key)
+            sq = self._subqueues[key] = SubQueue(key, next(self._numbers))
         rank = AGED if job.aged else self.rank(job)
         self._enter(sq, rank, job)
         self.jobs[job.id] = job
@@ -103,12 +172,15 @@ class JobQueue:
 
     def remove(self, job_id: str) -> PendingJob | None:
         """Remove a job (lazily: its heap entry is skipped when it reaches the top)."""
-        self._where.pop(job_id, None)
+        sq = self._where.pop(job_id, None)
+        if sq is not None:
+            self._changed.add(sq)
         self._rank_of.pop(job_id, None)
         self._entry.pop(job_id, None)
         return self.jobs.pop(job_id, None)
 
     def _enter(self, sq: SubQueue, rank: float, job: PendingJob) -> None:
+        self._changed.add(sq)
         self._entries += 1
         self._entry[job.id] = self._entries
         self._rank_of[job.id] = rank
@@ -144,6 +216,7 @@ class JobQueue:
             heapq.heappop(heap)
         if self._subqueues.get(sq.key) is sq:
             del self._subqueues[sq.key]
+        self._drop(sq)
         return None
 
     def rank_of(self, job: PendingJob) -> float:
@@ -162,16 +235,93 @@ class JobQueue:
         """The sub-queues a cycle walks: every one not parked."""
         return [sq for sq in self._subqueues.values() if sq.parked is None]
 
+    def heads(self, standing: dict[str, float]) -> list[Entry]:
+        """Every sub-queue a cycle walks (by its head's order) and every parked group (by its `order`), in queue
+        order (see `Entry`). Kept sorted from cycle to cycle: only the sub-queues a job entered, left or aged in
+        since, and the groups parked into, are placed again, so a cycle with ~20,000 sub-queues neither re-orders
+        nor re-heaps them all (all are re-ordered when the standings or reservations change).
+
+        The list is the cycle's to read with `walk`, until the next call; an item is `current` while what it
+        stands for is unchanged since this call (changes within the cycle are placed at the next)."""
+        if standing is not self._walk_standing:
+            self._walk_standing = standing
+            self._walk, self._stale = [], 0
+            for sq in self._subqueues.values():
+                sq.entry = None
+                self._changed.add(sq)
+            for group, parking in self.parked.items():
+                parking.entry = None
+                self._changed_groups.add(group)
+        new: list[Entry] = []
+        for sq in self._changed:
+            if sq.parked is not None or self._subqueues.get(sq.key) is not sq:
+                self._drop(sq)
+                continue
+            job = self.head_of(sq)
+            if job is None:
+                continue
+            order = self.order_of(job, standing)
+            if sq.entry is not None and sq.order == order:
+                continue
+            self._drop(sq)
+            sq.order, sq.entry = order, entry(order, SUBQUEUE, sq.number, sq)
+            new.append(sq.entry)
+        self._changed.clear()
+        for group in self._changed_groups:
+            changed = self.parked.get(group)
+            if changed is None or (changed.entry is not None and changed.entry_order == changed.order):
+                continue
+            if changed.entry is not None:
+                self._stale += 1
+            changed.entry_order, changed.entry = changed.order, entry(changed.order, GROUP, changed.number, group)
+            new.append(changed.entry)
+        self._changed_groups.clear()
+        kept = self._walk
+        if self._stale > max(1024, len(kept) // 4):
+            kept = [e for e in kept if self.current(e)]
+            self._stale = 0
+        if len(new) > len(kept) // 8:
+            kept += new
+            kept.sort()
+        elif new:  # each new item where it goes (a full merge would compare each kept item too)
+            new.sort()
+            merged: list[Entry] = []
+            at = 0
+            for item in new:
+                to = bisect.bisect_left(kept, item, at)
+                merged += kept[at:to]
+                merged.append(item)
+                at = to
+            merged += kept[at:]
+            kept = merged
+        self._walk = kept
+        return kept
+
+    def current(self, entry: Entry) -> bool:
+        """Whether an item of `heads` still stands for its sub-queue (same head, not parked) or parked group."""
+        item = entry[-1]
+        if isinstance(item, SubQueue):
+            return item.entry is entry
+        parking = self.parked.get(item)
+        return parking is not None and parking.entry is entry
+
+    def _drop(self, sq: SubQueue) -> None:
+        if sq.entry is not None:
+            sq.entry = None
+            self._stale += 1
+
     def park(self, job: PendingJob, group: ParkGroup, order: Order) -> None:
         """Set `job`'s sub-queue aside until its team's quota may admit `job` (see `wake`)."""
         sq = self._where.get(job.id)
         if sq is None or sq.parked is not None:
             return
         sq.parked = group
+        self._drop(sq)
         parking = self.parked.get(group)
         if parking is None:
-            parking = self.parked[group] = Parking(order)
+            parking = self.parked[group] = Parking(order, next(self._numbers))
         parking.order = min(parking.order, order)
+        self._changed_groups.add(group)
         bisect.insort(parking.subqueues, (job.shape.gpus, id(sq), sq), key=lambda item: item[:2])
 
     def wake(self, group: ParkGroup, up_to_gpus: int | None = None) -> list[SubQueue]:
@@ -185,9 +335,12 @@ class JobQueue:
         woken = [sq for _, _, sq in parking.subqueues[:n]]
         for sq in woken:
             sq.parked = None
+            self._changed.add(sq)
         del parking.subqueues[:n]
         if not parking.subqueues:
             del self.parked[group]
+            if parking.entry is not None:
+                self._stale += 1
         return woken
 
     def wake_all(self) -> None:

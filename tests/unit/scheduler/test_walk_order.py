@@ -1,0 +1,126 @@
+"""The walk order the queue keeps from cycle to cycle against one built from scratch (hypothesis): whatever jobs
+are pushed, removed, aged, parked and woken, and however standings and reservations change, a cycle's walk
+(`JobQueue.heads` read through `Walk`, with items pushed on the way) gives the sub-queues and parked groups in
+the order one heap of them all gives, ties included: the kept order can never go stale."""
+
+import copy
+import heapq
+import itertools
+
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
+from chamber.scheduler.core.model import PendingJob, Shape
+from chamber.scheduler.core.queue import WOKEN, Entry, JobQueue, ParkGroup, SubQueue, Walk, entry
+
+TEAMS = ["a", "b", "c"]
+SHAPES = [Shape(1, 1), Shape(2, 1), Shape(8, 2)]
+
+ops = st.lists(
+    st.one_of(
+        st.tuples(st.just("push"), st.integers(0, 11), st.integers(0, 20), st.integers(0, 3)),
+        st.tuples(st.just("remove"), st.integers(0, 11), st.just(0), st.just(0)),
+        st.tuples(st.just("age"), st.just(0), st.integers(0, 60), st.just(0)),
+        st.tuples(st.just("park"), st.integers(0, 11), st.just(0), st.just(0)),
+        st.tuples(st.just("wake"), st.integers(0, 11), st.integers(0, 20), st.integers(0, 1)),
+        st.tuples(st.just("standing"), st.integers(0, 2), st.integers(-2, 2), st.just(0)),
+        st.tuples(st.just("reserve"), st.integers(0, 11), st.just(0), st.just(0)),
+        st.tuples(st.just("cycle"), st.integers(0, 11), st.integers(0, 1000), st.just(0)),
+    ),
+    min_size=10,
+    max_size=80,
+)
+
+
+def _group(job: PendingJob) -> ParkGroup:
+    return (job.team, "pool", job.preemptible, job.priority)
+
+
+def _heap(queue: JobQueue, standing: dict[str, float], seq: "itertools.count[int]") -> list[Entry]:
+    """The heap a cycle built before the order was kept: every sub-queue not parked (in the order they were made),
+    then every parked group, numbered in that order as the tie-break."""
+    heap: list[Entry] = []
+    for sq in list(queue._subqueues.values()):
+        if sq.parked is None:
+            head = queue.head_of(sq)
+            if head is not None:
+                heap.append(entry(queue.order_of(head, standing), 0, next(seq), sq))
+    for group, parking in queue.parked.items():
+        heap.append(entry(parking.order, 0, next(seq), group))
+    heapq.heapify(heap)
+    return heap
+
+
+def _walk(queue: JobQueue, standing: dict[str, float], seed: int, *, kept: bool) -> list[object]:
+    """Read a cycle's walk as a cycle does, taking the head of some sub-queues (they come back with their next
+    head) and waking parked groups (all, or their small heads; their sub-queues come in after), through the kept
+    order or through one heap built from scratch. Returns the keys of what it met, in order."""
+    seq = itertools.count()
+    if kept:
+        walk = Walk(queue, queue.heads(standing))
+        pop, push = walk.pop, walk.push
+    else:
+        heap = _heap(queue, standing, seq)
+
+        def pop() -> Entry | None:
+            return heapq.heappop(heap) if heap else None
+
+        def push(item: Entry) -> None:
+            heapq.heappush(heap, item)
+
+    met: list[object] = []
+    while (popped := pop()) is not None and len(met) < 200:
+        kind, number, item = popped[-3:]
+        step = seed + len(met)
+        if not isinstance(item, SubQueue):
+            met.append(item)
+            for sq in queue.wake(item, None if step % 2 else 2):
+                head = queue.head_of(sq)
+                if head is not None:
+                    push(entry(queue.order_of(head, standing), WOKEN if kept else 0, next(seq), sq))
+            continue
+        met.append(item.key)
+        head = queue.head_of(item)
+        if head is not None and step % 3 == 0:
+            queue.remove(head.id)
+            nxt = queue.head_of(item)
+            if nxt is not None:
+                push(entry(queue.order_of(nxt, standing), kind, number, item))
+    return met
+
+
+@settings(max_examples=300, deadline=None)
+@given(ops)
+@example([("push", 0, 0, 0), ("push", 6, 5, 0), ("park", 0, 0, 0), ("park", 1, 0, 0), ("wake", 0, 2, 1)]).via(
+    "a parked group's order ties with the head of its sub-queue woken alone: the sub-queue comes first"
+)
+def test_the_kept_walk_order_is_the_order_of_a_heap_built_from_scratch(steps: list[tuple[str, int, int, int]]) -> None:
+    queue = JobQueue()
+    standing: dict[str, float] = {}
+    for op, n, t, r in steps:
+        job_id = f"j{n}"
+        job = queue.jobs.get(job_id)
+        if op == "push":
+            queue.push(
+                PendingJob(job_id, TEAMS[n % 3], 10 * (r % 2), SHAPES[n // 3 % 3], float(t), r, 0, None,
+                           preemptible=n % 2 == 0)
+            )  # fmt: skip
+        elif op == "remove":
+            queue.remove(job_id)
+        elif op == "age":
+            queue.age(now=float(t), max_wait_s=30.0)
+        elif op == "park" and queue.jobs:
+            job = queue.jobs[sorted(queue.jobs)[n % len(queue.jobs)]]
+            queue.park(job, _group(job), queue.order_of(job, standing))
+        elif op == "wake" and queue.parked:
+            group = sorted(queue.parked)[n % len(queue.parked)]
+            queue.wake(group, t if r else None)
+        elif op == "standing":
+            standing = {**standing, TEAMS[n]: float(t)}
+        elif op == "reserve":
+            queue.reserved = {job_id: ()} if job is not None else {}
+        elif op == "cycle":  # the queue goes on from what the kept walk did (heads taken, groups woken)
+            twin = copy.deepcopy(queue)
+            assert _walk(queue, standing, t, kept=True) == _walk(twin, standing, t, kept=False)
+    twin = copy.deepcopy(queue)
+    assert _walk(queue, standing, 1, kept=True) == _walk(twin, standing, 1, kept=False)
