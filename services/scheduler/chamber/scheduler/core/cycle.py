@@ -278,6 +278,7 @@ class _Cycle:
             outcome = "borrower" if not ctx.borrowing and self._only_borrows(job) else self.consider(job, decisions)
             if outcome == "borrower":
                 deferred.append(popped)
+                ctx.tests -= 1  # only set aside: it is decided, and counted, in the second pass
                 continue
             if outcome in ("blocked", "reserved"):
                 if self.config.strict_fifo:
