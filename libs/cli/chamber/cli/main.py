@@ -123,7 +123,7 @@ def _bench_e2e(args: argparse.Namespace) -> int:
     import asyncio
 
     from chamber.cli.bench_e2e import E2EConfig, run
-    from chamber.common.loadgen import loop_factory
+    from chamber.common.runtime import loop_factory
 
     cfg = E2EConfig(
         nodes=args.nodes, gpus_per_node=args.gpus_per_node, jobs=args.jobs, pending=args.pending, clients=args.clients,

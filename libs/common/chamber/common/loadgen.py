@@ -1,5 +1,5 @@
 """What Chamber's benchmarks use to load the real services from the same machine: a minimal keep-alive HTTP/1.1
-client on asyncio streams, uvloop for the load generator's own loop, and each process's CPU time.
+client on asyncio streams (run it on `chamber.common.runtime.loop_factory`: uvloop), and each process's CPU time.
 
 The load generator runs on the cores the services run on (users' clients would not): a general-purpose client
 (aiohttp) spent ~0.33 ms of CPU per submit in `chamber bench e2e`, a seventh of the machine at 1,000 submits/s,
@@ -9,7 +9,6 @@ Content-Length: what any client must do, no more.
 
 import asyncio
 import os
-from collections.abc import Callable
 from pathlib import Path
 
 
@@ -54,16 +53,6 @@ def cpu_s(pid: int) -> float | None:
     except OSError:
         return None
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
-    """uvloop for the load generator's loop when installed (less of the shared cores), else asyncio's."""
-    try:
-        import uvloop
-    except ImportError:
-        return None
-    factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
-    return factory
 
 
 def listener_pid(port: int) -> int | None:

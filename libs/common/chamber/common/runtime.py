@@ -58,7 +58,7 @@ def run_service(service: str, main: ServiceMain, settings: Settings) -> None:
         await main(make_context(settings, service), stop)
         log.info("service.stopped")
 
-    with asyncio.Runner(loop_factory=_loop_factory()) as loop_runner:
+    with asyncio.Runner(loop_factory=loop_factory()) as loop_runner:
         loop_runner.run(runner())
 
 
@@ -76,8 +76,9 @@ def _tune_gc() -> None:
     gc.set_threshold(*GC_THRESHOLDS)
 
 
-def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
-    """uvloop when installed (a faster event loop: the gateway's reads and NATS I/O gain most), else asyncio's."""
+def loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """uvloop when installed (a faster event loop: the gateway's reads and NATS I/O gain most, and a load
+    generator takes less of the cores it shares), else asyncio's."""
     try:
         import uvloop
     except ImportError:

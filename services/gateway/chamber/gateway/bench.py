@@ -26,7 +26,8 @@ from typing import Any
 
 from chamber.cli.infra import free_port, resolve
 from chamber.common.cleanup import delete_namespace
-from chamber.common.loadgen import Conn, cpu_s, loop_factory, request
+from chamber.common.loadgen import Conn, cpu_s, request
+from chamber.common.runtime import loop_factory
 
 SERVICES = ("collector", "scheduler", "quota", "health", "gateway")
 READ_PATHS = ("/v1/jobs?limit=50", "/v1/fleet")
