@@ -149,6 +149,8 @@ async def test_a_lost_agents_jobs_are_interrupted_and_requeued_after_their_proce
                 stopped = next(e for e in await job_events(bus, "long") if isinstance(e, JobStopped))
                 directory, _ = replica_states(state_dir, "long")[0]
                 exit_record = json.loads((directory / "exit.json").read_text())
+                # The report is on the bus; the scheduler writes the interrupted record once it has applied it.
+                await eventually(lambda: _interruptions(store, "long"), within=10, what="the record interrupted")
                 interrupted = await record(store, "long")
                 assert interrupted is not None
                 with capsys.disabled():
@@ -174,6 +176,11 @@ async def test_a_lost_agents_jobs_are_interrupted_and_requeued_after_their_proce
                 assert resumed["found"] == ["state"], "the checkpoint it wrote on the way out"
         finally:
             services.stop_all()
+
+
+async def _interruptions(store: JobStore, job_id: str) -> int:
+    r = await record(store, job_id)
+    return 0 if r is None else r.interruptions
 
 
 async def _stopped(bus: Bus, job_id: str) -> bool:
