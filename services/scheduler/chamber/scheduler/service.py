@@ -264,6 +264,7 @@ class Scheduler:
                     await self._reload()
                 if recheck:
                     events = await self._unhandled(events)
+                self._sync_quota()  # a budget or quota change that came in since: arrivals are decided under it
                 now = self.ctx.clock.now()
                 for event in events:
                     self._apply_event(event, now, todo)
@@ -342,6 +343,11 @@ class Scheduler:
         self._cordons_dirty = True
         self._wake.set()
 
+    def _sync_quota(self) -> None:
+        if self._quota_dirty:
+            self._quota_dirty = False
+            self.control.state.set_quota(*self._quota_inputs())
+
     def _check_now(self) -> None:
         self._last_check = 0.0
 
@@ -384,9 +390,7 @@ class Scheduler:
                     if self._cordons_dirty:
                         self._cordons_dirty = False
                         self._sync_cordons(await self.ledger.cordons())
-                    if self._quota_dirty:
-                        self._quota_dirty = False
-                        self.control.state.set_quota(*self._quota_inputs())
+                    self._sync_quota()
                     if now - self._last_check >= CHECK_LEDGER_S:
                         self._last_check = now
                         await self._check_ledger()
