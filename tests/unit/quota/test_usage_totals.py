@@ -1,5 +1,6 @@
 """The incremental cohort totals agree with a from-scratch computation after any sequence of changes."""
 
+import msgspec
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -8,6 +9,18 @@ from chamber.common.quota import QuotaBook, QuotaUsage, admit, admits
 
 TEAMS = ["a", "b", "c", "d", "stranger"]
 POOLS = ["p", "q"]
+
+
+def four_teams(quotas: list[TeamQuota]) -> QuotaBook:
+    """Teams a and b in cohort x, c and d in y, each with its quota (`pool` ignored) in both pools of 40 GPUs."""
+    teams = [
+        TeamConfig(name=name, org="o", cohort="x" if name in "ab" else "y",
+                   quotas=[msgspec.structs.replace(quota, pool=p) for p in POOLS])
+        for name, quota in zip("abcd", quotas, strict=True)
+    ]  # fmt: skip
+    config = QuotaConfig(pools=[PoolConfig(name=p, gpu_model="H100") for p in POOLS], orgs=[OrgConfig(name="o")],
+                         teams=teams)  # fmt: skip
+    return QuotaBook(config, {"p": 40, "q": 40})
 
 
 def reference(book: QuotaBook, usage: dict[tuple[str, str], int], team: str, pool: str) -> int:
@@ -35,15 +48,8 @@ def reference(book: QuotaBook, usage: dict[tuple[str, str], int], team: str, poo
 def test_incremental_totals_match_a_full_recompute(
     quotas: list[tuple[int, int | None]], changes: list[tuple[str, str, int]]
 ) -> None:
-    teams = [
-        TeamConfig(name=name, org="o", cohort="x" if name in "ab" else "y",
-                   quotas=[TeamQuota(pool=p, nominal=n, lending_limit=None if lend is None else min(lend, n))
-                           for p in POOLS])
-        for name, (n, lend) in zip("abcd", quotas, strict=True)
-    ]  # fmt: skip
-    config = QuotaConfig(pools=[PoolConfig(name=p, gpu_model="H100") for p in POOLS], orgs=[OrgConfig(name="o")],
-                         teams=teams)  # fmt: skip
-    book = QuotaBook(config, {"p": 40, "q": 40})
+    book = four_teams([TeamQuota(pool="", nominal=n, lending_limit=None if lend is None else min(lend, n))
+                       for n, lend in quotas])  # fmt: skip
     totals = QuotaUsage(book)
     plain: dict[tuple[str, str], int] = {}
     for team, pool, change in changes:
@@ -66,14 +72,7 @@ def test_the_quick_admission_answer_is_the_full_one(
     quotas: list[tuple[int, int | None]], usage: list[tuple[str, str, int]], gpus: int, preemptible: bool
 ) -> None:
     """`admits` (no reason written, the scheduler's hot path) answers as `admit` for every team and pool."""
-    teams = [
-        TeamConfig(name=name, org="o", cohort="x" if name in "ab" else "y",
-                   quotas=[TeamQuota(pool=p, nominal=n, borrowing_limit=limit) for p in POOLS])
-        for name, (n, limit) in zip("abcd", quotas, strict=True)
-    ]  # fmt: skip
-    config = QuotaConfig(pools=[PoolConfig(name=p, gpu_model="H100") for p in POOLS], orgs=[OrgConfig(name="o")],
-                         teams=teams)  # fmt: skip
-    book = QuotaBook(config, {"p": 40, "q": 40})
+    book = four_teams([TeamQuota(pool="", nominal=n, borrowing_limit=limit) for n, limit in quotas])
     totals = QuotaUsage(book)
     for team, pool, n in usage:
         totals.add(team, pool, n)
