@@ -229,6 +229,8 @@ class _Cycle:
             (r.priority for r in state.running.values() if r.preemptible and not r.stopping), default=None
         )
         ctx.reclaimable = state.quota_on and any(r.borrowed and not r.stopping for r in state.running.values())
+        if ctx.reclaimable and self.config.reclaim_past_guarantee:
+            ctx.smallest_waiting(state)  # as the queue is when the cycle starts, whichever head asks first
         queue = state.queue
         standing = state.standing
         if not state.quota_on:
@@ -433,7 +435,7 @@ class _Cycle:
                 self._place(job, gpus, _placed_reason(gpus) + note, decisions, borrowing=option.borrowing)
                 return "placed"
             ctx.blocked.add(option.shape)
-        if adm.options and self._backfill_into_reservation(job, decisions):
+        if adm.options and self._backfill_into_reservation(job, decisions, adm.options):
             return "placed"
         if self.config.consolidate and job.shape.gpus > 1:
             ctx.to_consolidate.append(job)  # room may be opened for it after the walk (`consolidate`)
@@ -654,9 +656,10 @@ class _Cycle:
         decisions.append(Nominate(job.id, plan.gpus, reason, victims=tuple(names)))
         return True
 
-    def _backfill_into_reservation(self, job: PendingJob, decisions: list[Decision]) -> bool:
+    def _backfill_into_reservation(self, job: PendingJob, decisions: list[Decision], options: list[Option]) -> bool:
         """Place the job partly on one reservation's held GPUs, if its estimate ends before that reservation's
-        start (the soonest-starting reservations are the tightest, so the latest-starting ones are tried first)."""
+        start (the soonest-starting reservations are the tightest, so the latest-starting ones are tried first),
+        in a pool its quota admits it to (`options`, as `admissions` gives them)."""
         ctx, index = self.ctx, self.state.index
         estimate = job.estimate
         if estimate is None or not ctx.reserved_free:
@@ -669,9 +672,13 @@ class _Cycle:
             held = ctx.held[i]
             if not held:
                 continue
-            gpus = find_placement(index, job.shape, bonus=held)
-            if gpus is None:
+            for option in options:
+                gpus = find_placement(index, option.shape, bonus=held)
+                if gpus is not None:
+                    break
+            else:
                 continue
+            assert gpus is not None
             for ref in gpus:
                 indices = held.get(ref.node)
                 if indices is not None and ref.index in indices:
@@ -680,7 +687,9 @@ class _Cycle:
                     if not indices:
                         del held[ref.node]
             reason = _placed_reason(gpus) + f"; backfilled: ends before {ctx.reservations[i].job_id}'s reserved start"
-            self._place(job, gpus, reason, decisions)
+            if option.borrowing:
+                reason += "; borrowing idle quota"
+            self._place(job, gpus, reason, decisions, borrowing=option.borrowing)
             return True
         return False
 
@@ -706,7 +715,13 @@ class _Cycle:
         tested = 0
         for job in list(self.state.queue.after_head(key, min(budget, self.config.backfill_lookahead))):  # type: ignore[arg-type]
             tested += 1
-            self._backfill_into_reservation(job, decisions)
+            if job.estimate is None or budget_refusal(self.state, job):
+                continue
+            # The head may have been refused by its team's quota: each job behind it is admitted on its own (in
+            # the first pass, only within the guarantee), or it does not start.
+            options = [o for o in admissions(self.state, job, ctx).options if ctx.borrowing or not o.borrowing]
+            if options:
+                self._backfill_into_reservation(job, decisions, options)
         ctx.backfill_tested += tested
         return tested
 
