@@ -18,8 +18,9 @@ preemption plans) is kept in a `CycleContext` until something invalidates it, so
 decided against it without a new cycle (`decide_arrivals`).
 """
 
+import heapq
 import itertools
-from collections.abc import Container, Iterable, Iterator
+from collections.abc import Collection, Container, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 
 from chamber.common.contracts import GpuRef
@@ -45,7 +46,7 @@ from chamber.scheduler.core.preemption import (
     plan_preemption,
     victim_cost,
 )
-from chamber.scheduler.core.queue import WOKEN, Entry, ParkGroup, SubQueue, Walk, entry
+from chamber.scheduler.core.queue import WOKEN, Entry, ParkGroup, Parking, SubQueue, Walk, entry
 from chamber.scheduler.core.reasons import Reason, WaitKind, placed_on
 from chamber.scheduler.core.state import SchedulingState
 
@@ -78,6 +79,7 @@ class CycleContext:
     larger job of the same kind is refused too (usage only grows within a cycle), without asking again."""
     cost_at: float = 0.0
     _victims: list[tuple[VictimCost, RunningJob]] | None = None
+    _by_team: dict[str, list[tuple[int, RunningJob]]] | None = None
     _releases: list[Release] | None = None
     _stopping: dict[tuple[str, str], int] | None = None
     _pools: dict[tuple[str | None, str | None], list[str]] = field(default_factory=dict)
@@ -137,6 +139,21 @@ class CycleContext:
             )
         return (r for _, r in self._victims)
 
+    def victims_of(self, state: SchedulingState, teams: Collection[str]) -> Iterator[RunningJob]:
+        """`victims`, only those of `teams`, in the same order: under quotas a plan may only take from the
+        preemptor's team and the teams it reclaims from, and scanning every running job for each of a thousand
+        teams' plans made the scan most of a contended cycle."""
+        if self._by_team is None:
+            self.victims(state)
+            assert self._victims is not None
+            self._by_team = {}
+            for i, (_, r) in enumerate(self._victims):
+                self._by_team.setdefault(r.team, []).append((i, r))
+        lists = [self._by_team[t] for t in teams if t in self._by_team]
+        if len(lists) == 1:
+            return (r for _, r in lists[0])
+        return (r for _, r in heapq.merge(*lists, key=_first))
+
     def release_order(self, state: SchedulingState) -> list[Release]:
         """Running jobs by expected end (see `backfill.release_order`), once per context: jobs placed under it since
         are not in it (they would end last anyway; a later full cycle sees them)."""
@@ -158,6 +175,11 @@ class CycleContext:
         if self._stopping is not None:
             key = (job.team, job.pool)
             self._stopping[key] = self._stopping.get(key, 0) + len(job.gpus)
+
+    def may_backfill(self, ends: float) -> bool:
+        """Some reservation holding free GPUs starts no earlier than `ends` (a job ending then could backfill)."""
+        pairs = zip(self.reservations, self.held, strict=True)
+        return any(held and res.start is not None and ends <= res.start for res, held in pairs)
 
     @property
     def reserved_free(self) -> bool:
@@ -260,10 +282,14 @@ class _Cycle:
         while ctx.tests < self.config.max_tests_per_cycle and (popped := heads.pop()) is not None:
             kind, number, item = popped[-3:]
             if not isinstance(item, SubQueue):
-                for woken in self._wake(item):
-                    head = queue.head_of(woken)
+                woken, borrowers = self._wake(item)
+                for sq in woken:
+                    head = queue.head_of(sq)
                     if head is not None:
-                        heads.push(entry(queue.order_of(head, standing), WOKEN, next(seq), woken))
+                        heads.push(entry(queue.order_of(head, standing), WOKEN, next(seq), sq))
+                orders = [queue.order_of(head, standing) for sq in borrowers if (head := queue.head_of(sq))]
+                if orders:  # the group again in the second pass, no later than its first head's turn
+                    deferred.append(entry(min(orders), WOKEN, next(seq), item))
                 continue
             sq = item
             job = queue.head_of(sq)
@@ -299,28 +325,62 @@ class _Cycle:
 
     # ---- shortcuts that keep a cycle O(sub-queues that can move) ---------------------------------------------
 
-    def _wake(self, group: ParkGroup) -> list[SubQueue]:
-        """A parked group's turn: wake the sub-queues whose heads its team's quota admits now (directly or by
-        displacing the team's own lower-priority work); the largest admitted request is found by bisection with
-        the admission check itself, which only gets harder with more GPUs."""
-        parking = self.state.queue.parked[group]
-        if not self._admitted(group, parking.min_gpus):
-            return []
+    def _wake(self, group: ParkGroup) -> tuple[list[SubQueue], list[SubQueue]]:
+        """A parked group's turn: wake the sub-queues whose heads its team's quota admits now. In the first pass
+        only those admitted without borrowing (within the guarantee, by displacing the team's own lower-priority
+        work, or by reclaiming past the guarantee) wake. If the smallest of the rest is admitted by borrowing, the
+        rest is returned apart, still parked: the group has its turn again in the second pass no later than the
+        first of their heads would (`_walk`). The borrowers placed before it there usually took what the cohort
+        had to lend; waking each one to set it aside and park it again cost most of a cycle with a thousand teams
+        at their quota. Usage only grows within a cycle, so a head not admitted when the group has its turn would
+        not be admitted in its own turn either.
+
+        The largest admitted request is found by bisection with the admission check itself, which only gets
+        harder with more GPUs."""
+        queue = self.state.queue
+        parking = queue.parked.get(group)
+        if parking is None:
+            return [], []  # woken whole since
+        if self.ctx.borrowing:
+            top = self._largest(group, parking, borrowing=True)
+            return (queue.wake(group, top) if top else []), []
+        direct = 0 if self._only_by_borrowing(group) else self._largest(group, parking, borrowing=False)
+        woken = queue.wake(group, direct) if direct else []
+        parking = queue.parked.get(group)
+        if parking is None or not self._admitted(group, parking.min_gpus, borrowing=True):
+            return woken, []
+        return woken, [sq for _, _, sq in parking.subqueues]
+
+    def _largest(self, group: ParkGroup, parking: Parking, *, borrowing: bool) -> int:
+        """The most GPUs the group's quota admits a head of now (0: not even its smallest head)."""
         low, high = parking.min_gpus, parking.subqueues[-1][0]
+        if not self._admitted(group, low, borrowing=borrowing):
+            return 0
         while low < high:
             mid = (low + high + 1) // 2
-            low, high = (mid, high) if self._admitted(group, mid) else (low, mid - 1)
-        return self.state.queue.wake(group, low)
+            low, high = (mid, high) if self._admitted(group, mid, borrowing=borrowing) else (low, mid - 1)
+        return low
 
-    def _admitted(self, group: ParkGroup, gpus: int) -> bool:
+    def _admitted(self, group: ParkGroup, gpus: int, *, borrowing: bool) -> bool:
         team, pool, preemptible, priority = group
         state = self.state
         book = state.quota
         assert book is not None
+        ok, borrows = admits(book, state.usage, team, pool, gpus, preemptible=preemptible)
         return (
-            admits(book, state.usage, team, pool, gpus, preemptible=preemptible)[0]
+            (ok and (borrowing or not borrows))
             or displacement(state, team, pool, gpus=gpus, priority=priority, preemptible=preemptible) is not None
             or self._may_pass(team, gpus, reclaim_past(book, state.usage, team, pool, gpus, preemptible=preemptible))
+        )
+
+    def _only_by_borrowing(self, group: ParkGroup) -> bool:
+        """The team is at or above its guarantee in the pool and runs no lower-priority preemptible work there:
+        no head of the group is admitted but by borrowing (two lookups instead of `_admitted`'s three checks, for
+        each of thousands of groups)."""
+        team, pool, _, priority = group
+        state = self.state
+        return state.usage.get((team, pool)) >= state.quota_nominal(team, pool) and (
+            state.preemptible_below(team, pool, priority) <= 0
         )
 
     def _may_pass(self, team: str, gpus: int, past: int) -> bool:
@@ -372,7 +432,7 @@ class _Cycle:
                 not self.state.quota_on and shape not in ctx.consolidation_failed
             ):
                 return False  # room might be opened for it by moving small jobs
-        if job.estimate is not None and ctx.reserved_free and any(r.start is not None for r in ctx.reservations):
+        if job.estimate is not None and ctx.may_backfill(ctx.now + job.estimate):
             return False  # it might backfill
         if not self.state.quota_on:
             if shape not in ctx.blocked:
@@ -559,8 +619,12 @@ class _Cycle:
                     if pool == shape.pool and team != job.team and used > book.quota(team, pool).nominal + past
                 }
             reclaim = (option.reclaim or past > 0) and need is None
-            if past and not budgets and state.preemptible_below(job.team, shape.pool or "", job.priority) <= 0:
-                return False  # nobody borrows enough to give some back, and the team has nothing of its own
+            if not (reclaim and budgets) and state.preemptible_below(job.team, shape.pool or "", job.priority) <= 0:
+                # Nobody it may reclaim from borrows, and the team has no lower-priority work to stop: no plan
+                # (recorded as a failed one would be; a reclaim past the guarantee never was).
+                if not past:
+                    ctx.preempt_failed[key] = max(job.priority, ctx.preempt_failed.get(key, NO_PRIORITY))
+                return False
 
             def allowed(r: RunningJob) -> bool:
                 if r.team == job.team:
@@ -579,8 +643,12 @@ class _Cycle:
 
         if job.priority <= ctx.preempt_failed.get(key, NO_PRIORITY):
             return False
+        if state.quota_on:  # only the team's own jobs, and those of the teams it reclaims from, may be taken
+            victims = ctx.victims_of(state, [job.team, *(budgets or ())] if reclaim else [job.team])
+        else:
+            victims = ctx.victims(state)
         plan = plan_preemption(
-            state.index, replace(job, shape=shape), ctx.victims(state), now, allowed, budgets=budgets,
+            state.index, replace(job, shape=shape), victims, now, allowed, budgets=budgets,
             quota_need=quota_need, by_cost=True, strict_budgets=past > 0,
         )  # fmt: skip
         if plan is None:
@@ -811,6 +879,10 @@ class _Cycle:
             if len(ctx.reservations) > 3:
                 text += f" and {len(ctx.reservations) - 3} more"
         return Reason(WaitKind.CAPACITY, text, free)
+
+
+def _first(item: tuple[int, RunningJob]) -> int:
+    return item[0]
 
 
 def _aged(job: PendingJob | None) -> bool:
