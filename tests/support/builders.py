@@ -11,10 +11,33 @@ from chamber.common.contracts import (
     JobSpec,
     JobState,
     Node,
+    OrgConfig,
     Placement,
+    PoolConfig,
+    QuotaConfig,
+    TeamConfig,
+    TeamQuota,
     Topology,
     TopologyLabels,
 )
+from chamber.common.quota import QuotaBook, validate
+
+
+def pool_quota(capacity: int, *teams: tuple[str, str, int, int | None]) -> QuotaBook:
+    """A quota book for one pool ("default", H100 GPUs) of `capacity` GPUs; teams as (name, cohort, nominal,
+    borrowing limit)."""
+    return validate(
+        QuotaConfig(
+            pools=[PoolConfig(name="default", gpu_model="H100")],
+            orgs=[OrgConfig(name="org")],
+            teams=[
+                TeamConfig(name=name, org="org", cohort=cohort,
+                           quotas=[TeamQuota(pool="default", nominal=nominal, borrowing_limit=limit)])
+                for name, cohort, nominal, limit in teams
+            ],
+        ),
+        capacity={"default": capacity},
+    )  # fmt: skip
 
 
 @dataclass(frozen=True)

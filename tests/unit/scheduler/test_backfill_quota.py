@@ -3,31 +3,17 @@ looks behind a blocked sub-queue head, and the head may be blocked by the quota 
 for the same, so placing them there took the team past its quota (seen in the load-0.8 replay: 7 jobs placed
 although their cohort had nothing to lend)."""
 
-from chamber.common.contracts import OrgConfig, PoolConfig, QuotaConfig, TeamConfig, TeamQuota
-from chamber.common.quota import validate
 from chamber.scheduler.core.decisions import Place, Wait
 from chamber.scheduler.core.reasons import WaitKind
 from chamber.scheduler.core.state import SchedulingState
-from tests.support.builders import make_job, make_node
+from tests.support.builders import make_job, make_node, pool_quota
 
 NOW = 10_000.0
 NODES = [make_node(f"n{i}").gpus(4).build() for i in range(4)]  # 16 GPUs in pool "default"
 
 
 def test_a_job_behind_a_head_its_quota_refuses_is_not_backfilled_past_the_quota() -> None:
-    quota = validate(
-        QuotaConfig(
-            pools=[PoolConfig(name="default", gpu_model="H100")],
-            orgs=[OrgConfig(name="org")],
-            teams=[
-                TeamConfig(name="a", org="org", cohort="c",
-                           quotas=[TeamQuota(pool="default", nominal=4, borrowing_limit=0)]),
-                TeamConfig(name="b", org="org", cohort="c", quotas=[TeamQuota(pool="default", nominal=12)]),
-                TeamConfig(name="c", org="org", cohort="c", quotas=[TeamQuota(pool="default", nominal=0)]),
-            ],
-        ),
-        capacity={"default": 16},
-    )  # fmt: skip
+    quota = pool_quota(16, ("a", "c", 4, 0), ("b", "c", 12, None), ("c", "c", 0, None))
     records = [
         # Team a holds its whole quota (and may not borrow); team c's non-preemptible job holds n1 for an hour.
         make_job("a-running").team("a").priority("research").running_on(*[("n0", i) for i in range(4)])

@@ -3,33 +3,21 @@ woken in the first pass; it has its turn again in the second, where borrowers ar
 turn must come no later than its first head's: a head's order moves while its group is parked (it ages, for
 one), and a group looked at in its old place let later borrowers take what the cohort had to lend first."""
 
-from chamber.common.contracts import OrgConfig, PoolConfig, QuotaConfig, TeamConfig, TeamQuota
-from chamber.common.quota import validate
 from chamber.scheduler.core.decisions import Place, Wait
 from chamber.scheduler.core.reasons import WaitKind
 from chamber.scheduler.core.state import SchedulerConfig, SchedulingState
-from tests.support.builders import make_job, make_node
+from tests.support.builders import make_job, make_node, pool_quota
 
 MAX_WAIT = 3600.0
 
 
 def test_an_aged_borrower_in_a_parked_group_borrows_before_a_later_one() -> None:
-    quota = validate(
-        QuotaConfig(
-            pools=[PoolConfig(name="default", gpu_model="H100")],
-            orgs=[OrgConfig(name="org")],
-            teams=[
-                TeamConfig(name=name, org="org", cohort="c", quotas=[TeamQuota(pool="default", nominal=n)])
-                for name, n in (("x", 1), ("y", 1), ("z", 2))
-            ]
-            + [TeamConfig(name="w", org="org", cohort="d", quotas=[TeamQuota(pool="default", nominal=2)])],
-        ),
-        capacity={"default": 6},
-    )
+    # Cohort c at its guarantee has nothing to lend; w's two idle GPUs are lent only within cohort d.
+    quota = pool_quota(6, ("x", "c", 1, None), ("y", "c", 1, None), ("z", "c", 2, None), ("w", "d", 2, None))
     records = [
         make_job(f"{team}-running{i}").team(team).priority("research").running_on(("n0", gpu)).started_at(0.0).build()
         for gpu, (team, i) in enumerate((("x", 0), ("y", 0), ("z", 0), ("z", 1)))
-    ]  # cohort c at its guarantee: nothing to lend (w's two idle GPUs are lent only within cohort d)
+    ]
     records += [
         make_job("y-waits").team("y").priority("research").at(100.0).build(),
         make_job("x-waits").team("x").priority("research").at(200.0).build(),
