@@ -96,7 +96,7 @@ def plan_consolidation(
         if sum(o[1] for o in chosen) > max_moved_gpus:
             continue
         targets = [*ready[: shape.replicas - missing], *(o[2] for o in chosen)]
-        moves = _place_movers(index, [m for o in chosen for m in o[3]], set(targets))
+        moves = _place_movers(index, [m for o in chosen for m in o[3]], targets)
         if moves is None:
             continue
         gpus = _gpus_on(index, targets, moves, need)
@@ -128,10 +128,12 @@ def _cheapest_movers(
     return tuple(chosen)
 
 
-def _place_movers(index: FleetIndex, movers: list[RunningJob], cleared: set[str]) -> tuple[Move, ...] | None:
+def _place_movers(index: FleetIndex, movers: list[RunningJob], cleared: list[str]) -> tuple[Move, ...] | None:
     """Each mover on free GPUs off the `cleared` nodes (largest first, best fit), or None when one has no place.
-    The index is restored before returning."""
-    hidden = {name: list(index.nodes[name].free) for name in cleared}
+    The index is restored before returning. The nodes are hidden and given back in the order given: the index
+    breaks ties among equally free nodes by the order their GPUs came back, so an order that depended on string
+    hashing (a set) made replays differ from run to run."""
+    hidden = {name: list(index.nodes[name].free) for name in dict.fromkeys(cleared)}
     for name, free in hidden.items():
         index.take(name, free)
     taken: list[tuple[str, list[int]]] = []
