@@ -98,29 +98,62 @@ def test_the_kept_walk_order_is_the_order_of_a_heap_built_from_scratch(steps: li
     queue = JobQueue()
     standing: dict[str, float] = {}
     for op, n, t, r in steps:
-        job_id = f"j{n}"
-        job = queue.jobs.get(job_id)
-        if op == "push":
-            queue.push(
-                PendingJob(job_id, TEAMS[n % 3], 10 * (r % 2), SHAPES[n // 3 % 3], float(t), r, 0, None,
-                           preemptible=n % 2 == 0)
-            )  # fmt: skip
-        elif op == "remove":
-            queue.remove(job_id)
-        elif op == "age":
-            queue.age(now=float(t), max_wait_s=30.0)
-        elif op == "park" and queue.jobs:
-            job = queue.jobs[sorted(queue.jobs)[n % len(queue.jobs)]]
-            queue.park(job, _group(job), queue.order_of(job, standing))
-        elif op == "wake" and queue.parked:
-            group = sorted(queue.parked)[n % len(queue.parked)]
-            queue.wake(group, t if r else None)
-        elif op == "standing":
-            standing = {**standing, TEAMS[n]: float(t)}
-        elif op == "reserve":
-            queue.reserved = {job_id: ()} if job is not None else {}
-        elif op == "cycle":  # the queue goes on from what the kept walk did (heads taken, groups woken)
+        if op == "cycle":  # the queue goes on from what the kept walk did (heads taken, groups woken)
             twin = copy.deepcopy(queue)
             assert _walk(queue, standing, t, kept=True) == _walk(twin, standing, t, kept=False)
+        else:
+            standing = _change(queue, standing, (op, n, t, r))
     twin = copy.deepcopy(queue)
     assert _walk(queue, standing, 1, kept=True) == _walk(twin, standing, 1, kept=False)
+
+
+def _change(queue: JobQueue, standing: dict[str, float], step: tuple[str, int, int, int]) -> dict[str, float]:
+    """One step of `ops` other than a cycle; returns the standings after it (a change makes a new mapping)."""
+    op, n, t, r = step
+    job_id = f"j{n}"
+    job = queue.jobs.get(job_id)
+    if op == "push":
+        queue.push(
+            PendingJob(job_id, TEAMS[n % 3], 10 * (r % 2), SHAPES[n // 3 % 3], float(t), r, 0, None,
+                       preemptible=n % 2 == 0)
+        )  # fmt: skip
+    elif op == "remove":
+        queue.remove(job_id)
+    elif op == "age":
+        queue.age(now=float(t), max_wait_s=30.0)
+    elif op == "park" and queue.jobs:
+        job = queue.jobs[sorted(queue.jobs)[n % len(queue.jobs)]]
+        queue.park(job, _group(job), queue.order_of(job, standing))
+    elif op == "wake" and queue.parked:
+        group = sorted(queue.parked)[n % len(queue.parked)]
+        queue.wake(group, t if r else None)
+    elif op == "standing":
+        standing = {**standing, TEAMS[n]: float(t)}
+    elif op == "reserve":
+        queue.reserved = {job_id: ()} if job is not None else {}
+    return standing
+
+
+@settings(max_examples=300, deadline=None)
+@given(ops)
+def test_what_the_queue_keeps_for_a_cycle_is_never_stale(steps: list[tuple[str, int, int, int]]) -> None:
+    """After every step (cycles included), each parked group's first order (cached between its changes) is the
+    least order of its sub-queues' heads, and each team's smallest waiting job (counted on push and remove) is
+    the smallest of its jobs in the queue, both found from scratch."""
+    queue = JobQueue()
+    standing: dict[str, float] = {}
+    for op, n, t, r in steps:
+        if op == "cycle":
+            _walk(queue, standing, t, kept=True)
+        else:
+            standing = _change(queue, standing, (op, n, t, r))
+        for group in queue.parked:
+            heads = [
+                head for sq in list(queue._subqueues.values()) if sq.parked == group and (head := queue.head_of(sq))
+            ]
+            expected = min((queue.order_of(head, standing) for head in heads), default=None)
+            assert queue.first_order(group, standing) == expected
+        smallest: dict[str, int] = {}
+        for job in queue.jobs.values():
+            smallest[job.team] = min(job.shape.gpus, smallest.get(job.team, job.shape.gpus))
+        assert queue.smallest_by_team() == smallest

@@ -92,15 +92,10 @@ class CycleContext:
     _smallest: dict[str, int] | None = None
 
     def smallest_waiting(self, state: SchedulingState) -> dict[str, int]:
-        """Per team, the fewest GPUs any of its queued jobs asks for, once per context (O(sub-queues)): only that
+        """Per team, the fewest GPUs any of its queued jobs asks for, once per context (O(teams)): only that
         job may reclaim past the team's guarantee."""
         if self._smallest is None:
-            self._smallest = {}
-            queue = state.queue
-            for key in queue.subqueue_keys():
-                team, gpus = key[2], key[3].gpus
-                if gpus < self._smallest.get(team, gpus + 1) and queue.head(key) is not None:
-                    self._smallest[team] = gpus
+            self._smallest = state.queue.smallest_by_team()
         return self._smallest
 
     def on_node(self, state: SchedulingState) -> dict[str, list[RunningJob]]:
@@ -287,9 +282,9 @@ class _Cycle:
                     head = queue.head_of(sq)
                     if head is not None:
                         heads.push(entry(queue.order_of(head, standing), WOKEN, next(seq), sq))
-                orders = [queue.order_of(head, standing) for sq in borrowers if (head := queue.head_of(sq))]
-                if orders:  # the group again in the second pass, no later than its first head's turn
-                    deferred.append(entry(min(orders), WOKEN, next(seq), item))
+                first = queue.first_order(item, standing) if borrowers else None  # cached while unchanged
+                if first is not None:  # the group again in the second pass, no later than its first head's turn
+                    deferred.append(entry(first, WOKEN, next(seq), item))
                 continue
             sq = item
             job = queue.head_of(sq)
@@ -325,11 +320,11 @@ class _Cycle:
 
     # ---- shortcuts that keep a cycle O(sub-queues that can move) ---------------------------------------------
 
-    def _wake(self, group: ParkGroup) -> tuple[list[SubQueue], list[SubQueue]]:
+    def _wake(self, group: ParkGroup) -> tuple[list[SubQueue], bool]:
         """A parked group's turn: wake the sub-queues whose heads its team's quota admits now. In the first pass
         only those admitted without borrowing (within the guarantee, by displacing the team's own lower-priority
-        work, or by reclaiming past the guarantee) wake. If the smallest of the rest is admitted by borrowing, the
-        rest is returned apart, still parked: the group has its turn again in the second pass no later than the
+        work, or by reclaiming past the guarantee) wake. If the smallest of the rest is admitted by borrowing, True
+        is returned with them (they stay parked): the group has its turn again in the second pass no later than the
         first of their heads would (`_walk`). The borrowers placed before it there usually took what the cohort
         had to lend; waking each one to set it aside and park it again cost most of a cycle with a thousand teams
         at their quota. Usage only grows within a cycle, so a head not admitted when the group has its turn would
@@ -340,16 +335,16 @@ class _Cycle:
         queue = self.state.queue
         parking = queue.parked.get(group)
         if parking is None:
-            return [], []  # woken whole since
+            return [], False  # woken whole since
         if self.ctx.borrowing:
             top = self._largest(group, parking, borrowing=True)
-            return (queue.wake(group, top) if top else []), []
+            return (queue.wake(group, top) if top else []), False
         direct = 0 if self._only_by_borrowing(group) else self._largest(group, parking, borrowing=False)
         woken = queue.wake(group, direct) if direct else []
         parking = queue.parked.get(group)
         if parking is None or not self._admitted(group, parking.min_gpus, borrowing=True):
-            return woken, []
-        return woken, [sq for _, _, sq in parking.subqueues]
+            return woken, False
+        return woken, True
 
     def _largest(self, group: ParkGroup, parking: Parking, *, borrowing: bool) -> int:
         """The most GPUs the group's quota admits a head of now (0: not even its smallest head)."""

@@ -72,6 +72,9 @@ class Parking:
     entry_order: Order | None = None
     subqueues: list[tuple[int, int, SubQueue]] = field(default_factory=list)
     """(GPUs its head asked for, tie-break, sub-queue), smallest first."""
+    first: tuple[dict[str, float], dict[str, tuple[GpuRef, ...]], Order | None] | None = None
+    """(the standings and reservations it was computed with, the least queue order among its heads now), kept
+    until one of its sub-queues changes (`JobQueue.first_order`)."""
 
     @property
     def min_gpus(self) -> int:
@@ -135,6 +138,8 @@ class JobQueue:
         self._walk_standing: dict[str, float] | None = None
         """The standings `_walk` was ordered with (a new standings mapping re-orders it all)."""
         self.aging = aging
+        self._waiting: dict[str, dict[int, int]] = {}
+        """team -> GPUs a job asks for -> how many such jobs of the team wait (`smallest_by_team`)."""
         self._by_age: list[tuple[float, str]] = []
         """(submitted at, job id) of every job pushed and not yet aged (lazily cleaned): who ages next. Kept only
         when aging is on (with it off nothing would ever take entries out)."""
@@ -167,6 +172,8 @@ class JobQueue:
         self._enter(sq, rank, job)
         self.jobs[job.id] = job
         self._where[job.id] = sq
+        counts = self._waiting.setdefault(key[2], {})
+        counts[key[3].gpus] = counts.get(key[3].gpus, 0) + 1
         if self.aging and not job.aged:
             heapq.heappush(self._by_age, (job.submitted_at, job.id))
 
@@ -175,16 +182,29 @@ class JobQueue:
         sq = self._where.pop(job_id, None)
         if sq is not None:
             self._changed.add(sq)
+            self._head_moved(sq)
+            counts, gpus = self._waiting[sq.key[2]], sq.key[3].gpus
+            counts[gpus] -= 1
+            if not counts[gpus]:
+                del counts[gpus]
+                if not counts:
+                    del self._waiting[sq.key[2]]
         self._rank_of.pop(job_id, None)
         self._entry.pop(job_id, None)
         return self.jobs.pop(job_id, None)
 
     def _enter(self, sq: SubQueue, rank: float, job: PendingJob) -> None:
         self._changed.add(sq)
+        self._head_moved(sq)
         self._entries += 1
         self._entry[job.id] = self._entries
         self._rank_of[job.id] = rank
         heapq.heappush(sq.heap, (rank, job.submitted_at, job.id, self._entries))
+
+    def _head_moved(self, sq: SubQueue) -> None:
+        """A job entered or left `sq`: if it is parked, its group's first order is computed again."""
+        if sq.parked is not None and (parking := self.parked.get(sq.parked)) is not None:
+            parking.first = None
 
     def age(self, now: float, max_wait_s: float) -> int:
         """Age every job submitted more than `max_wait_s` before `now` (it moves to the front of its sub-queue,
@@ -227,6 +247,25 @@ class JobQueue:
         if self.rank_first:
             key = (key[0], key[1], key[2], key[3], key[5], key[4], key[6], key[7])
         return key
+
+    def smallest_by_team(self) -> dict[str, int]:
+        """Per team with jobs waiting, the fewest GPUs any of them asks for (O(teams))."""
+        return {team: min(counts) for team, counts in self._waiting.items()}
+
+    def first_order(self, group: ParkGroup, standing: dict[str, float]) -> Order | None:
+        """The least queue order among a parked group's heads now (None: no heads), computed again only after one
+        of its sub-queues changed (a job entered or left one, one was parked into it or woken from it), or when the
+        standings or the reservations are others (a reservation orders its job ahead)."""
+        parking = self.parked.get(group)
+        if parking is None:
+            return None
+        cached = parking.first
+        if cached is not None and cached[0] is standing and cached[1] is self._reserved:
+            return cached[2]
+        orders = [self.order_of(head, standing) for _, _, sq in parking.subqueues if (head := self.head_of(sq))]
+        first = min(orders) if orders else None
+        parking.first = (standing, self._reserved, first)
+        return first
 
     def subqueue_keys(self) -> list[QueueKey]:
         return list(self._subqueues)
@@ -321,6 +360,7 @@ class JobQueue:
         if parking is None:
             parking = self.parked[group] = Parking(order, next(self._numbers))
         parking.order = min(parking.order, order)
+        parking.first = None
         self._changed_groups.add(group)
         bisect.insort(parking.subqueues, (job.shape.gpus, id(sq), sq), key=lambda item: item[:2])
 
@@ -337,6 +377,7 @@ class JobQueue:
             sq.parked = None
             self._changed.add(sq)
         del parking.subqueues[:n]
+        parking.first = None
         if not parking.subqueues:
             del self.parked[group]
             if parking.entry is not None:
