@@ -58,6 +58,41 @@ def test_a_moved_job_starts_again_at_once_on_the_gpus_held_for_it() -> None:
     assert record.run_s == 630.0
 
 
+def _restarted(control: Controller) -> Controller:
+    """A new scheduler loaded from what the old one stored (records; the ledger's owners are the placements)."""
+    records = list(control.records.values())
+    owners = {g.slot: f"{r.id}/{r.attempt}" for r in records if r.placement for g in r.placement.gpus}
+    restarted = Controller()
+    restarted.load(NODES, records, owners, {})
+    return restarted
+
+
+def test_a_restarted_scheduler_still_holds_the_gpus_of_a_job_being_moved() -> None:
+    """Restarted while the movers checkpoint (s1 still stopping, then s2 also stopped but not yet placed again):
+    the GPUs held for them are held again from their records, and each starts on its own at once."""
+    control = _controller()
+    decisions = control.decide(NOW)
+    held = {job: {g.slot for g in gpus} for job, gpus in control.state.moves.items()}
+    _commit(control, decisions, NOW)
+    assert {g.slot for g in control.records["s1"].move_to} == held["s1"]
+    control = _restarted(control)
+    assert {job: {g.slot for g in gpus} for job, gpus in control.state.moves.items()} == held
+    assert not [d for d in control.decide(NOW + 1) if isinstance(d, Place)], "nothing else takes the held GPUs"
+    control.apply(JobStopped(job_id="s2", attempt=1, stopped_at=NOW + 30, started_at=NOW - 600), NOW + 30)
+    control = _restarted(control)  # s2 stopped, not yet placed again: its record still names its GPUs
+    assert {g.slot for g in control.state.nominated["s2"].nominated} == held["s2"], "not back in the queue"
+    control.apply(JobStopped(job_id="s1", attempt=1, stopped_at=NOW + 31, started_at=NOW - 600), NOW + 31)
+    decisions = control.decide(NOW + 32)
+    placed = {d.job_id: d for d in decisions if isinstance(d, Place)}
+    assert set(placed) == {"s1", "s2", "wide"}
+    for job_id in ("s1", "s2"):
+        assert {g.slot for g in placed[job_id].gpus} == held[job_id]
+    slots = [g.slot for d in placed.values() for g in d.gpus]
+    assert len(slots) == len(set(slots)), "no GPU is given twice"
+    _commit(control, decisions, NOW + 32)
+    assert not control.records["s1"].move_to, "placed again: nothing is held for it any more"
+
+
 def test_a_job_that_finishes_while_being_moved_gives_its_held_gpus_back() -> None:
     control = _controller()
     decisions = control.decide(NOW)

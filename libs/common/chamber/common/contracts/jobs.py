@@ -137,6 +137,10 @@ class JobRecord(Contract, frozen=True):
     """While nominated: the attempts preempted for it that it waits for, as `job/attempt`."""
     stopping: bool = False
     """The executor was asked to stop the current attempt (preemption or interruption) and has not confirmed yet."""
+    move_to: list[GpuRef] = msgspec.field(default_factory=list)
+    """Moved to open room for another job (consolidation): the free GPUs held for its next attempt, which starts
+    on them as soon as this one has stopped. Kept in the record so that a scheduler restarted in between still
+    holds them for it; cleared when it is placed again."""
     stop_reason: str = ""
     stop_kind: Literal["", "preempt", "interrupt"] = ""
     lost_s: float = 0.0

@@ -123,12 +123,16 @@ class Controller:
             assert record.placement is not None
             pool = self.state.pool_of(record.placement.gpus[0].node)
             self.state.add_running(running_from(record, self.classes, pool=pool))
+            if record.stopping and record.move_to:
+                self.state.restore_move(record.id, tuple(record.move_to))
             return
         job = pending_from(record, self.classes)
         if job.nominated:
             self.state.add_nominated(job)
         else:
-            self.state.requeue(job)
+            if record.move_to:
+                self.state.restore_move(record.id, tuple(record.move_to))
+            self.state.requeue(job)  # to the GPUs held for it, if it was being moved and they still are
 
     def _keep(self, record: JobRecord) -> None:
         if record.state in TERMINAL_STATES:
@@ -174,7 +178,7 @@ class Controller:
         elif isinstance(decision, Preempt):
             if record.attempt != decision.attempt or not holds_gpus(record) or record.stopping:
                 return None
-            changed = stop_requested(record, now, decision.reason, decision.interrupt)
+            changed = stop_requested(record, now, decision.reason, decision.interrupt, list(decision.move_to))
         else:
             return self._waiting(record, decision, now)
         self._keep(changed)
@@ -182,8 +186,8 @@ class Controller:
 
     def _waiting(self, record: JobRecord, wait: Wait, now: float) -> Change | None:
         why = wait.why
-        if record.nominated and record.id not in self.state.nominated:
-            record = unnominate(record, now)  # its preemption plan was dropped (a nominated GPU failed)
+        if (record.nominated or record.move_to) and record.id not in self.state.nominated:
+            record = unnominate(record, now)  # its preemption plan (or move) was dropped (a nominated GPU failed)
         elif (record.reason_kind, record.reason) == (why.kind, why.text):
             return None
         changed = note(record, now, why.text, why.kind)

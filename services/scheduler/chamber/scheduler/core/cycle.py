@@ -711,7 +711,7 @@ class _Cycle:
             grace = victim.checkpoint_grace_s
             decisions.append(
                 Preempt(victim.id, victim.attempt, grace, f"moved to {move.to[0].node} to open room for {job.id} "
-                        f"({job.shape.describe()}); {grace:g} s to checkpoint", by=job.id, move=True)
+                        f"({job.shape.describe()}); {grace:g} s to checkpoint", by=job.id, move_to=move.to)
             )  # fmt: skip
         job.waiting_for = tuple(f"{m.job.id}/{m.job.attempt}" for m in plan.moves)
         state.nominate(job, plan.gpus)

@@ -25,9 +25,13 @@ class Preempt:
     by: str | None = None
     """The job it makes room for; None for an interruption (its GPU became unschedulable)."""
     interrupt: bool = False
-    move: bool = False
-    """Consolidation: the job starts again at once on GPUs held for it (`SchedulingState.moves`); it is moved to
-    open room for `by`, not displaced by it."""
+    move_to: tuple[GpuRef, ...] = ()
+    """Consolidation: the job starts again at once on these GPUs, held for it (`SchedulingState.moves`); it is
+    moved to open room for `by`, not displaced by it."""
+
+    @property
+    def move(self) -> bool:
+        return bool(self.move_to)
 
 
 @dataclass(frozen=True, slots=True)

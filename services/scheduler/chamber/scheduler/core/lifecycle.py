@@ -148,10 +148,13 @@ def checkpointed(record: JobRecord, ran: float, graceful: bool) -> float:
     return saved_work(ran, record.spec.checkpoint_interval_s, graceful)
 
 
-def stop_requested(record: JobRecord, now: float, reason: str, interrupt: bool) -> JobRecord:
-    """The record after the scheduler asked the executor to stop it for a preemption or an interruption."""
+def stop_requested(
+    record: JobRecord, now: float, reason: str, interrupt: bool, move_to: list[GpuRef] | None = None
+) -> JobRecord:
+    """The record after the scheduler asked the executor to stop it for a preemption or an interruption (or a
+    move: `move_to` are the GPUs held for its next attempt)."""
     return _bump(record, now, stopping=True, stop_reason=reason, stop_kind="interrupt" if interrupt else "preempt",
-                 reason=reason, reason_kind="")  # fmt: skip
+                 reason=reason, reason_kind="", move_to=move_to or [])  # fmt: skip
 
 
 def nominate(record: JobRecord, now: float, gpus: list[GpuRef], reason: str, victims: list[str]) -> JobRecord:
@@ -182,7 +185,7 @@ def place(record: JobRecord, placement: Placement, now: float) -> JobRecord:
     """The record after the scheduler placed a new attempt (the claim is already in the ledger)."""
     return _bump(
         record, now, attempt=placement.attempt, placement=placement, reason=placement.reason, nominated=[],
-        waiting_for=[], stopping=False, stop_reason="", stop_kind="", reason_kind="",
+        waiting_for=[], stopping=False, stop_reason="", stop_kind="", reason_kind="", move_to=[],
     )  # fmt: skip
 
 
@@ -192,8 +195,9 @@ def note(record: JobRecord, now: float, reason: str, kind: str) -> JobRecord:
 
 
 def unnominate(record: JobRecord, now: float) -> JobRecord:
-    """The preemption plan no longer holds (a nominated GPU failed): the job competes again."""
-    return _bump(record, now, nominated=[], waiting_for=[], reason="queued", reason_kind="queued")
+    """The preemption plan (or the GPUs held for a moved job) no longer holds (a nominated GPU failed): the job
+    competes again."""
+    return _bump(record, now, nominated=[], waiting_for=[], move_to=[], reason="queued", reason_kind="queued")
 
 
 def needs_placement(record: JobRecord) -> bool:

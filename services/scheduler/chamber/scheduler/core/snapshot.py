@@ -7,7 +7,7 @@ until the ledger is reconciled, so a stale claim can never be double-booked.
 
 from collections.abc import Iterable, Mapping
 
-from chamber.common.contracts import Cordon, JobRecord, Node
+from chamber.common.contracts import Cordon, GpuRef, JobRecord, Node
 from chamber.common.quota import QuotaBook
 from chamber.scheduler.core.estimates import RuntimePredictor
 from chamber.scheduler.core.lifecycle import holds_gpus, needs_placement
@@ -38,6 +38,9 @@ def build_state(
     nodes = sorted(nodes, key=lambda n: n.name)
     pool_of = {n.name: n.pool for n in nodes}
     pending: list[PendingJob] = []
+    moving: list[tuple[str, tuple[GpuRef, ...], PendingJob | None]] = []
+    """Jobs being moved (consolidation), with the GPUs held for them: still stopping (no job to requeue), or
+    stopped and not yet placed again."""
     for record in records:
         if holds_gpus(record):
             assert record.placement is not None
@@ -54,9 +57,13 @@ def build_state(
             state.count_preemptible(run, +1)
             for ref in run.gpus:
                 state.holder[ref.slot] = record.id
+            if record.stopping and record.move_to:
+                moving.append((record.id, tuple(record.move_to), None))
         elif needs_placement(record):
             job = pending_from(record, classes)
-            if job.nominated:
+            if record.move_to and not job.nominated:
+                moving.append((record.id, tuple(record.move_to), job))
+            elif job.nominated:
                 state.nominated[job.id] = job
                 for ref in job.nominated:
                     state.nominated_slots[ref.slot] = job.id
@@ -75,6 +82,12 @@ def build_state(
     if borrowed is not None:
         for run in state.running.values():
             run.borrowed = run.id in borrowed
+    for job_id, gpus, stopped in moving:  # once every holder and nomination is known: only free GPUs are held
+        if state.restore_move(job_id, gpus):
+            if stopped is not None:
+                state.requeue(stopped)  # straight to the GPUs held for it, as when it stopped
+        elif stopped is not None:
+            pending.append(stopped)
     for job in pending:
         state.add(job)
     state.arrivals.clear()

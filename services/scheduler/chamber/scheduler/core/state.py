@@ -236,6 +236,21 @@ class SchedulingState:
         for node, indices in by_node.items():
             self.index.take(node, indices)
 
+    def restore_move(self, job_id: str, gpus: tuple[GpuRef, ...]) -> bool:
+        """Hold again, after a restart, the GPUs a record says were held for a job being moved, if each is still
+        free (not held, nominated or cordoned); if not, the job competes in the queue like any other."""
+        for ref in gpus:
+            node = self.index.nodes.get(ref.node)
+            if (
+                node is None
+                or ref.index not in node.free
+                or ref.slot in self.nominated_slots
+                or ref.slot in self.cordoned
+            ):
+                return False
+        self.hold_move(job_id, gpus)
+        return True
+
     def drop_move(self, job_id: str) -> None:
         """A job being moved ended instead (finished, cancelled, lost): the GPUs held for it are free again."""
         gpus = self.moves.pop(job_id, None)
