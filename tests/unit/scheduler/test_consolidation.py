@@ -6,7 +6,7 @@ from chamber.scheduler.core.consolidation import plan_consolidation, single_node
 from chamber.scheduler.core.controller import Controller
 from chamber.scheduler.core.decisions import Decision, Nominate, Place, Preempt
 from chamber.scheduler.core.model import Shape
-from tests.support.builders import make_node
+from tests.support.builders import degraded, make_job, make_node
 from tests.unit.scheduler.test_scenarios import NOW, fragmented
 
 NODES = [make_node("a").gpus(8).build(), make_node("b").gpus(8).build()]
@@ -77,7 +77,10 @@ def test_a_restarted_scheduler_still_holds_the_gpus_of_a_job_being_moved() -> No
     assert {g.slot for g in control.records["s1"].move_to} == held["s1"]
     control = _restarted(control)
     assert {job: {g.slot for g in gpus} for job, gpus in control.state.moves.items()} == held
-    assert not [d for d in control.decide(NOW + 1) if isinstance(d, Place)], "nothing else takes the held GPUs"
+    control.replace(make_job("late").gpus(1).priority("research").at(NOW + 1).build())  # fits a held GPU
+    decisions = control.decide(NOW + 1)
+    assert not [d for d in decisions if isinstance(d, Place)], "nothing else takes the held GPUs"
+    control.forget("late")
     control.apply(JobStopped(job_id="s2", attempt=1, stopped_at=NOW + 30, started_at=NOW - 600), NOW + 30)
     control = _restarted(control)  # s2 stopped, not yet placed again: its record still names its GPUs
     assert {g.slot for g in control.state.nominated["s2"].nominated} == held["s2"], "not back in the queue"
@@ -136,3 +139,31 @@ def test_started_events_of_moved_jobs_are_ordinary() -> None:
     assert not control.state.nominated
     assert not control.state.relocated
     assert not control.state.nominated_slots
+
+
+def test_a_job_whose_held_gpus_were_dropped_is_told_even_when_the_walk_does_not_reach_it() -> None:
+    """s1's held GPU is cordoned before it stops: it competes in the queue again, behind a job that never fits
+    (the walk stops there, so s1 gets no decision of its own). Its record must stop naming the GPU: once the
+    cordon is lifted, a restarted scheduler decides as the running one does (the GPU goes to the job ahead)."""
+    never_fits = make_job("x").gpus(8, 3).priority("research").preempted(2).at(-5).build()
+    records = [*fragmented(), never_fits]
+    owners = {g.slot: f"{r.id}/{r.attempt}" for r in records if r.placement for g in r.placement.gpus}
+    control = Controller()
+    control.load(NODES, records, owners, {})
+    _commit(control, control.decide(NOW), NOW)
+    slot = control.state.moves["s1"][0].slot
+    control.state.cordon(slot, degraded("test"))
+    for job_id in ("s1", "s2"):
+        control.apply(JobStopped(job_id=job_id, attempt=1, stopped_at=NOW + 30, started_at=NOW - 600), NOW + 30)
+    _commit(control, control.decide(NOW + 31), NOW + 31)
+    assert "s1" in control.state.queue.jobs
+    assert not control.records["s1"].move_to
+    control.replace(make_job("y").gpus(1).priority("research").preempted(2).at(NOW + 35).build())
+    _commit(control, control.decide(NOW + 36), NOW + 36)
+    control.state.uncordon(slot)
+    restarted = _restarted(control)
+    live = {d.job_id: d.gpus for d in control.decide(NOW + 40) if isinstance(d, Place)}
+    again = {d.job_id: d.gpus for d in restarted.decide(NOW + 40) if isinstance(d, Place)}
+    assert live == again
+    assert set(again) == {"y"}
+    assert {g.slot for g in again["y"]} == {slot}

@@ -37,8 +37,11 @@ from chamber.scheduler.core.lifecycle import (
     unnominate,
 )
 from chamber.scheduler.core.model import pending_from, running_from
+from chamber.scheduler.core.reasons import Reason, WaitKind
 from chamber.scheduler.core.snapshot import build_state
 from chamber.scheduler.core.state import SchedulerConfig, SchedulingState
+
+UNHELD = Reason(WaitKind.QUEUED, "queued: the GPUs held for it are no longer held")
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,10 +164,29 @@ class Controller:
     # ---- decisions ---------------------------------------------------------------------------------------------
 
     def decide(self, now: float) -> list[Decision]:
-        return self.state.decide(now)
+        return self._unheld(self.state.decide(now))
 
     def cycle(self, now: float) -> list[Decision]:
-        return self.state.cycle(now)
+        return self._unheld(self.state.cycle(now))
+
+    def _unheld(self, decisions: list[Decision]) -> list[Decision]:
+        """A job put back in the queue after GPUs were held for it gets a decision even when the walk did not
+        reach it (parked, behind its sub-queue's head, or the walk stopped early), so its record stops naming
+        those GPUs: a restarted scheduler would otherwise hold them for it again."""
+        unheld, self.state.unheld = self.state.unheld, set()
+        if not unheld:
+            return decisions
+        decided = {d.job_id for d in decisions}
+        for job_id in sorted(unheld - decided):
+            record = self.records.get(job_id)
+            if (
+                record is not None
+                and (record.nominated or record.move_to)
+                and job_id not in self.state.nominated
+                and job_id in self.state.queue.jobs
+            ):
+                decisions.append(Wait(job_id, UNHELD))
+        return decisions
 
     def commit(self, decision: Decision, now: float) -> Change | None:
         """The record change a decision makes (a placement only once its ledger claim succeeded)."""

@@ -116,6 +116,9 @@ class SchedulingState:
         self.moves: dict[str, tuple[GpuRef, ...]] = {}
         """Running jobs being moved (consolidation) -> the free GPUs held for them until they have stopped."""
         self.relocated: set[str] = set()
+        self.unheld: set[str] = set()
+        """Jobs put back in the queue after GPUs were held for them (a nomination or a move's hold dropped, a
+        placement refused): their records may still name those GPUs (`Controller.decide` tells them)."""
         """Moved jobs nominated to their new GPUs, not placed yet."""
 
     # ---- building (start-up, tests) --------------------------------------------------------------------------
@@ -392,6 +395,7 @@ class SchedulingState:
         """A placement the ledger refused: the GPUs are free again (as far as we know) and the job waits."""
         self.release(job_id)
         self.queue.push(job)
+        self.unheld.add(job_id)
 
     def nominate(self, job: PendingJob, gpus: tuple[GpuRef, ...]) -> None:
         self.queue.remove(job.id)
@@ -420,6 +424,7 @@ class SchedulingState:
         job.nominated = ()
         if requeue:
             self.queue.push(job)
+            self.unheld.add(job_id)
         return job
 
     def _count_nomination(self, job: PendingJob, sign: int) -> None:
