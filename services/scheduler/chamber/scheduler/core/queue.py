@@ -267,9 +267,6 @@ class JobQueue:
         parking.first = (standing, self._reserved, first)
         return first
 
-    def subqueue_keys(self) -> list[QueueKey]:
-        return list(self._subqueues)
-
     def subqueues(self) -> list[SubQueue]:
         """The sub-queues a cycle walks: every one not parked."""
         return [sq for sq in self._subqueues.values() if sq.parked is None]
