@@ -116,10 +116,10 @@ class SchedulingState:
         self.moves: dict[str, tuple[GpuRef, ...]] = {}
         """Running jobs being moved (consolidation) -> the free GPUs held for them until they have stopped."""
         self.relocated: set[str] = set()
+        """Moved jobs nominated to their new GPUs, not placed yet."""
         self.unheld: set[str] = set()
         """Jobs put back in the queue after GPUs were held for them (a nomination or a move's hold dropped, a
         placement refused): their records may still name those GPUs (`Controller.decide` tells them)."""
-        """Moved jobs nominated to their new GPUs, not placed yet."""
 
     # ---- building (start-up, tests) --------------------------------------------------------------------------
 
