@@ -129,7 +129,8 @@ def assert_no_gpu_held_twice(decisions: list[object]) -> None:
 
 async def test_a_leader_that_lost_its_lease_cannot_claim(settings: Settings, bus: Bus) -> None:
     """Leader A is paused past its lease (here: its lease key is simply taken away); B takes over. When A acts on
-    what it still believes, its claims are refused by the fence, and B's state is untouched."""
+    what it still believes, its claims are refused by the fence, and B's state is untouched. B need not have
+    written anything yet: taking the lead puts its token in the fence."""
     from chamber.collector import service as collector
 
     async with running(settings, ("collector", collector.main)):
@@ -149,12 +150,15 @@ async def test_a_leader_that_lost_its_lease_cannot_claim(settings: Settings, bus
         assert lease_b.token > lease_a.token
         ledger_b = ctx.ledger()
         ledger_b.token = lease_b.token
-        await ledger_b.release_many([("nobody", 1)])  # B's first write puts its token in the fence
+        b = Scheduler(ctx, bus, ledger_b, await JobStore.open(bus), SimulatedExecutor(bus, ctx.clock),
+                      quota_store=quota, holder="b")  # fmt: skip
+        await b.start()  # B has decided nothing yet: its start alone must shut A out
         spec = JobSpec(name="late", team="t", gpus_per_replica=1, duration_s=1.0)
         with pytest.raises(LedgerFenced):
             await a.on_events([JobSubmitted(job_id="late", spec=spec, submitted_at=time.time())])
         assert (await ledger_b.snapshot()).owners == {}, "A claimed nothing"
         await a.close()
+        await b.close()
         await ledger_a.close()
         await ledger_b.close()
 

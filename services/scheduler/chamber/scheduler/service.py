@@ -21,7 +21,7 @@ import asyncio
 import resource
 import statistics
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -151,6 +151,8 @@ class Scheduler:
 
     async def start(self) -> None:
         started = time.perf_counter()
+        if self.ledger.token:
+            await self.ledger.take_fence()  # from now on a paused former leader cannot claim or release
         records = await self._read_records()
         await self._republish_unannounced(records)
         for inv in await self.bus.read_latest(INVENTORY, self.names.subject("inventory.>"), Decoder(NodeInventory)):
@@ -159,8 +161,8 @@ class Scheduler:
         latest = await self.bus.read_latest(QUOTA, self.names.quota_state(), Decoder(QuotaState))
         self.quota_state = latest[-1] if latest else None
         async with self._lock:
+            await self._reconcile_ledger({r.id: r for r in records})
             await self._load(records)
-            await self._reconcile_ledger()
         await self.executor.resync([r for r in self.control.records.values() if holds_gpus(r)])
         for record in self.control.records.values():
             if holds_gpus(record) and record.state != JobState.RUNNING:
@@ -219,11 +221,16 @@ class Scheduler:
         return [record for record, _ in stored.values()]
 
     async def _reload(self) -> None:
-        """Start over from the store (after a write whose outcome is unknown left memory and the KV apart)."""
+        """Start over from the store and the ledger, after a pass failed part way (a write or a claim whose outcome
+        is unknown, a publish that did not get through) and left memory ahead of them. Changes the store has but
+        the bus may not have heard of are published again, as at start-up."""
         log.warning("scheduler.reload")
+        await self.ledger.is_ready()  # fails fast while Redis is away, before reading every record
+        records = await self._read_records()
+        await self._reconcile_ledger({r.id: r for r in records})
+        await self._load(records)
+        await self._republish_unannounced(records)
         self._reload_needed = False
-        await self._load(await self._read_records())
-        await self._reconcile_ledger()
 
     async def _load(self, records: Sequence[JobRecord]) -> None:
         """Build the decision state from scratch from the records, the inventory, the ledger and the quota."""
@@ -251,7 +258,8 @@ class Scheduler:
 
     async def on_events(self, events: list[Any], *, recheck: bool = False) -> None:
         """A batch of job events: through the state machine, persisted, then decided on at once. Raises (so the
-        events are redelivered) when a record could not be written; memory is brought back to the store first.
+        events are redelivered) when a step failed; memory is then brought back to the store and the ledger before
+        the next batch (`_reload`).
 
         Round trips per batch: the records the events changed are written (before their GPUs are released, so a
         crash never leaves a released claim under a record that still holds it); the releases and this pass's
@@ -262,18 +270,26 @@ class Scheduler:
             async with self._lock:
                 if self._reload_needed:
                     await self._reload()
-                if recheck:
-                    events = await self._unhandled(events)
-                self._sync_quota()  # a budget or quota change that came in since: arrivals are decided under it
-                now = self.ctx.clock.now()
-                for event in events:
-                    self._apply_event(event, now, todo)
-                await self._persist(todo, defer=todo.created)
-                await self._pass(now, todo)
+                try:
+                    await self._apply_events(events, todo, recheck=recheck)
+                except BaseException:
+                    self._reload_needed = True  # memory may be ahead of the store or the ledger: start over
+                    raise
         finally:
             self._execute(todo)  # what was claimed and written is launched even if a later step failed
         if todo.conflicts:
             raise StaleWrite(f"job records changed by another writer: {', '.join(sorted(todo.conflicts)[:5])}")
+
+    async def _apply_events(self, events: list[Any], todo: _Pending, *, recheck: bool) -> None:
+        """Under the lock: the events through the state machine, their records written, then one pass."""
+        if recheck:
+            events = await self._unhandled(events)
+        self._sync_quota()  # a budget or quota change that came in since: arrivals are decided under it
+        now = self.ctx.clock.now()
+        for event in events:
+            self._apply_event(event, now, todo)
+        await self._persist(todo, defer=todo.created)
+        await self._pass(now, todo)
 
     async def _unhandled(self, events: list[Any]) -> list[Any]:
         """`events` without the submissions of jobs the store already has (one concurrent read per job that memory
@@ -401,6 +417,7 @@ class Scheduler:
                 raise
             except Exception:
                 log.exception("scheduler.pass_failed")
+                self._reload_needed = True  # memory may be ahead of the store or the ledger: start over
                 self._execute(todo)
                 await asyncio.sleep(0.5)
                 continue
@@ -605,18 +622,27 @@ class Scheduler:
         timeout = self.ctx.settings.launch_timeout_s
         late = [(job, attempt) for job, (attempt, at) in self.starting.items() if now - at > timeout]
         for job_id, attempt in late:
-            del self.starting[job_id]
             event = JobLaunchFailed(
                 job_id=job_id, attempt=attempt, failed_at=now, reason=f"did not start within {timeout:g} s"
             )
-            await self.bus.publish(self.names.job_lifecycle(job_id), event, msg_id=f"{job_id}:{attempt}:launch-late")
+            try:
+                await self.bus.publish(
+                    self.names.job_lifecycle(job_id), event, msg_id=f"{job_id}:{attempt}:launch-late"
+                )
+            except BusError as exc:  # kept: tried again at the next pass (the message id makes a repeat harmless)
+                log.warning("scheduler.launch_deadline_unpublished", job_id=job_id, error=str(exc))
+                continue
+            del self.starting[job_id]
 
     # ---- the ledger ------------------------------------------------------------------------------------------
 
-    async def _reconcile_ledger(self) -> None:
-        """Make the ledger agree with the records after a restart: drop orphan claims, restore missing ones."""
+    async def _reconcile_ledger(self, records: Mapping[str, JobRecord]) -> None:
+        """Make the ledger agree with the records (by id) after a restart: drop orphan claims, restore missing
+        ones. Done before the state is built from the ledger, so the GPUs of orphans are free in it. A ledger that
+        is not ready is left alone: it is rebuilt from the records when the state is built."""
         snap = await self.ledger.snapshot()
-        records = self.control.records
+        if not snap.ready:
+            return
         orphans = [
             (job_id, claim.attempt)
             for job_id, claim in snap.claims.items()
@@ -654,7 +680,7 @@ class Scheduler:
         if mine != theirs:
             diff = sorted(mine ^ theirs)
             log.warning("scheduler.ledger_out_of_step", differences=len(diff), first=diff[:5])
-            await self._reconcile_ledger()
+            await self._reconcile_ledger(self.control.records)
             await self._load(list(self.control.records.values()))
         self._sync_cordons(snap.cordons)
 
@@ -677,6 +703,9 @@ class Scheduler:
             log.warning("scheduler.stats_failed", error=str(exc))
 
     async def close(self) -> None:
+        """Stop taking job events first: nothing is decided or claimed after the lease is given up."""
+        if self.consumer is not None:
+            await self.consumer.stop()
         if self._executing:
             await asyncio.gather(*self._executing, return_exceptions=True)
         if self._stop_quota is not None:

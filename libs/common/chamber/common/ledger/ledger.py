@@ -33,6 +33,8 @@ from chamber.common.log import get_logger
 log = get_logger(__name__)
 
 _cordon_decoder = msgspec.json.Decoder(Cordon)
+_UNREACHABLE = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
+"""Redis did not answer: whether a write was applied is unknown (`LedgerUnavailable`)."""
 
 
 def _script(name: str) -> str:
@@ -138,6 +140,14 @@ class Ledger:
         self._check(result)
         return [str(code) == "OK" for code in result[1:]]
 
+    async def take_fence(self) -> None:
+        """Put this writer's token in the fence now, before it claims or releases anything: a new leader does this
+        first, so that a paused old leader is refused at once, not only after the new one happens to write.
+        Raises `LedgerFenced` when a newer leader's token is there already."""
+        result = await self._run(self._release, [self.k_owner, self.k_claims, self.k_version, self.k_fence],
+                                 [str(self.token)])  # fmt: skip
+        self._check(result)
+
     async def release_and_claim(
         self, releases: Sequence[tuple[str, int]], claims: Sequence[Claim]
     ) -> list[ClaimResult]:
@@ -157,7 +167,7 @@ class Ledger:
                 await self._release([self.k_owner, self.k_claims, self.k_version, self.k_fence], release_args, pipe)
                 await self._claim(self._claim_keys(), claim_args, pipe)
                 released, claimed = await pipe.execute()
-        except redis.exceptions.ConnectionError as exc:
+        except _UNREACHABLE as exc:
             raise LedgerUnavailable(str(exc)) from exc
         self._check(released)
         self._check(claimed)
@@ -179,7 +189,7 @@ class Ledger:
                 pipe.hset(self.k_cordon, mapping=mapping)
                 pipe.incr(self.k_version)
                 await pipe.execute()
-        except redis.exceptions.ConnectionError as exc:
+        except _UNREACHABLE as exc:
             raise LedgerUnavailable(str(exc)) from exc
 
     async def uncordon(self, slots: Iterable[str]) -> None:
@@ -191,21 +201,21 @@ class Ledger:
                 pipe.hdel(self.k_cordon, *slot_list)
                 pipe.incr(self.k_version)
                 await pipe.execute()
-        except redis.exceptions.ConnectionError as exc:
+        except _UNREACHABLE as exc:
             raise LedgerUnavailable(str(exc)) from exc
 
     async def cordons(self) -> dict[str, Cordon]:
         """Every cordon (one round trip; what the scheduler re-reads when health announces a verdict)."""
         try:
             raw: dict[str, str] = await self.redis.hgetall(self.k_cordon)  # type: ignore[assignment]
-        except redis.exceptions.ConnectionError as exc:
+        except _UNREACHABLE as exc:
             raise LedgerUnavailable(str(exc)) from exc
         return _decode_cordons(raw)
 
     async def is_ready(self) -> bool:
         try:
             return bool(await self.redis.exists(self.k_ready))
-        except redis.exceptions.ConnectionError as exc:
+        except _UNREACHABLE as exc:
             raise LedgerUnavailable(str(exc)) from exc
 
     async def rebuild(self, claims: Iterable[Claim]) -> int:
@@ -232,7 +242,7 @@ class Ledger:
                 pipe.hgetall(self.k_cordon)
                 pipe.hgetall(self.k_claims)
                 ready, version, owners, cordoned, raw_claims = await pipe.execute()
-        except redis.exceptions.ConnectionError as exc:
+        except _UNREACHABLE as exc:
             raise LedgerUnavailable(str(exc)) from exc
         claims = {}
         for job, value in raw_claims.items():
@@ -250,7 +260,7 @@ class Ledger:
     async def _run(self, script: Any, keys: list[str], args: list[str]) -> list[Any]:
         try:
             result: list[Any] = await script(keys=keys, args=args)
-        except redis.exceptions.ConnectionError as exc:
+        except _UNREACHABLE as exc:
             raise LedgerUnavailable(str(exc)) from exc
         return result
 
