@@ -3,7 +3,9 @@
 Each device is a dict of readings; a reading that is missing makes the call raise NVMLError NOT_SUPPORTED, as
 the real library does on GPUs without the capability. A device with `mig` is a GPU in MIG mode whose instances
 (dicts with `name`, `gi`, `mem` ...) are listed under it; one with `gpm` offers GPM metrics (percent values by
-metric id), computed between two samples of the same device as NVML does.
+metric id), computed between two samples of the same device as NVML does. A device's `nvlink_down` lists its links
+that are down. `lose(i)` makes GPU `i` fall off the bus (every call on it and its MIG instances raises
+GPU_IS_LOST, as on a real node); `fail(i, error)` makes them raise any other NVML error, `recover(i)` undoes both.
 
 `TWO_H100` is a ready node (`CHAMBER_NVML_MODULE=tests.support.fakenvml:TWO_H100`) for dry runs of the agent and
 of `deploy/device-check.sh` on a machine without GPUs.
@@ -141,17 +143,37 @@ class FakeNvml:
         self.devices = devices
         self.handles = [object() for _ in devices]
         self.mig_handles = [[object() for _ in d.get("mig", [])] for d in devices]
-        self._by_handle: dict[int, tuple[dict[str, Any], str, Any]] = {}
+        self._by_handle: dict[int, tuple[dict[str, Any], str, int]] = {}
+        """id(handle) -> (readings, UUID, index of the physical GPU)."""
         for i, (h, d) in enumerate(zip(self.handles, devices, strict=True)):
-            self._by_handle[id(h)] = (d, f"GPU-fake-{i}", None)
+            self._by_handle[id(h)] = (d, f"GPU-fake-{i}", i)
             for k, (mh, md) in enumerate(zip(self.mig_handles[i], d.get("mig", []), strict=True)):
-                self._by_handle[id(mh)] = (md, f"MIG-fake-{i}-{k}", h)
+                self._by_handle[id(mh)] = (md, f"MIG-fake-{i}-{k}", i)
+        self.failing: dict[int, int] = {}
+        """Physical GPU index -> the NVML error every call on that GPU raises (see `lose`, `fail`)."""
         self.events: queue.Queue[_Event] = queue.Queue()
         self.initialized = False
         self.gpm_samples: list[_GpmSample] = []
 
+    def lose(self, index: int) -> None:
+        """GPU `index` falls off the bus: NVML answers GPU_IS_LOST to everything about it."""
+        self.fail(index, pynvml.NVML_ERROR_GPU_IS_LOST)
+
+    def fail(self, index: int, error: int) -> None:
+        self.failing[index] = error
+
+    def recover(self, index: int) -> None:
+        self.failing.pop(index, None)
+
+    def _entry(self, h: Any) -> tuple[dict[str, Any], str, int]:
+        entry = self._by_handle[id(h)]
+        error = self.failing.get(entry[2])
+        if error is not None:
+            raise pynvml.NVMLError(error)
+        return entry
+
     def _dev(self, h: Any) -> dict[str, Any]:
-        return self._by_handle[id(h)][0]
+        return self._entry(h)[0]
 
     def _get(self, h: Any, key: str) -> Any:
         value = self._dev(h).get(key)
@@ -175,7 +197,7 @@ class FakeNvml:
         return self.handles[i]
 
     def nvmlDeviceGetUUID(self, h: Any) -> str:
-        return self._by_handle[id(h)][1]
+        return self._entry(h)[1]
 
     def nvmlDeviceGetName(self, h: Any) -> str:
         return str(self._get(h, "name"))
@@ -217,7 +239,7 @@ class FakeNvml:
         links = self._get(h, "nvlink")
         if link not in links:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
-        return 1
+        return int(link not in self._dev(h).get("nvlink_down", ()))
 
     def nvmlDeviceGetNvLinkErrorCounter(self, h: Any, link: int, counter: int) -> int:
         return int(self._get(h, "nvlink")[link][counter])
@@ -237,6 +259,7 @@ class FakeNvml:
         return 7
 
     def nvmlDeviceGetMigDeviceHandleByIndex(self, h: Any, index: int) -> Any:
+        self._entry(h)
         instances = self.mig_handles[self.handles.index(h)]
         if index >= len(instances):
             raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)

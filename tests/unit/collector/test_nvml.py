@@ -1,9 +1,13 @@
 """The node agent's NVML reading, against a fake at the pynvml boundary."""
 
 import asyncio
+import ctypes
 import time
+from typing import Any
 
+import pynvml
 import pytest
+from structlog.testing import capture_logs
 
 from chamber.collector.nvml import NvmlReader, NvmlSource, XidWatcher
 from chamber.common.contracts import Pool, TopologyLabels
@@ -149,3 +153,94 @@ async def test_an_xid_on_a_mig_instance_is_pushed_for_that_instance() -> None:
         await asyncio.sleep(0.01)
     watcher.stop()
     assert seen == [(1, 48)]
+
+
+def _real_pynvml_devices(n: int) -> tuple[list[Any], list[Any]]:
+    """`n` device handles as libnvidia-ml gives them: pynvml ctypes pointers to opaque device structures."""
+    opaque = [pynvml.struct_c_nvmlDevice_t() for _ in range(n)]
+    handles = [ctypes.cast(ctypes.c_void_p(ctypes.addressof(o)), pynvml.c_nvmlDevice_t) for o in opaque]
+    return opaque, handles
+
+
+@pytest.mark.timeout(10)
+async def test_an_xid_from_real_pynvml_is_filed_under_its_gpu() -> None:
+    fake = FakeNvml([])
+    opaque, handles = _real_pynvml_devices(8)
+    seen: list[tuple[int, int]] = []
+    watcher = XidWatcher(fake, handles, lambda i, x: seen.append((i, x)), wait_ms=50)
+    assert watcher.start(asyncio.get_running_loop())
+    event = pynvml.c_nvmlEventData_t()  # the event NVML fills: a new pointer to the same device, not our handle
+    event.device = ctypes.cast(ctypes.c_void_p(ctypes.addressof(opaque[3])), pynvml.c_nvmlDevice_t)
+    event.eventData, event.gpuInstanceId = 79, 0xFFFFFFFF
+    assert event.device != handles[3], "ctypes pointers compare by identity, not by address"
+    fake.events.put(event)
+    for _ in range(100):
+        if seen:
+            break
+        await asyncio.sleep(0.01)
+    watcher.stop()
+    assert seen == [(3, 79)]
+
+
+def _node(fake: FakeNvml) -> NvmlSource:
+    return NvmlSource(NvmlReader(fake), "n", Pool(name="p", gpu_model="H100"), TopologyLabels(), interval_s=1.0)
+
+
+def test_a_gpu_lost_while_the_agent_runs_is_left_out_and_the_others_are_reported() -> None:
+    fake = FakeNvml([H100 | {"procs": []} for _ in range(4)])
+    source = _node(fake)
+    fake.lose(2)
+    with capture_logs() as logs:
+        batches = [source.sample(float(t), {})[0] for t in range(3)]
+    assert [[g.uuid for g in b.gpus] for b in batches] == [["GPU-fake-0", "GPU-fake-1", "GPU-fake-3"]] * 3
+    assert len(source.inventory(3.0)[0].node.gpus) == 4, "fewer GPUs than the node has: health's gpu-count-drop"
+    assert [(e["event"], e["gpu"]) for e in logs] == [("nvml.gpu_lost", 2)], "logged once, not every interval"
+    fake.recover(2)
+    assert len(source.sample(4.0, {})[0].gpus) == 4
+
+
+def test_an_unexpected_nvml_error_costs_one_gpu_its_sample_not_the_agent() -> None:
+    fake = FakeNvml([H100 | {"procs": []}, H100_MIG])
+    source = _node(fake)
+    fake.fail(1, pynvml.NVML_ERROR_UNKNOWN)
+    (batch,) = source.sample(1.0, {})
+    assert [g.uuid for g in batch.gpus] == ["GPU-fake-0"], "both MIG instances of the failing GPU are left out"
+    fake.recover(1)
+    assert len(source.sample(2.0, {})[0].gpus) == 3
+
+
+def test_a_transient_nvlink_failure_costs_one_sample_not_nvlink_monitoring() -> None:
+    dev = H100 | {"procs": []}
+    fake = FakeNvml([dev])
+    reader = NvmlReader(fake)
+    assert reader.sample(0).nvlink_replay_errors == 18
+    state = fake.nvmlDeviceGetNvLinkState
+
+    def resetting(h: Any, link: int) -> int:
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_UNKNOWN)
+
+    fake.nvmlDeviceGetNvLinkState = resetting  # type: ignore[method-assign]
+    assert reader.sample(0).nvlink_replay_errors is None
+    fake.nvmlDeviceGetNvLinkState = state  # type: ignore[method-assign]
+    dev["nvlink_down"] = set(range(18))
+    assert reader.sample(0).nvlink_replay_errors is None, "every link down: nothing to sum this time"
+    dev["nvlink_down"] = {17}
+    assert reader.sample(0).nvlink_replay_errors == 17
+    assert reader.sample(0).nvlink_crc_errors == 34
+
+
+def test_a_gpu_without_nvlink_is_not_asked_again() -> None:
+    fake = FakeNvml([V100_NO_REMAP_NO_NVLINK, H100 | {"nvlink": {k: {0: 1, 1: 0, 2: 2} for k in range(12)}}])
+    reader = NvmlReader(fake)
+    assert reader.sample(0).nvlink_replay_errors is None
+    assert reader.sample(1).nvlink_replay_errors == 12, "links past the GPU's last are not NVLink failures"
+    asked: list[int] = []
+    state = fake.nvmlDeviceGetNvLinkState
+
+    def counted(h: Any, link: int) -> int:
+        asked.append(link)
+        return state(h, link)
+
+    fake.nvmlDeviceGetNvLinkState = counted  # type: ignore[method-assign]
+    assert reader.sample(0).nvlink_replay_errors is None
+    assert asked == []

@@ -7,6 +7,9 @@ power, temperature) belong to the physical GPU and are read from it for each of 
 
 Activity comes from NVML's GPU Performance Monitoring (GPM, Hopper and newer): each sample takes a GPM snapshot
 and NVML computes SM, tensor and DRAM activity between it and the previous one.
+
+A GPU NVML cannot read at all (fallen off the bus: GPU_IS_LOST) is left out of the node's batch, not allowed to
+stop the agent: fewer GPUs than the node's inventory is what health's gpu-count-drop rule looks for.
 """
 
 import re
@@ -57,6 +60,8 @@ class NvmlReader:
         nvml.nvmlInit()
         self.physical = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(nvml.nvmlDeviceGetCount())]
         self.unsupported: set[tuple[int, str]] = set()
+        self._links: dict[int, list[int]] = {}
+        """Device index -> its physical GPU's NVLink links, learnt at the first read NVML answered for all links."""
         self.entries = self._enumerate()
         self.handles = [e.handle for e in self.entries]
         self._gpm = [self._gpm_supported(h) for h in self.physical]
@@ -87,13 +92,18 @@ class NvmlReader:
         return out
 
     def _try(self, index: int, what: str, call: Callable[[], T]) -> T | None:
-        """The call's result, or None when NVML says this device cannot answer it (remembered per device)."""
+        """The call's result, or None when NVML says this device cannot answer it (remembered per device).
+
+        GPU_IS_LOST is raised, not swallowed: nothing else can be read from that GPU, so its whole sample fails
+        at once instead of logging every field of it."""
         if (index, what) in self.unsupported:
             return None
         try:
             return call()
         except self.nvml.NVMLError as exc:
-            if getattr(exc, "value", None) in (self.nvml.NVML_ERROR_NOT_SUPPORTED, _not_found(self.nvml)):
+            if _code(exc) == self.nvml.NVML_ERROR_GPU_IS_LOST:
+                raise
+            if _code(exc) in (self.nvml.NVML_ERROR_NOT_SUPPORTED, _not_found(self.nvml)):
                 self.unsupported.add((index, what))
             else:
                 log.warning("nvml.read_failed", field=what, device=index, error=str(exc))
@@ -212,6 +222,7 @@ class NvmlReader:
         power_w = None if power is None else power / 1000
         limit_w = None if limit is None else limit / 1000
         temp_sensor = n.NVML_TEMPERATURE_GPU
+        links = self._nvlinks_up(index, g)
         return GpuSample(
             index=index,
             uuid=_text(n.nvmlDeviceGetUUID(h)),
@@ -238,9 +249,9 @@ class NvmlReader:
             remapped_rows_uncorrectable=None if remap is None else int(remap[1]),
             remapped_rows_pending=None if remap is None else bool(remap[2]),
             remapped_rows_failure=None if remap is None else bool(remap[3]),
-            nvlink_replay_errors=self._nvlink(index, g, n.NVML_NVLINK_ERROR_DL_REPLAY),
-            nvlink_recovery_errors=self._nvlink(index, g, n.NVML_NVLINK_ERROR_DL_RECOVERY),
-            nvlink_crc_errors=self._nvlink(index, g, n.NVML_NVLINK_ERROR_DL_CRC_FLIT),
+            nvlink_replay_errors=self._nvlink(index, g, links, n.NVML_NVLINK_ERROR_DL_REPLAY),
+            nvlink_recovery_errors=self._nvlink(index, g, links, n.NVML_NVLINK_ERROR_DL_RECOVERY),
+            nvlink_crc_errors=self._nvlink(index, g, links, n.NVML_NVLINK_ERROR_DL_CRC_FLIT),
             pcie_replay_count=t("pcie_replay", lambda: int(n.nvmlDeviceGetPcieReplayCounter(g))),
             recovery_action=t("recovery_action", lambda: self._recovery_action(g)),
             processes=None
@@ -271,24 +282,52 @@ class NvmlReader:
             index, f"ecc-{kind}-{counter}", lambda: int(self.nvml.nvmlDeviceGetTotalEccErrors(h, kind, counter))
         )
 
-    def _nvlink(self, index: int, h: Any, counter: int) -> int | None:
-        """Summed over the GPU's active links; None when the GPU has no NVLink."""
+    # ---- NVLink -------------------------------------------------------------------------------------------------
+
+    def _nvlinks_up(self, index: int, h: Any) -> list[int] | None:
+        """The GPU's links that are up now; None when there is nothing to read from this time.
+
+        Which links the GPU has is learnt once, from the first read NVML answers for every link: a link it does not
+        support is not there (an A100 has 12 of the 18, a PCIe GPU none), and a GPU with none is not asked again.
+        Any other failure (NVML_ERROR_UNKNOWN during a reset), or every link down, costs this sample only: giving
+        up for good would hide the NVLink error rates of a GPU that recovers until the agent restarts."""
         n = self.nvml
         if (index, "nvlink") in self.unsupported:
             return None
-        total = 0
-        active = 0
-        for link in range(n.NVML_NVLINK_MAX_LINKS):
+        known = self._links.get(index)
+        present: list[int] = []
+        up: list[int] = []
+        for link in range(n.NVML_NVLINK_MAX_LINKS) if known is None else known:
             try:
-                if not n.nvmlDeviceGetNvLinkState(h, link):
+                state = n.nvmlDeviceGetNvLinkState(h, link)
+            except n.NVMLError as exc:
+                if known is None and _code(exc) in _no_such_link(n):
                     continue
-                total += int(n.nvmlDeviceGetNvLinkErrorCounter(h, link, counter))
-                active += 1
-            except n.NVMLError:
-                continue
-        if not active:
-            self.unsupported.add((index, "nvlink"))
+                if _code(exc) == n.NVML_ERROR_GPU_IS_LOST:
+                    raise
+                log.warning("nvml.read_failed", field="nvlink", device=index, link=link, error=str(exc))
+                return None
+            present.append(link)
+            if state:
+                up.append(link)
+        if known is None:
+            self._links[index] = present
+            if not present:
+                self.unsupported.add((index, "nvlink"))
+        return up or None
+
+    def _nvlink(self, index: int, h: Any, links: list[int] | None, counter: int) -> int | None:
+        """Summed over the links that are up; None unless every one of them answered, since a sum with a link
+        missing would look like the counter falling, then jumping by that link's whole count."""
+        if links is None:
             return None
+        n = self.nvml
+        total = 0
+        for link in links:
+            value = self._try(index, f"nvlink-{counter}", partial(n.nvmlDeviceGetNvLinkErrorCounter, h, link, counter))
+            if value is None:
+                return None
+            total += int(value)
         return total
 
 
@@ -325,13 +364,16 @@ class NvmlSource:
         self.owner = owner
         self.assigned = assigned
         self._unallocated: dict[int, int] = {}
+        self._failing: dict[int, int | None] = {}
+        """Device index -> the NVML error its last sample failed with, so a failing GPU is logged once."""
 
     def inventory(self, now: float) -> list[NodeInventory]:
         return [NodeInventory(node=self.node, pool=self.pool, observed_at=now)]
 
     def sample(self, now: float, allocation: Mapping[str, str]) -> list[NodeTelemetry]:
         attribution = self.assigned() if self.assigned is not None else None
-        gpus = [self._attributed(self.reader.sample(i), attribution) for i in range(len(self.reader.entries))]
+        read = (self._read(i) for i in range(len(self.reader.entries)))
+        gpus = [self._attributed(sample, attribution) for sample in read if sample is not None]
         mismatches = list(attribution.mismatches) if attribution is not None else []
         return [
             NodeTelemetry(
@@ -343,6 +385,31 @@ class NvmlSource:
                 assignment_mismatches=mismatches,
             )
         ]
+
+    def _read(self, index: int) -> GpuSample | None:
+        """Device `index`'s sample; None when NVML fails on it. A GPU that fell off the bus (GPU_IS_LOST), or any
+        other NVML error on one GPU, must cost the batch that GPU only: an exception here would end the agent and
+        the job runners in its process. Health then sees fewer GPUs than the node has (gpu-count-drop)."""
+        try:
+            sample = self.reader.sample(index)
+        except self.reader.nvml.NVMLError as exc:
+            self._failed(index, exc)
+            return None
+        if index in self._failing:
+            del self._failing[index]
+            log.warning("nvml.gpu_back", node=self.node.name, gpu=index)
+        return sample
+
+    def _failed(self, index: int, exc: Exception) -> None:
+        """Log a GPU's failure when it starts (or changes), not at every interval it lasts."""
+        code = _code(exc)
+        if index in self._failing and self._failing[index] == code:
+            return
+        self._failing[index] = code
+        lost = code == self.reader.nvml.NVML_ERROR_GPU_IS_LOST
+        uuid = self.node.gpus[index].uuid if index < len(self.node.gpus) else ""
+        event = "nvml.gpu_lost" if lost else "nvml.sample_failed"
+        log.error(event, node=self.node.name, gpu=index, uuid=uuid, error=str(exc))
 
     def _attributed(self, sample: GpuSample, attribution: Attribution | None = None) -> GpuSample:
         if attribution is not None:
@@ -366,6 +433,18 @@ class NvmlSource:
             log.warning("nvml.unallocated_processes", node=self.node.name, gpu=sample.index, pids=rogue)
         self._unallocated[sample.index] = unallocated
         return msgspec.structs.replace(sample, processes=processes, unallocated_processes=unallocated)
+
+
+def _code(exc: Exception) -> int | None:
+    """The NVML return code an NVMLError carries."""
+    value = getattr(exc, "value", None)
+    return None if value is None else int(value)
+
+
+def _no_such_link(nvml: Any) -> tuple[int, ...]:
+    """What NVML answers for a link number the GPU does not have (or for any link of a GPU without NVLink)."""
+    n = nvml
+    return (n.NVML_ERROR_NOT_SUPPORTED, n.NVML_ERROR_INVALID_ARGUMENT, n.NVML_ERROR_NOT_FOUND, _not_found(n))
 
 
 def _not_found(nvml: Any) -> int:

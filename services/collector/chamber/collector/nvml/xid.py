@@ -5,8 +5,9 @@ Polling would report a fatal XID up to a whole interval late; the event set wake
 
 import asyncio
 import contextlib
+import ctypes
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from typing import Any
 
 from chamber.common.log import get_logger
@@ -37,7 +38,7 @@ class XidWatcher:
         self.resolve = resolve or (lambda physical, instance: [physical])
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._index: dict[int, int] = {}
+        self._index: dict[Hashable, int] = {}
         self._set: Any = None
 
     def start(self, loop: asyncio.AbstractEventLoop) -> bool:
@@ -47,7 +48,7 @@ class XidWatcher:
             self._set = n.nvmlEventSetCreate()
             for i, h in enumerate(self.handles):
                 n.nvmlDeviceRegisterEvents(h, n.nvmlEventTypeXidCriticalError, self._set)
-                self._index[id(h)] = i
+                self._index[device_key(h)] = i
         except n.NVMLError as exc:
             log.warning("nvml.xid_events_unavailable", error=str(exc))
             return False
@@ -71,13 +72,8 @@ class XidWatcher:
                 loop.call_soon_threadsafe(self.on_xid, index, int(data.eventData))
 
     def _gpu_index(self, device: Any) -> int:
-        index = self._index.get(id(device))
-        if index is not None:
-            return index
-        for i, h in enumerate(self.handles):
-            if h == device:
-                return i
-        return -1
+        """The physical GPU an event's device is, by the device it points to; -1 when it is none of ours."""
+        return self._index.get(device_key(device), -1)
 
     def stop(self) -> None:
         self._stop.set()
@@ -86,3 +82,15 @@ class XidWatcher:
         if self._set is not None:
             with contextlib.suppress(self.nvml.NVMLError):
                 self.nvml.nvmlEventSetFree(self._set)
+
+
+def device_key(handle: Any) -> Hashable:
+    """What identifies a device handle. pynvml handles are ctypes pointers, and each event carries a new pointer
+    object to the same device; ctypes pointers compare by identity, so the address they hold is the key. Anything
+    else (the tests' fake NVML hands out plain objects) is its own key."""
+    if isinstance(handle, ctypes._Pointer | ctypes.c_void_p):
+        address = ctypes.cast(handle, ctypes.c_void_p).value
+        if address is not None:
+            return ("address", address)
+    key: Hashable = handle
+    return key
