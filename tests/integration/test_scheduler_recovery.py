@@ -27,6 +27,7 @@ from chamber.common.contracts import (
     Pool,
 )
 from chamber.common.jobstore import JobStore
+from chamber.common.lease import Lease, LeaseLost
 from chamber.common.ledger import Claim, Ledger, LedgerUnavailable
 from chamber.common.quotastore import QuotaStore
 from chamber.common.runtime import make_context
@@ -206,3 +207,31 @@ async def test_a_launch_deadline_that_could_not_be_reported_is_tried_again(
     await s._launch_deadlines(late)
     assert "x" not in s.starting
     await s.close()
+
+
+async def test_a_deposed_leader_does_not_rebuild_a_wiped_ledger(
+    settings: Settings, bus: Bus, fleet: None, ledger: Ledger
+) -> None:
+    """Redis lost everything, the fence included, while leader A was paused past its lease. A finds the ledger
+    empty; rebuilding it is the one write no fence can refuse, so A must first prove it still leads (it used to
+    rebuild the ledger from its stale records and claim on it)."""
+    ctx = make_context(settings, "scheduler")
+    lease = await Lease.open(bus, "scheduler", "a", ttl_s=30)
+    assert await lease.try_acquire()
+    ledger.token = lease.token
+    quota = QuotaStore(await bus.key_value(QUOTA_BUCKET))
+    a = Scheduler(ctx, bus, ledger, await JobStore.open(bus), SimulatedExecutor(bus, ctx.clock), quota_store=quota,
+                  holder="a", confirm_lead=lease.renew)  # fmt: skip
+    await a.start()
+    assert a.consumer is not None
+    await a.consumer.stop()
+    await lease.kv.delete("scheduler")  # A's lease expired while it was paused; B leads now
+    b = await Lease.open(bus, "scheduler", "b", ttl_s=30)
+    assert await b.try_acquire()
+    await ledger.redis.delete(ledger.k_ready, ledger.k_fence, ledger.k_owner, ledger.k_claims)  # Redis wiped
+    with pytest.raises(LeaseLost):
+        await a.on_events([_submit("late")])
+    snap = await ledger.snapshot()
+    assert not snap.ready, "A did not rebuild the ledger"
+    assert snap.claims == {}
+    await a.close()

@@ -48,6 +48,9 @@ class Lease:
         self.token = 0
         """The fencing token: the revision at which this holder acquired the lease (0 while not holding)."""
         self._revision = 0
+        self._renewing = asyncio.Lock()
+        """One renewal at a time: the keeper and a holder confirming its lead would otherwise both update from the
+        same revision, and the loser would take itself for deposed."""
 
     @classmethod
     async def open(cls, bus: Bus, name: str, holder: str, ttl_s: float) -> "Lease":
@@ -120,11 +123,14 @@ class Lease:
 
     async def renew(self) -> None:
         """Extend the lease; raises `LeaseLost` when it is no longer ours."""
-        try:
-            self._revision = await self.kv.update(self.name, self.holder.encode(), last=self._revision)
-        except nats.js.errors.KeyWrongLastSequenceError as exc:
-            self.token = 0
-            raise LeaseLost(f"lease {self.name} was taken over or expired") from exc
+        async with self._renewing:
+            if not self.held:
+                raise LeaseLost(f"lease {self.name} is not held")
+            try:
+                self._revision = await self.kv.update(self.name, self.holder.encode(), last=self._revision)
+            except nats.js.errors.KeyWrongLastSequenceError as exc:
+                self.token = 0
+                raise LeaseLost(f"lease {self.name} was taken over or expired") from exc
 
     async def keep(self, lost: asyncio.Event) -> None:
         """Renew until cancelled; set `lost` and return when the lease is gone. A renewal that cannot reach NATS

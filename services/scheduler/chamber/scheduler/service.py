@@ -108,7 +108,10 @@ class Scheduler:
         *,
         quota_store: QuotaStore,
         holder: str = "",
+        confirm_lead: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
+        """`confirm_lead` raises `LeaseLost` unless this process still leads (the lease's renewal): asked right
+        before the ledger is rebuilt, the one write a lost fence cannot refuse."""
         self.ctx = ctx
         self.bus = bus
         self.ledger = ledger
@@ -116,6 +119,7 @@ class Scheduler:
         self.executor = executor
         self.quota_store = quota_store
         self.holder = holder
+        self.confirm_lead = confirm_lead
         self.names = bus.names
         settings = ctx.settings
         self.control = Controller(
@@ -661,6 +665,10 @@ class Scheduler:
                 log.error("scheduler.restore_claim_refused", job_id=result.claim.job_id, code=result.code)
 
     async def _rebuild_ledger(self, records: Sequence[JobRecord]) -> None:
+        """Replace every claim with those of the records. A Redis that lost everything lost the fence too, so a
+        leader paused past its lease would not be refused here: it first proves it still leads."""
+        if self.confirm_lead is not None:
+            await self.confirm_lead()
         claims = [
             Claim(r.id, r.attempt, tuple(g.slot for g in r.placement.gpus))
             for r in records
@@ -740,7 +748,9 @@ async def main(ctx: Context, stop: asyncio.Event) -> None:
         executor = make_executor(ctx, bus)
         store = await JobStore.open(bus)
         quota_store = QuotaStore(await bus.key_value(QUOTA_BUCKET))
-        scheduler = Scheduler(ctx, bus, ledger, store, executor, quota_store=quota_store, holder=holder)
+        scheduler = Scheduler(
+            ctx, bus, ledger, store, executor, quota_store=quota_store, holder=holder, confirm_lead=lease.renew
+        )
         await scheduler.start()
         await scheduler.run(stop, lost)
         if lost.is_set():
