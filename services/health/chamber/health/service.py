@@ -29,7 +29,7 @@ from chamber.common.ledger import Ledger, LedgerUnavailable
 from chamber.common.log import get_logger
 from chamber.common.runtime import Context, wait_event
 from chamber.common.subjects import HEALTH, TELEMETRY
-from chamber.health.core.engine import Entity, HealthEngine
+from chamber.health.core.engine import Entity, HealthEngine, physical_gpus
 from chamber.health.core.rules import DEFAULT_RULES, Rule, RuleError, as_batch, merge_rules
 
 if TYPE_CHECKING:
@@ -86,8 +86,11 @@ class Health:
             await consumer.start()
 
     def _on_inventory(self, inv: NodeInventory) -> None:
+        """The ledger's slots are the devices; the engine counts physical GPUs (MIG reconfiguration changes the
+        devices, not the GPUs, and must not look like a lost GPU)."""
         self.inventory[inv.node.name] = [g.index for g in inv.node.gpus]
-        self.engine.set_inventory(inv.node.name, len(inv.node.gpus), self.ctx.clock.now())
+        gpus, parents = physical_gpus(inv.node.gpus)
+        self.engine.set_inventory(inv.node.name, gpus, self.ctx.clock.now(), parents)
 
     async def on_telemetry(self, event: NodeTelemetryColumns | NodeTelemetry | GpuXidEvent) -> None:
         event = as_telemetry(event)

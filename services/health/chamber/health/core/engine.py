@@ -4,12 +4,20 @@
   once its signal has held in every sample for `sustain_s`; a warning only marks suspect, and only after `count`
   hits (flap suppression). Windows and streaks are measured in the samples' own time, so a consumer that catches
   up on a backlog judges it as it happened.
+- Only a batch with an interval (a sample of the node's series) is a heartbeat, feeds the counter history and ends
+  streaks; an observation without one (an XID event) is judged on what it carries (an XID event: its XIDs) only.
 - A node is silent when its last sample is older than `heartbeat_intervals` of its interval and at least
-  `heartbeat_min_s`: a late sample or an agent restart is not a dead node. "Older" is measured against the clock,
-  but never beyond `watermark_slack_s` past the newest sample seen from any node: a health service that falls
-  behind its telemetry, or a telemetry path that stops for everyone, does not make every node look dead.
+  `heartbeat_min_s` (a late sample or an agent restart is not a dead node), on two clocks at once: its sample
+  time against the clock, but never beyond `watermark_slack_s` past the newest sample seen from any node (a health
+  service that falls behind its telemetry, or a telemetry path that stops for everyone, does not make every node
+  look dead), and the time since anything from it arrived (a node whose clock lags is not a dead node).
 - A quarantined entity recovers after `probation_s` without any rule firing (the fault is gone: a reset cleared
-  the volatile counter, the node came back), and returns to healthy after a second clean probation.
+  the volatile counter, the node came back), and returns to healthy after a second clean probation. After a
+  restart, the restored unwell entities of a node make no progress until the node has been heard from: a node
+  that died while the service was down is not released for its silence.
+- A node reporting fewer physical GPUs than it has ever had (in this process) is taken out: a node back from a
+  reboot without one of its GPUs publishes the smaller inventory itself. An operator's release of the node accepts
+  its current inventory.
 - A repeat offender (`repeat_count` fatal events within `repeat_window_s`) and anything an operator cordoned stay
   out until an operator releases them.
 - Circuit breaker: if quarantining would put more than `breaker_share` of the nodes into quarantine within
@@ -20,10 +28,10 @@ Pure: observations and the time in, verdicts out. The shell turns quarantines in
 """
 
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from chamber.common.contracts import GpuHealthVerdict, HealthCommand, HealthState, NodeTelemetry
+from chamber.common.contracts import GpuDevice, GpuHealthVerdict, GpuSample, HealthCommand, HealthState, NodeTelemetry
 from chamber.health.core.rules import DEFAULT_RULES, CounterHistory, Rule, RuleIndex, Severity, gpu_signals
 
 Key = tuple[str, int | None]
@@ -81,11 +89,23 @@ class HealthEngine:
     def __init__(self, rules: Iterable[Rule] = DEFAULT_RULES, config: HealthConfig | None = None) -> None:
         self.rules = tuple(rules)
         self.gpu_rules = tuple(r for r in self.rules if r.signal not in ("heartbeat_loss", "gpu_count_drop"))
+        self.heartbeat_rules = tuple(r for r in self.rules if r.signal == "heartbeat_loss")
+        self.count_rules = tuple(r for r in self.rules if r.signal == "gpu_count_drop")
         self.index = RuleIndex(self.gpu_rules)
         self.config = config or HealthConfig()
         self.entities: dict[Key, Entity] = {}
         self.node_gpus: dict[str, int] = {}
+        """Physical GPUs in each node's latest inventory."""
+        self.expected_gpus: dict[str, int] = {}
+        """The most physical GPUs each node's inventory has had (reset by an operator's release of the node)."""
+        self.parents: dict[str, Mapping[str, str]] = {}
+        """Per node, MIG instance UUID -> its physical GPU's UUID, to count a batch's samples by physical GPU."""
         self.last_seen: dict[str, tuple[float, float]] = {}
+        """Node -> (its newest sample time, its interval); interval 0: not heard from in this process."""
+        self.arrived: dict[str, float] = {}
+        """Node -> when (service clock) its newest heartbeat arrived."""
+        self.unheard: set[str] = set()
+        """Nodes with restored unwell entities that have not reported since: those entities cannot progress."""
         self.quarantines: deque[tuple[float, str]] = deque()
         self.history = CounterHistory()
         self.watermark = float("-inf")
@@ -95,37 +115,56 @@ class HealthEngine:
 
     # ---- inputs ---------------------------------------------------------------------------------------------
 
-    def set_inventory(self, node: str, gpus: int, now: float) -> None:
+    def set_inventory(self, node: str, gpus: int, now: float, parents: Mapping[str, str] | None = None) -> None:
+        """`gpus`: the node's physical GPUs; `parents`: its MIG instances' physical GPUs (see `physical_gpus`).
+
+        The expected count only grows: an agent back from a reboot without a GPU reports the smaller inventory
+        itself, and that is the fault gpu-count-drop is for."""
         self.node_gpus[node] = gpus
+        self.expected_gpus[node] = max(gpus, self.expected_gpus.get(node, 0))
+        self.parents[node] = dict(parents or {})
         self.last_seen.setdefault(node, (now, 0.0))
 
     def observe(self, batch: NodeTelemetry, now: float) -> list[GpuHealthVerdict]:
+        """`now`: the service clock when the batch arrived (a node's own clock may be off; arrivals are not)."""
         node = batch.node
-        self.last_seen[node] = (batch.sampled_at, batch.interval_s)
-        if batch.interval_s and batch.sampled_at > self.watermark:
-            self.watermark = batch.sampled_at
+        heartbeat = batch.interval_s > 0
+        if heartbeat:
+            self._heard(batch, now)
         verdicts: list[GpuHealthVerdict] = []
-        node_hits: list[tuple[Rule, float]] = []
-        expected = self.node_gpus.get(node, 0)
-        if batch.interval_s and expected and len(batch.gpus) < expected:
-            node_hits += [(r, float(expected - len(batch.gpus))) for r in self.rules if r.signal == "gpu_count_drop"]
+        node_hits = self._count_drop(batch) if heartbeat else []
         at = batch.sampled_at
+        history = self.history if heartbeat else None
         for sample in batch.gpus:
-            signals = gpu_signals(sample, self.history, node, at)
-            hits = self.index.match(signals, sample.xids)
+            hits = self.index.match(gpu_signals(sample, history, node, at), sample.xids)
             gpu_hits = [(r, v) for r, v in hits if r.scope == "gpu"]
             node_hits += [(r, v) for r, v in hits if r.scope == "node"]
             entity = self._entity(node, sample.index)
             entity.uuid = sample.uuid
-            if entity.streaks:
+            if heartbeat and entity.streaks:
                 _break_streaks(entity, gpu_hits)
             verdicts += self._judge(entity, gpu_hits, now, at)
         node_entity = self._entity(node, None)
-        if node_entity.streaks:
+        if heartbeat and node_entity.streaks:
             _break_streaks(node_entity, node_hits)
-        if node_hits or batch.interval_s:
+        if node_hits or heartbeat:
             verdicts += self._judge(node_entity, node_hits, now, at)
         return verdicts
+
+    def _heard(self, batch: NodeTelemetry, now: float) -> None:
+        """A sample of the node's series: it is alive, on its own clock and on ours."""
+        self.last_seen[batch.node] = (batch.sampled_at, batch.interval_s)
+        self.arrived[batch.node] = now
+        self.unheard.discard(batch.node)
+        self.watermark = max(self.watermark, batch.sampled_at)
+
+    def _count_drop(self, batch: NodeTelemetry) -> list[tuple[Rule, float]]:
+        """gpu-count-drop hits: fewer physical GPUs in the batch than the node has had."""
+        expected = self.expected_gpus.get(batch.node, 0)
+        missing = expected - reported_gpus(batch.gpus, self.parents.get(batch.node, {}))
+        if not expected or missing <= 0:
+            return []
+        return [(r, float(missing)) for r in self.count_rules]
 
     def silence_limit(self, interval_s: float) -> float:
         """How long a node reporting every `interval_s` may stay silent before it counts as lost."""
@@ -133,6 +172,8 @@ class HealthEngine:
 
     def command(self, cmd: HealthCommand, now: float) -> list[GpuHealthVerdict]:
         entity = self._entity(cmd.node, cmd.gpu_index)
+        if cmd.command == "release" and cmd.gpu_index is None and cmd.node in self.node_gpus:
+            self.expected_gpus[cmd.node] = self.node_gpus[cmd.node]  # re-provisioned with fewer GPUs on purpose
         if cmd.command == "cordon":
             entity.held = True
             finding = Finding(Severity.DEGRADED.value, "operator-cordon", cmd.reason or "cordoned by an operator")
@@ -146,27 +187,48 @@ class HealthEngine:
 
     def tick(self, now: float) -> list[GpuHealthVerdict]:
         """Time-driven transitions: heartbeat loss, and recovery of entities that stayed clean."""
+        verdicts = self._silent_nodes(now)
+        for key in list(self.unwell):
+            entity = self.entities[key]
+            if entity.held:
+                continue
+            if entity.node in self.unheard:
+                self._hold_clean_time(entity, now)
+                continue
+            verdicts += self._progress(entity, now)
+        return verdicts
+
+    def _silent_nodes(self, now: float) -> list[GpuHealthVerdict]:
+        """Heartbeat loss: silent both in sample time (against the horizon) and in arrival time."""
         verdicts: list[GpuHealthVerdict] = []
         horizon = min(now, self.watermark + self.config.watermark_slack_s)
         for node, (seen, interval) in list(self.last_seen.items()):
-            if interval and horizon - seen > self.silence_limit(interval):
-                rules = [(r, horizon - seen) for r in self.rules if r.signal == "heartbeat_loss"]
-                verdicts += self._judge(self._entity(node, None), rules, now, now)
-        c = self.config
-        for key in list(self.unwell):
-            entity = self.entities[key]
-            clean_for = now - entity.last_bad
-            if entity.held:
+            if not interval:
                 continue
-            if entity.state == HealthState.SUSPECT and clean_for >= c.suspect_clear_s:
-                verdicts += self._move(entity, HealthState.HEALTHY, now, Finding(reason="no fault since"))
-            elif entity.state == HealthState.QUARANTINED and clean_for >= c.probation_s:
-                finding = Finding(entity.severity, entity.rule, f"clean for {clean_for:.0f} s; on probation",
-                                  entity.action)  # fmt: skip
-                verdicts += self._move(entity, HealthState.RECOVERING, now, finding)
-            elif entity.state == HealthState.RECOVERING and clean_for >= 2 * c.probation_s:
-                verdicts += self._move(entity, HealthState.HEALTHY, now, Finding(reason="passed probation"))
+            limit = self.silence_limit(interval)
+            if horizon - seen > limit and now - self.arrived.get(node, float("-inf")) > limit:
+                rules = [(r, horizon - seen) for r in self.heartbeat_rules]
+                verdicts += self._judge(self._entity(node, None), rules, now, now)
         return verdicts
+
+    def _hold_clean_time(self, entity: Entity, now: float) -> None:
+        """A restored entity of a node not heard from since: its clean time stands still (a recovering one keeps
+        the first probation it had passed)."""
+        credit = self.config.probation_s if entity.state == HealthState.RECOVERING else 0.0
+        entity.last_bad = max(entity.last_bad, now - credit)
+
+    def _progress(self, entity: Entity, now: float) -> list[GpuHealthVerdict]:
+        """Suspect -> healthy, quarantined -> recovering -> healthy, for an entity that stayed clean long enough."""
+        c = self.config
+        clean_for = now - entity.last_bad
+        if entity.state == HealthState.SUSPECT and clean_for >= c.suspect_clear_s:
+            return self._move(entity, HealthState.HEALTHY, now, Finding(reason="no fault since"))
+        if entity.state == HealthState.QUARANTINED and clean_for >= c.probation_s:
+            finding = Finding(entity.severity, entity.rule, f"clean for {clean_for:.0f} s; on probation", entity.action)
+            return self._move(entity, HealthState.RECOVERING, now, finding)
+        if entity.state == HealthState.RECOVERING and clean_for >= 2 * c.probation_s:
+            return self._move(entity, HealthState.HEALTHY, now, Finding(reason="passed probation"))
+        return []
 
     # ---- the state machine ----------------------------------------------------------------------------------
 
@@ -178,31 +240,33 @@ class HealthEngine:
         return entity
 
     def _judge(self, entity: Entity, hits: list[tuple[Rule, float]], now: float, at: float) -> list[GpuHealthVerdict]:
-        """`now`: when the verdict is made; `at`: the time of the observation (sample time) the hits come from."""
+        """`now`: when the verdict is made; `at`: the time of the observation (sample time) the hits come from.
+
+        Every hit is counted, and the worst one that is due decides; a degraded rule still short of its count (an
+        early hit: suspect) decides only when nothing worse is due, so a fatal XID is never lost behind it."""
         if not hits:
             return []
         entity.last_bad = now
         worst: tuple[Rule, float] | None = None
+        early: Finding | None = None
         for rule, value in hits:
             if rule.sustain_s:
                 since = entity.streaks.setdefault(rule.name, at)
                 if at - since < rule.sustain_s:
                     continue  # not held long enough (a warning rule on the same signal may mark it suspect)
             elif rule.count > 1:
-                times = entity.hits.setdefault(rule.name, deque())
-                times.append(at)
-                while times and at - times[0] > rule.window_s:
-                    times.popleft()
+                times = _count_hit(entity, rule, at)
                 if len(times) < rule.count:
-                    if rule.severity == Severity.DEGRADED and entity.state == HealthState.HEALTHY:
+                    if early is None and rule.severity == Severity.DEGRADED:
                         reason = f"{rule.name}: {value:g} ({len(times)} of {rule.count})"
-                        finding = Finding(
-                            rule.severity.value, rule.name, reason, rule.action, {str(rule.signal): value}
-                        )
-                        return self._move(entity, HealthState.SUSPECT, now, finding)
+                        early = Finding(rule.severity.value, rule.name, reason, rule.action, {str(rule.signal): value})
                     continue
             if worst is None or _rank(rule.severity) > _rank(worst[0].severity):
                 worst = (rule, value)
+        if early is not None and (worst is None or worst[0].severity == Severity.WARNING):
+            if entity.state == HealthState.HEALTHY:
+                return self._move(entity, HealthState.SUSPECT, now, early)
+            return []
         if worst is None:
             return []
         rule, value = worst
@@ -285,10 +349,48 @@ class HealthEngine:
         entity.action, entity.held, entity.uuid = verdict.action, verdict.held, verdict.uuid
         if verdict.state in (HealthState.QUARANTINED, HealthState.SUSPECT):
             entity.last_bad = verdict.observed_at
+        elif verdict.state == HealthState.RECOVERING:
+            entity.last_bad = verdict.observed_at - self.config.probation_s  # the first probation was passed
+        if verdict.state != HealthState.HEALTHY and not self.last_seen.get(verdict.node, (0.0, 0.0))[1]:
+            self.unheard.add(verdict.node)  # its entities wait until the node reports again
 
     def out_of_service(self) -> list[Entity]:
         """Entities whose GPUs must be unschedulable now."""
         return [e for e in self.entities.values() if e.state in (HealthState.QUARANTINED, HealthState.RECOVERING)]
+
+
+def physical_gpus(devices: Sequence[GpuDevice]) -> tuple[int, dict[str, str]]:
+    """A node's physical GPUs from its inventory's devices, and its MIG instances' parents (UUID -> UUID).
+
+    MIG reconfiguration changes the number of devices, not of GPUs: a GPU in MIG mode is listed as its instances
+    instead of itself, each naming it in `parent_uuid`; a whole GPU counts one (as `reported_gpus` counts it)."""
+    parents = {d.uuid: d.parent_uuid for d in devices if d.parent_uuid}
+    whole = sum(1 for d in devices if not d.parent_uuid)
+    return whole + len(set(parents.values())), parents
+
+
+def reported_gpus(samples: Sequence[GpuSample], parents: Mapping[str, str]) -> int:
+    """The physical GPUs a batch reports: a whole GPU's sample counts one, a MIG instance's counts its parent once
+    (an instance the inventory does not know yet counts one: an overcount never quarantines)."""
+    if not parents:
+        return len(samples)
+    whole, instances_of = 0, set()
+    for sample in samples:
+        parent = parents.get(sample.uuid)
+        if parent is None:
+            whole += 1
+        else:
+            instances_of.add(parent)
+    return whole + len(instances_of)
+
+
+def _count_hit(entity: Entity, rule: Rule, at: float) -> deque[float]:
+    """Record a counted rule's hit at sample time `at`; its hits within the window."""
+    times = entity.hits.setdefault(rule.name, deque())
+    times.append(at)
+    while times and at - times[0] > rule.window_s:
+        times.popleft()
+    return times
 
 
 def _break_streaks(entity: Entity, hits: list[tuple[Rule, float]]) -> None:

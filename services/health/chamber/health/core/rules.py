@@ -158,8 +158,11 @@ def _rate(before: int | None, after: int | None, dt: float) -> float | None:
     return max(0.0, (after - before) / dt)
 
 
-def gpu_signals(sample: GpuSample, history: CounterHistory, node: str, at: float) -> Mapping[str, float]:
-    """The values of every GPU-scoped signal a sample carries (absent fields give no signal)."""
+def gpu_signals(sample: GpuSample, history: CounterHistory | None, node: str, at: float) -> Mapping[str, float]:
+    """The values of every GPU-scoped signal a sample carries (absent fields give no signal).
+
+    `history` None: the observation is not a sample of the GPU's series (an XID event between two samples): it
+    gives no rates and leaves the history alone, which would otherwise lose the previous sample's counters."""
     out: dict[str, float] = {}
     if sample.ecc_dbe_volatile is not None:
         out["ecc_dbe_volatile"] = float(sample.ecc_dbe_volatile)
@@ -176,9 +179,10 @@ def gpu_signals(sample: GpuSample, history: CounterHistory, node: str, at: float
         nvlink = (
             (sample.nvlink_replay_errors or 0) + (sample.nvlink_recovery_errors or 0) + (sample.nvlink_crc_errors or 0)
         )
-    sbe, nvl, pcie = history.rates(
-        (node, sample.index), (at, sample.ecc_sbe_volatile, nvlink, sample.pcie_replay_count)
-    )
+    sbe = nvl = pcie = None
+    if history is not None:
+        counters = (at, sample.ecc_sbe_volatile, nvlink, sample.pcie_replay_count)
+        sbe, nvl, pcie = history.rates((node, sample.index), counters)
     if sbe is not None:
         out["ecc_sbe_rate"] = sbe
     if nvl is not None:

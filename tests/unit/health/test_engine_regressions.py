@@ -1,0 +1,235 @@
+"""Regressions of the health engine: XID events as heartbeats, clock skew, restarts, the worst hit of a sample,
+and a node that comes back from a reboot with a GPU missing."""
+
+from types import SimpleNamespace
+from typing import Any
+
+from chamber.common.contracts import (
+    GpuDevice,
+    GpuHealthVerdict,
+    GpuSample,
+    GpuXidEvent,
+    HealthCommand,
+    HealthState,
+    Node,
+    NodeInventory,
+    NodeTelemetry,
+    Pool,
+)
+from chamber.health.core.engine import HealthConfig, HealthEngine, physical_gpus
+from chamber.health.core.rules import as_batch
+
+CFG = HealthConfig(probation_s=100, suspect_clear_s=50)
+NODES = ("n1", "n2", "n3", "n4")
+
+
+def batch(node: str, at: float, gpus: int = 1, **fields: Any) -> NodeTelemetry:
+    samples = [GpuSample(index=i, uuid=f"{node}-{i}", **fields) for i in range(gpus)]
+    return NodeTelemetry(node=node, sampled_at=at, interval_s=1.0, gpus=samples)
+
+
+def engine(gpus: int = 1) -> HealthEngine:
+    e = HealthEngine(config=CFG)
+    for node in NODES:
+        e.set_inventory(node, gpus, 0.0)
+    return e
+
+
+def run(e: HealthEngine, nodes: tuple[str, ...], start: int, stop: int, skew: float = 0.0) -> list[GpuHealthVerdict]:
+    """Every node reports each second (n1's clock `skew` off the service's), and the service ticks."""
+    out: list[GpuHealthVerdict] = []
+    for t in range(start, stop):
+        for node in nodes:
+            out += e.observe(batch(node, t + (skew if node == "n1" else 0.0)), float(t))
+        out += e.tick(t + 0.5)
+    return out
+
+
+def node_rules(verdicts: list[GpuHealthVerdict], node: str) -> list[tuple[HealthState, str]]:
+    return [(v.state, v.rule) for v in verdicts if v.node == node and v.gpu_index is None]
+
+
+# ---- 1. an XID event is no heartbeat and leaves the counters alone ----------------------------------------------
+
+
+def test_a_node_silent_after_an_xid_event_is_still_lost() -> None:
+    e = engine()
+    run(e, NODES, 0, 10)
+    xid = GpuXidEvent(node="n1", gpu_index=0, uuid="n1-0", xid=43, observed_at=9.5)
+    assert e.observe(as_batch(xid), 9.5) == [], "an application XID is nobody's fault"
+    got = run(e, NODES[1:], 10, 60)
+    assert node_rules(got, "n1") == [(HealthState.QUARANTINED, "heartbeat-loss")]
+
+
+def test_xid_events_between_samples_keep_the_error_rates() -> None:
+    e = HealthEngine(config=CFG)
+    got: list[GpuHealthVerdict] = []
+    for t in range(10):
+        got += e.observe(batch("n1", t, ecc_sbe_volatile=1000 * t), float(t))
+        xid = GpuXidEvent(node="n1", gpu_index=0, uuid="n1-0", xid=13, observed_at=t + 0.5)
+        got += e.observe(as_batch(xid), t + 0.5)
+    assert [(v.state, v.rule) for v in got] == [
+        (HealthState.SUSPECT, "ecc-sbe-rate"), (HealthState.QUARANTINED, "ecc-sbe-rate"),
+    ]  # fmt: skip
+
+
+# ---- 2. clock skew -----------------------------------------------------------------------------------------------
+
+
+def test_a_node_whose_clock_lags_by_more_than_the_silence_limit_is_not_lost() -> None:
+    e = engine()
+    got = run(e, NODES, 100, 400, skew=-40.0)
+    assert node_rules(got, "n1") == []
+    assert e.entities[("n1", None)].state == HealthState.HEALTHY
+
+
+def test_a_lagging_node_that_dies_is_still_lost_when_its_arrivals_stop() -> None:
+    e = engine()
+    run(e, NODES, 100, 200, skew=-40.0)
+    got = run(e, NODES[1:], 200, 260)
+    assert node_rules(got, "n1") == [(HealthState.QUARANTINED, "heartbeat-loss")]
+    when = next(v.observed_at for v in got if v.node == "n1")
+    assert 229 < when < 231.5, "the silence limit after its last arrival"
+
+
+# ---- 3. restart ---------------------------------------------------------------------------------------------------
+
+
+def restored(node: str, gpu: int | None, state: HealthState, at: float, rule: str) -> GpuHealthVerdict:
+    return GpuHealthVerdict(node=node, gpu_index=gpu, state=state, reason=rule, observed_at=at, severity="fatal",
+                            rule=rule, action="reboot-node")  # fmt: skip
+
+
+def test_a_node_restored_lost_stays_out_until_it_is_heard_from() -> None:
+    e = HealthEngine(config=CFG)
+    e.restore(restored("n1", None, HealthState.QUARANTINED, 60.0, "heartbeat-loss"))
+    e.restore(restored("n1", 0, HealthState.QUARANTINED, 50.0, "xid-gsp"))
+    for node in NODES:
+        e.set_inventory(node, 1, 60.0)
+    got = run(e, NODES[1:], 60, 1000)
+    assert [v for v in got if v.node == "n1"] == []
+    assert e.entities[("n1", None)].state == HealthState.QUARANTINED
+    assert e.entities[("n1", 0)].state == HealthState.QUARANTINED
+    got = run(e, NODES, 1000, 1300)
+    assert node_rules(got, "n1") == [(HealthState.RECOVERING, "heartbeat-loss"), (HealthState.HEALTHY, "")]
+    assert [v.state for v in got if v.gpu_index == 0] == [HealthState.RECOVERING, HealthState.HEALTHY]
+    first = min(v.observed_at for v in got)
+    assert first >= 999.5 + CFG.probation_s, "probation starts when it is heard from (its last tick unheard)"
+
+
+def test_an_xid_event_does_not_count_as_hearing_from_a_restored_node() -> None:
+    e = HealthEngine(config=CFG)
+    e.restore(restored("n1", None, HealthState.QUARANTINED, 60.0, "heartbeat-loss"))
+    e.observe(as_batch(GpuXidEvent(node="n1", gpu_index=0, uuid="n1-0", xid=13, observed_at=61.0)), 61.0)
+    assert run(e, NODES[1:], 61, 500) == []
+
+
+def test_a_restored_recovering_entity_keeps_its_second_probation() -> None:
+    e = HealthEngine(config=CFG)
+    e.restore(restored("n1", 3, HealthState.RECOVERING, 1000.0, "xid-gsp"))
+    e.set_inventory("n1", 1, 1000.0)
+    assert e.tick(1001.0) == [], "not healthy at the first tick"
+    got = run(e, ("n1",), 1001, 1200)
+    (v,) = got
+    assert (v.gpu_index, v.state) == (3, HealthState.HEALTHY)
+    assert 1100 <= v.observed_at <= 1102, "one more probation after the restart, not two"
+
+
+# ---- 4. the worst hit of one observation wins -------------------------------------------------------------------
+
+
+def test_a_fatal_xid_in_the_same_sample_as_a_first_correctable_burst_quarantines() -> None:
+    e = HealthEngine(config=CFG)
+    e.observe(batch("n1", 0, ecc_dbe_volatile=0, ecc_sbe_volatile=0), 0.0)
+    (v,) = e.observe(batch("n1", 1, ecc_dbe_volatile=0, ecc_sbe_volatile=500, xids=[48]), 1.0)
+    assert (v.state, v.rule, v.severity) == (HealthState.QUARANTINED, "xid-double-bit-ecc", "fatal")
+
+
+def test_a_first_correctable_burst_alone_still_marks_suspect() -> None:
+    e = HealthEngine(config=CFG)
+    e.observe(batch("n1", 0, ecc_sbe_volatile=0, clock_event_reasons=0), 0.0)
+    (v,) = e.observe(batch("n1", 1, ecc_sbe_volatile=500, clock_event_reasons=0x20), 1.0)
+    assert (v.state, v.rule, v.severity) == (HealthState.SUSPECT, "ecc-sbe-rate", "degraded")
+
+
+# ---- 5. gpu-count-drop against the most GPUs the node has had ---------------------------------------------------
+
+
+def test_a_node_back_from_a_reboot_with_a_gpu_missing_is_caught() -> None:
+    e = engine(gpus=8)
+    e.observe(batch("n1", 0, gpus=8), 0.0)
+    e.set_inventory("n1", 7, 5.0)  # the agent restarted and sees 7
+    got = e.observe(batch("n1", 6, gpus=7), 6.0)
+    assert node_rules(got, "n1") == [(HealthState.QUARANTINED, "gpu-count-drop")]
+    assert got[0].evidence == {"gpu_count_drop": 1.0}
+
+
+def test_an_operator_release_accepts_the_node_with_fewer_gpus() -> None:
+    e = engine(gpus=8)
+    e.set_inventory("n1", 7, 5.0)
+    e.observe(batch("n1", 6, gpus=7), 6.0)
+    e.command(HealthCommand(node="n1", gpu_index=None, command="release", reason="re-provisioned"), 7.0)
+    assert e.observe(batch("n1", 8, gpus=7), 8.0) == []
+    assert e.entities[("n1", None)].state == HealthState.HEALTHY
+
+
+def test_a_gpu_release_does_not_reset_the_expected_count() -> None:
+    e = engine(gpus=8)
+    e.set_inventory("n1", 7, 5.0)
+    e.command(HealthCommand(node="n1", gpu_index=3, command="release"), 6.0)
+    assert node_rules(e.observe(batch("n1", 8, gpus=7), 8.0), "n1") == [(HealthState.QUARANTINED, "gpu-count-drop")]
+
+
+def devices(whole: int, mig: dict[int, int]) -> list[GpuDevice]:
+    """`whole` whole GPUs, then the MIG instances of the GPUs in `mig` (physical index -> how many)."""
+    out = [GpuDevice(index=i, uuid=f"GPU-{i}", model="H100") for i in range(whole)]
+    for gpu, count in mig.items():
+        out += [GpuDevice(index=len(out), uuid=f"MIG-{gpu}-{k}", model="H100", mig_profile="1g.10gb",
+                          parent_uuid=f"GPU-{gpu}") for k in range(count)]  # fmt: skip
+    return out
+
+
+def device_batch(node: str, at: float, devs: list[GpuDevice]) -> NodeTelemetry:
+    return NodeTelemetry(node=node, sampled_at=at, interval_s=1.0,
+                         gpus=[GpuSample(index=d.index, uuid=d.uuid) for d in devs])  # fmt: skip
+
+
+def test_mig_reconfiguration_is_no_gpu_count_drop() -> None:
+    e = HealthEngine(config=CFG)
+    layouts = [devices(8, {}), devices(7, {7: 7}), devices(6, {6: 2, 7: 1}), devices(8, {})]
+    for k, devs in enumerate(layouts):
+        count, parents = physical_gpus(devs)
+        assert count == 8
+        e.set_inventory("n1", count, float(k), parents)
+        assert e.observe(device_batch("n1", k + 0.5, devs), k + 0.5) == []
+
+
+def test_a_mig_node_that_loses_a_whole_gpu_is_caught() -> None:
+    e = HealthEngine(config=CFG)
+    devs = devices(7, {7: 7})
+    e.set_inventory("n1", *physical_gpus(devs)[:1], 0.0, physical_gpus(devs)[1])
+    e.observe(device_batch("n1", 1, devs), 1.0)
+    got = e.observe(device_batch("n1", 2, devs[1:]), 2.0)  # 13 devices, but only 7 physical GPUs
+    assert node_rules(got, "n1") == [(HealthState.QUARANTINED, "gpu-count-drop")]
+
+
+def test_the_service_hands_the_engine_physical_gpus() -> None:
+    """MIG reconfiguration changes the devices, not the GPUs; a reboot that loses a GPU changes the GPUs."""
+    from chamber.health.service import Health
+
+    e = HealthEngine(config=CFG)
+    ctx = SimpleNamespace(clock=SimpleNamespace(now=lambda: 0.0))
+    shell = Health(ctx, bus=None, ledger=None, engine=e)  # type: ignore[arg-type]
+    pool = Pool(name="h100", gpu_model="H100")
+
+    def inventory(devs: list[GpuDevice]) -> None:
+        shell._on_inventory(NodeInventory(node=Node(name="n1", pool="h100", gpus=devs), pool=pool, observed_at=0.0))
+        assert shell.inventory["n1"] == [d.index for d in devs], "the ledger's slots are still the devices"
+
+    for k, devs in enumerate([devices(7, {7: 7}), devices(7, {7: 2})]):  # GPU 7 re-partitioned: 14, then 9 devices
+        inventory(devs)
+        assert e.observe(device_batch("n1", k, devs), float(k)) == []
+    rebooted = devices(6, {7: 2})  # back from a reboot without GPU 6: 8 devices, 7 GPUs
+    inventory(rebooted)
+    got = e.observe(device_batch("n1", 5, rebooted), 5.0)
+    assert node_rules(got, "n1") == [(HealthState.QUARANTINED, "gpu-count-drop")]
