@@ -4,6 +4,8 @@ and a node that comes back from a reboot with a GPU missing."""
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
+
 from chamber.common.contracts import (
     GpuDevice,
     GpuHealthVerdict,
@@ -233,3 +235,27 @@ def test_the_service_hands_the_engine_physical_gpus() -> None:
     inventory(rebooted)
     got = e.observe(device_batch("n1", 5, rebooted), 5.0)
     assert node_rules(got, "n1") == [(HealthState.QUARANTINED, "gpu-count-drop")]
+
+
+# ---- XIDs that ask for a reset when convenient ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("xid", "state", "severity"),
+    [
+        (48, HealthState.QUARANTINED, "fatal"),  # double-bit ECC: the GPU's memory cannot be trusted
+        (95, HealthState.QUARANTINED, "fatal"),  # uncontained ECC error: every process on the GPU is affected
+        (64, HealthState.QUARANTINED, "fatal"),  # a page retirement or row remap failed
+        (63, HealthState.QUARANTINED, "degraded"),  # a row remapped: jobs may go on, reset when convenient
+        (92, HealthState.QUARANTINED, "degraded"),  # high single-bit ECC rate
+        (94, HealthState.QUARANTINED, "degraded"),  # contained ECC error: only the process that hit it died
+        (43, None, None),  # an application XID: the job's fault, not the GPU's
+    ],
+)
+def test_each_xid_is_judged_by_what_nvidia_recommends(
+    xid: int, state: HealthState | None, severity: str | None
+) -> None:
+    e = HealthEngine(config=CFG)
+    verdicts = e.observe(batch("n1", 0, xids=[xid]), 0.0)
+    got = [(v.state, v.severity) for v in verdicts if v.gpu_index == 0]
+    assert got == ([] if state is None else [(state, severity)])

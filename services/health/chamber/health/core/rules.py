@@ -1,7 +1,10 @@
 """Health rules as data: a signal, a threshold, a window, a severity, a scope and the action to recommend.
 
 The defaults follow NVIDIA's XID catalog, DCGM's health watches and NVSentinel: hardware XIDs are fatal,
-application XIDs (13, 31, 43, 45, 68: a bad kernel, not a bad GPU) are ignored; a volatile double-bit ECC error,
+application XIDs (13, 31, 43, 45, 68: a bad kernel, not a bad GPU) are ignored; XIDs that ask for a reset when
+convenient (63: a row remapped or a page retired, applied at the next reset; 92: a high single-bit error rate;
+94: an uncorrectable error contained to the process that hit it) drain the GPU with checkpoint grace instead of
+interrupting it; a volatile double-bit ECC error,
 a failed row remap or a GPU off the bus take the GPU out at once; pending remaps and retired-page limits (pre-Ampere)
 call for a reset; correctable ECC, NVLink and PCIe error *rates* above budget, seen 3 times within a minute,
 degrade (isolated correctable errors are normal and never reach them); thermal and power throttling are warnings
@@ -63,12 +66,10 @@ class Rule:
     xids: tuple[int, ...] = ()
 
 
-FATAL_XIDS = (48, 63, 64, 74, 79, 92, 94, 95, 119, 120, 123, 136, 140, 143)
-APPLICATION_XIDS = (13, 31, 43, 45, 68)
-
 DEFAULT_RULES: tuple[Rule, ...] = (
     Rule("xid-fallen-off-bus", "xid", Severity.FATAL, xids=(79,), scope="node", action="reboot-node"),
-    Rule("xid-double-bit-ecc", "xid", Severity.FATAL, xids=(48, 63, 64, 92, 94, 95), action="reset-gpu"),
+    Rule("xid-double-bit-ecc", "xid", Severity.FATAL, xids=(48, 64, 95), action="reset-gpu"),
+    Rule("xid-ecc-reset-due", "xid", Severity.DEGRADED, xids=(63, 92, 94), action="reset-gpu"),
     Rule("xid-nvlink", "xid", Severity.FATAL, xids=(74,), action="reset-gpu"),
     Rule("xid-gsp", "xid", Severity.FATAL, xids=(119, 120, 136, 140, 143), action="reboot-node"),
     Rule("xid-other-hardware", "xid", Severity.FATAL, xids=(123,), action="rma"),
