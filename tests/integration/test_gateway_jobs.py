@@ -108,6 +108,11 @@ async def test_jobs_that_can_never_run_are_refused_at_submit(
         ("POST", "/v1/sim/faults", {"node": "node-0000", "fault": "dbe", "gpu": 1, "when": "now"}),
         ("POST", "/v1/nodes/node-0000/cordon", {"gpu": "1"}),
         ("POST", "/v1/tokens", {"name": "x", "role": "root"}),
+        ("PUT", "/v1/teams/ml%0A", {"org": "acme"}),
+        ("PUT", "/v1/pools/p9%0A", {"gpu_model": "H100"}),
+        ("POST", "/v1/jobs", {**JOB, "team": "ml\n"}),
+        ("PUT", "/v1/teams/ml", {"org": "acme", "quotas": [{"pool": "default", "nominal": 3_000_000_000}]}),
+        ("PUT", "/v1/pools/p9", {"gpu_model": "H100", "cost_per_gpu_hour": float("inf")}),
     ],
     ids=[
         "gpus-as-string",
@@ -125,6 +130,11 @@ async def test_jobs_that_can_never_run_are_refused_at_submit(
         "fault-unknown-field",
         "cordon-gpu-as-string",
         "unknown-role",
+        "team-name-newline",
+        "pool-name-newline",
+        "job-team-newline",
+        "nominal-beyond-int32",
+        "cost-infinite",
     ],
 )
 async def test_bad_input_is_a_clear_400_and_changes_nothing(

@@ -67,10 +67,12 @@ def version(draw: st.DrawFn, job: str, number: int, end: float) -> JobRecord:
                    priority=draw(st.sampled_from(["train", "research"])),
                    pool=draw(st.sampled_from([None, "p", "q"])))  # fmt: skip
     ran = state != JobState.PENDING or draw(st.booleans())
+    requeued = state != JobState.RUNNING and ran and draw(st.booleans())
+    """Preempted and requeued (then perhaps cancelled or failed): run time kept, `started_at` cleared."""
     return JobRecord(
         id=job, spec=spec, state=state, submitted_at=START, updated_at=updated, version=number,
         placement=Placement(attempt=1, gpus=[GpuRef(node, 0)]) if placed else None,
-        started_at=started if (ran or placed) else None,
+        started_at=started if (ran or placed) and not requeued else None,
         finished_at=updated if state in (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED) else None,
         run_s=draw(times) / 4 if ran else 0.0, lost_s=draw(st.floats(0, 3600)) if ran else 0.0,
     )  # fmt: skip
@@ -147,9 +149,39 @@ def test_a_running_job_accrues_gpu_hours_and_cost_without_any_change() -> None:
 def test_a_new_budget_day_starts_from_zero() -> None:
     b = book()
     spec = JobSpec(name="j", team="a", gpus_per_replica=8)
-    done = JobRecord(id="j", spec=spec, state=JobState.SUCCEEDED, submitted_at=START, updated_at=START + 60,
-                     started_at=START, finished_at=START + 60, run_s=10 * 3600)  # fmt: skip
-    acc = Accounting.build(b, NODE_POOL, [done], START + 120)
-    assert acc.teams(START + 120)["a"].budget_state == "blocked-all", "80 GPU-hours of a 73.3 daily budget"
+    end = START + 3 * 3600  # START is 08:00 UTC: the job ran from 01:00 to 11:00
+    done = JobRecord(id="j", spec=spec, state=JobState.SUCCEEDED, submitted_at=START, updated_at=end,
+                     started_at=end - 10 * 3600, finished_at=end, run_s=10 * 3600)  # fmt: skip
+    acc = Accounting.build(b, NODE_POOL, [done], end + 60)
+    assert acc.teams(end + 60)["a"].budget_state == "blocked-all", "80 GPU-hours of a 73.3 daily budget"
     assert acc.teams(START + 2 * DAY)["a"].budget_state == "ok"
     assert acc.teams(START + 2 * DAY)["a"].gpu_hours == pytest.approx(80.0), "the total stays"
+
+
+def midnight(days_after_start: int) -> float:
+    """00:00 UTC of the day `days_after_start` days after START's."""
+    return START - START % DAY + days_after_start * DAY
+
+
+@pytest.mark.parametrize("at_hour", [1.0, 2.5, 23.0])
+def test_a_budget_period_counts_only_the_part_of_each_run_inside_it(at_hour: float) -> None:
+    """8 GPUs running for 3 days, and 4 GPUs that ran 10 hours up to 02:00 today: the daily budget sees today's
+    hours only (8 x hours since midnight + 4 x 2), incrementally as from scratch, however the job got there."""
+    b = book()
+    today = midnight(3)
+    now = today + at_hour * 3600
+    running = JobRecord(id="r", spec=JobSpec(name="r", team="a", gpus_per_replica=8), state=JobState.RUNNING,
+                        submitted_at=today - 3 * DAY, updated_at=today - 3 * DAY, started_at=today - 3 * DAY,
+                        placement=Placement(attempt=1, gpus=[GpuRef("n1", 0)]))  # fmt: skip
+    ended = min(now, today + 2 * 3600)
+    finished = JobRecord(id="f", spec=JobSpec(name="f", team="a", gpus_per_replica=4), state=JobState.SUCCEEDED,
+                         submitted_at=ended - 10 * 3600, updated_at=ended, started_at=ended - 10 * 3600,
+                         finished_at=ended, run_s=10 * 3600)  # fmt: skip
+    expected = 8 * at_hour + 4 * (ended - today) / 3600
+    scratch = compute(b, [running, finished], NODE_POOL, now)["a"]
+    assert scratch.budget_used == pytest.approx(expected / 73.3, abs=1e-4)
+    assert scratch.gpu_hours == pytest.approx(8 * (3 * 24 + at_hour) + 40), "the lifetime total is unchanged"
+    built_days_ago = Accounting.build(b, NODE_POOL, [running], today - 2 * DAY)
+    built_days_ago.apply(finished, ended)
+    for acc in (Accounting.build(b, NODE_POOL, [running, finished], now), built_days_ago):
+        assert_same(acc.teams(now), compute(b, [running, finished], NODE_POOL, now))

@@ -35,6 +35,7 @@ class AdmitCase:
     borrowing: bool = False
     preemptible: bool = True
     says: str = ""
+    capacity: int = 16
 
 
 ADMIT = [
@@ -47,12 +48,12 @@ ADMIT = [
         "a",
         4,
         False,
-        says="idle GPUs to lend",
+        says="GPUs to lend",
     ),
     AdmitCase(
         "borrowing limit", [team("a", 8, borrow=2), team("b", 8)], {"a": 8}, "a", 4, False, says="borrowing limit"
     ),
-    AdmitCase("lending limit", [team("a", 8), team("b", 8, lend=2)], {"a": 8}, "a", 4, False, says="idle GPUs to lend"),
+    AdmitCase("lending limit", [team("a", 8), team("b", 8, lend=2)], {"a": 8}, "a", 4, False, says="GPUs to lend"),
     AdmitCase(
         "non-preemptible jobs never borrow",
         [team("a", 8), team("b", 8)],
@@ -76,6 +77,26 @@ ADMIT = [
         borrowing=True,
     ),
     AdmitCase(
+        "a team's own idle quota is not lent to it a second time",
+        [team("a", 8, cohort="x"), team("c", 8, cohort="y")],
+        {"a": 6},
+        "a",
+        4,
+        False,
+        says="0 GPUs to lend",
+    ),
+    AdmitCase("its first GPUs fill its own idle quota", [team("a", 8), team("b", 8)], {"a": 6}, "a", 4, True, True),
+    AdmitCase(
+        "a cohort-mate lends no more than its lending limit",
+        [team("a", 4), team("b", 4, lend=1)],
+        {"a": 2},
+        "a",
+        4,
+        False,
+        says="have 1 GPUs to lend in h100, 2 needed",
+        capacity=8,
+    ),
+    AdmitCase(
         "borrowers already hold the idle quota",
         [team("a", 4), team("b", 8), team("c", 4)],
         {"a": 8, "b": 0, "c": 4},
@@ -88,7 +109,7 @@ ADMIT = [
 
 @pytest.mark.parametrize("case", ADMIT, ids=[c.name for c in ADMIT])
 def test_admission(case: AdmitCase) -> None:
-    book = validate(config(*case.teams))
+    book = validate(config(*case.teams, capacity=case.capacity))
     usage = {(t, "h100"): n for t, n in case.usage.items()}
     adm = admit(book, usage, case.team, "h100", case.gpus, preemptible=case.preemptible)
     assert adm.ok == case.ok, adm

@@ -1,10 +1,15 @@
 """The quota service's accounting, from job records: GPU-hours and cost by pool and priority, budgets, org sums."""
 
+import math
+
 import pytest
 
 from chamber.common.contracts import (
+    TERMINAL_STATES,
     BudgetSpec,
     GpuRef,
+    JobRecord,
+    JobSpec,
     JobState,
     OrgConfig,
     Placement,
@@ -14,7 +19,7 @@ from chamber.common.contracts import (
     TeamQuota,
 )
 from chamber.common.quota import QuotaBook
-from chamber.quota.core.report import compute, org_totals
+from chamber.quota.core.report import compute, org_totals, recent_gpus
 from tests.support.builders import make_job
 
 NOW = 1_800_000_000.0
@@ -71,3 +76,36 @@ def test_organisations_sum_their_teams_at_every_level() -> None:
     assert orgs["acme"].gpu_hours == pytest.approx(9.0)
     assert orgs["acme"].nominal == 16
     assert orgs["acme"].teams == 2
+
+
+def _ran_10h(job_id: str, state: JobState, *, requeued: bool) -> JobRecord:
+    """8 GPUs for 10 hours up to a minute ago: finished, or preempted and requeued (the scheduler clears
+    `started_at` and keeps `run_s`/`lost_s`), then perhaps cancelled while waiting."""
+    return JobRecord(
+        id=job_id, spec=JobSpec(name=job_id, team="a", gpus_per_replica=8), state=state, submitted_at=NOW - 40000,
+        updated_at=NOW - 60, started_at=None if requeued else NOW - 36060,
+        finished_at=NOW - 60 if state in TERMINAL_STATES else None,
+        run_s=30000.0 if requeued else 36000.0, lost_s=6000.0 if requeued else 0.0, preemptions=int(requeued),
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("state", "requeued"),
+    [(JobState.PREEMPTED, True), (JobState.CANCELLED, True), (JobState.PENDING, True), (JobState.SUCCEEDED, False)],
+)
+def test_recent_usage_counts_the_gpu_time_of_every_attempt(state: JobState, *, requeued: bool) -> None:
+    """Fair share weighs the same GPU time the GPU-hours count, once: a requeued job's earlier runs still count
+    (they end when it stopped), and a finished job's last attempt is not counted twice."""
+    half_life = 7 * 86400.0
+    k = math.log(2) / half_life
+    ten_hours = 8 * (math.exp(-k * 60) - math.exp(-k * 36060))
+    record = _ran_10h("j", state, requeued=requeued)
+    assert recent_gpus(record, NOW, half_life) == pytest.approx(ten_hours)
+    config = QuotaConfig(
+        pools=[PoolConfig(name="p", gpu_model="H100")], orgs=[OrgConfig(name="o")], usage_half_life_s=half_life,
+        teams=[TeamConfig(name=t, org="o", quotas=[TeamQuota(pool="p", nominal=0)]) for t in ("a", "b")],
+    )  # fmt: skip
+    waiting = [make_job(f"w{t}").team(t).gpus(8, replicas=2).pool("p").at(NOW).build() for t in ("a", "b")]
+    teams = compute(QuotaBook(config, {"p": 16}), [record, *waiting], {}, NOW)
+    assert teams["a"].gpu_hours == pytest.approx(80.0)
+    assert teams["a"].fair_share < teams["b"].fair_share, "a used the fleet recently; b did not"

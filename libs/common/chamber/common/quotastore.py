@@ -19,7 +19,7 @@ from chamber.common.bus.errors import BusError
 from chamber.common.codec import DecodeError, Decoder, encode, unknown_fields
 from chamber.common.contracts import QuotaConfig
 from chamber.common.log import get_logger
-from chamber.common.quota import ConfigError
+from chamber.common.quota import ConfigError, non_finite
 
 log = get_logger(__name__)
 
@@ -33,7 +33,8 @@ class StaleConfig(BusError):
 
 
 def load_yaml(path: str | Path) -> QuotaConfig:
-    """A configuration from YAML, with a clear error for a malformed file or a key that means nothing."""
+    """A configuration from YAML, with a clear error for a malformed file, a key that means nothing, or a number
+    JSON cannot store (`.inf`, `.nan`: the stored configuration would hold null and never decode again)."""
     try:
         raw = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
     except (OSError, UnicodeDecodeError, yaml.YAMLError, RecursionError) as exc:
@@ -42,9 +43,15 @@ def load_yaml(path: str | Path) -> QuotaConfig:
     if unknown:
         raise ConfigError(f"quota file {path}: unknown field{'s' * (len(unknown) > 1)} {', '.join(unknown)}")
     try:
-        return msgspec.convert(raw, QuotaConfig)
+        config = msgspec.convert(raw, QuotaConfig)
     except msgspec.ValidationError as exc:
         raise ConfigError(f"quota file {path}: {exc}") from exc
+    bad = non_finite(config)
+    if bad:
+        raise ConfigError(
+            f"quota file {path}: " + "; ".join(f"{where}: {v} is not a finite number" for where, v in bad)
+        )
+    return config
 
 
 class QuotaStore:

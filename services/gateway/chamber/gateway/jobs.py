@@ -37,8 +37,9 @@ from chamber.gateway.core.views import JobView, job_view, submitted_view
 from chamber.gateway.errors import BadRequest, Conflict, FieldProblem, Forbidden, NotFound, Unavailable, Unprocessable
 from chamber.gateway.state import GatewayState
 
-JOB_ID = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
-IDEMPOTENCY_KEY = re.compile(r"^[\x21-\x7e]{1,255}$")
+JOB_ID = re.compile(r"[A-Za-z0-9_-]{1,128}")
+IDEMPOTENCY_KEY = re.compile(r"[\x21-\x7e]{1,255}")
+"""Both checked with `fullmatch`: `^...$` with `match` accepts a trailing newline."""
 
 
 class JobTimeline(msgspec.Struct, kw_only=True):
@@ -62,7 +63,7 @@ def new_job_id(now: float) -> str:
 
 
 def check_job_id(job_id: str) -> None:
-    if not JOB_ID.match(job_id):
+    if not JOB_ID.fullmatch(job_id):
         raise NotFound(f"no job {job_id!r} (job ids are 1-128 letters, digits, '-' or '_')", code="no-such-job")
 
 
@@ -110,7 +111,7 @@ async def submit(
         job_id = new_job_id(now)
         await _publish_submit(gw, job_id, spec, now)
         return submitted_view(job_id, spec, now), False
-    if not IDEMPOTENCY_KEY.match(idempotency_key):
+    if not IDEMPOTENCY_KEY.fullmatch(idempotency_key):
         raise BadRequest("Idempotency-Key must be 1-255 visible ASCII characters", code="bad-idempotency-key",
                          errors=[FieldProblem(field="Idempotency-Key", message="1-255 visible ASCII")])  # fmt: skip
     key = hashlib.sha256(f"{who.id}\n{idempotency_key}".encode()).hexdigest()

@@ -17,7 +17,7 @@ from litestar.status_codes import HTTP_204_NO_CONTENT
 
 from chamber.common.bus.errors import BusError
 from chamber.common.contracts import OrgUsage, PoolConfig, QuotaConfig, TeamConfig, TeamUsage
-from chamber.common.quota import ConfigError, validate
+from chamber.common.quota import ConfigError, non_finite, validate
 from chamber.common.quotastore import StaleConfig
 from chamber.gateway.core.authz import Permission
 from chamber.gateway.core.requests import PoolBody, PoolPatch, TeamBody, TeamPatch
@@ -29,7 +29,8 @@ from chamber.gateway.state import GatewayState
 
 READ = {"permission": Permission.READ}
 WRITE = {"permission": Permission.QUOTA_WRITE}
-NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,63}$")
+NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,63}")
+"""Checked with `fullmatch`: `^...$` with `match` lets a name end in a newline ("ml\n" would reach KV keys)."""
 
 
 class TeamView(msgspec.Struct, kw_only=True):
@@ -47,10 +48,20 @@ class PoolView(msgspec.Struct, kw_only=True):
 
 
 def check_name(kind: str, name: str) -> None:
-    if not NAME.match(name):
+    if not NAME.fullmatch(name):
         raise BadRequest(f"invalid {kind} name {name!r}: 1-64 lower-case letters, digits and '-', starting with a "
                          "letter or digit", code="invalid-name",
                          errors=[FieldProblem(field="name", message="^[a-z0-9][a-z0-9-]{0,63}$")])  # fmt: skip
+
+
+def check_finite(item: TeamConfig | PoolConfig) -> None:
+    """A 400 naming the field for inf or nan: JSON cannot store them, so the stored configuration would hold null
+    and never decode again. (The JSON decoder refuses them already; this holds for any other way in.)"""
+    bad = non_finite(item)
+    if bad:
+        raise BadRequest("; ".join(f"{where}: {value} is not a finite number" for where, value in bad),
+                         code="not-finite", errors=[FieldProblem(field=w, message="not a finite number")
+                                                    for w, _ in bad])  # fmt: skip
 
 
 def team_view(gw: GatewayState, config: QuotaConfig, name: str) -> TeamView | None:
@@ -113,6 +124,7 @@ def _pool(config: QuotaConfig, name: str) -> PoolConfig:
 async def put_team(request: Request[Any, Any, Any], name: FromPath[str], data: JSONBody[TeamBody]) -> TeamView:
     check_name("team", name)
     team = (body(request) or data).to_config(name)
+    check_finite(team)
     gw = gateway(request)
     config = await _change(gw, lambda c: _replace(c, "teams", team))
     return _view_after(gw, config, name)
@@ -166,6 +178,7 @@ async def get_pool(request: Request[Any, Any, Any], name: FromPath[str]) -> Pool
 async def put_pool(request: Request[Any, Any, Any], name: FromPath[str], data: JSONBody[PoolBody]) -> PoolView:
     check_name("pool", name)
     pool = (body(request) or data).to_config(name)
+    check_finite(pool)
     gw = gateway(request)
     config = await _change(gw, lambda c: _replace(c, "pools", pool))
     return _pool_view(gw, config, pool)

@@ -12,8 +12,9 @@ import msgspec
 
 from chamber.common.contracts.base import Contract, Event
 
-JobName = Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]
-TeamName = Annotated[str, msgspec.Meta(min_length=1, max_length=64, pattern=r"^[a-z0-9][a-z0-9-]*$")]
+JobName = Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$(?!\n)")]
+TeamName = Annotated[str, msgspec.Meta(min_length=1, max_length=64, pattern=r"^[a-z0-9][a-z0-9-]*$(?!\n)")]
+"""`(?!\n)`: Python's `$` also matches before a final newline; JSON Schema readers see the same pattern."""
 
 
 class JobState(StrEnum):

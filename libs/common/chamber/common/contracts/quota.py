@@ -6,8 +6,14 @@ import msgspec
 
 from chamber.common.contracts.base import Contract, Event
 
-Name = Annotated[str, msgspec.Meta(min_length=1, max_length=64, pattern=r"^[a-z0-9][a-z0-9-]*$")]
-Gpus = Annotated[int, msgspec.Meta(ge=0)]
+Name = Annotated[str, msgspec.Meta(min_length=1, max_length=64, pattern=r"^[a-z0-9][a-z0-9-]*$(?!\n)")]
+"""`(?!\n)`: Python's `$` also matches before a final newline ("ml\n" would pass and reach KV keys and NATS
+subjects); JSON Schema readers (ECMA-262) read the same pattern the same way."""
+MAX_GPUS = 2**31 - 1
+"""The largest GPU count the gRPC API carries (int32). Counts in the configuration are bounded by it, and
+validation keeps the sums published per team (its guarantees over all pools) within it too, which a pool whose
+capacity is not known yet cannot do. Generous on purpose: a stored configuration above it no longer decodes."""
+Gpus = Annotated[int, msgspec.Meta(ge=0, le=MAX_GPUS)]
 
 
 class PoolConfig(Contract, frozen=True):

@@ -10,7 +10,7 @@ Semantics follow Kueue's cohorts and KAI-Scheduler's deserved/over-quota rules:
 """
 
 from chamber.common.quota.admission import Admission, QuotaUsage, admit, admits, borrowed_jobs, may_reclaim
-from chamber.common.quota.book import ConfigError, QuotaBook, validate
+from chamber.common.quota.book import ConfigError, QuotaBook, non_finite, validate
 from chamber.common.quota.fairshare import decay, fair_shares, standings
 
 __all__ = [
@@ -24,6 +24,7 @@ __all__ = [
     "decay",
     "fair_shares",
     "may_reclaim",
+    "non_finite",
     "standings",
     "validate",
 ]

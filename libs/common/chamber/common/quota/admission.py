@@ -3,6 +3,7 @@
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
+from chamber.common.contracts import TeamQuota
 from chamber.common.quota.book import QuotaBook, Usage
 
 
@@ -54,8 +55,7 @@ class QuotaUsage:
         q = self.book.quota(team, pool)
         cohort = (pool, self.book.cohort_of(team))
         before = self._excess(cohort)
-        cap = q.nominal if q.lending_limit is None else q.lending_limit
-        self.idle[cohort] = self.idle.get(cohort, 0) + sign * max(0, min(cap, q.nominal - used))
+        self.idle[cohort] = self.idle.get(cohort, 0) + sign * lendable(q, used)
         self.borrowed[cohort] = self.borrowed.get(cohort, 0) + sign * max(0, used - q.nominal)
         self.excess[pool] = self.excess.get(pool, 0) + self._excess(cohort) - before
 
@@ -72,12 +72,23 @@ class QuotaUsage:
         self._contribute(team, pool, used + delta, +1)
 
     def borrowable(self, team: str, pool: str) -> int:
-        """GPUs `team` could borrow in `pool` now: its cohort's idle lendable quota plus the pool's unassigned
-        capacity, minus what borrowers already hold of them (other cohorts first draw on their own lenders)."""
+        """GPUs `team` could borrow in `pool` now: what the rest of its cohort lends (idle nominal up to each
+        lending limit) plus the pool's unassigned capacity, minus what borrowers already hold of them (other
+        cohorts first draw on their own lenders, the rest on the unassigned capacity).
+
+        The team's own idle nominal is not in it: a job's first GPUs fill that idle part (they are not borrowed),
+        so counting it again here would lend the team its own guarantee a second time, taking the GPUs from
+        another cohort's guarantee or from a cohort-mate beyond its lending limit."""
         cohort = (pool, self.book.cohort_of(team))
         spill = self.excess.get(pool, 0) - self._excess(cohort)
-        idle = self.idle.get(cohort, 0)
-        return max(0, idle + self.book.unassigned(pool) - self.borrowed.get(cohort, 0) - spill)
+        others_idle = self.idle.get(cohort, 0) - lendable(self.book.quota(team, pool), self.used.get((team, pool), 0))
+        return max(0, others_idle + self.book.unassigned(pool) - self.borrowed.get(cohort, 0) - spill)
+
+
+def lendable(quota: TeamQuota, used: int) -> int:
+    """The part of a team's idle nominal it lends to its cohort: all of it, or at most its lending limit."""
+    cap = quota.nominal if quota.lending_limit is None else quota.lending_limit
+    return max(0, min(cap, quota.nominal - used))
 
 
 def borrowable(book: QuotaBook, usage: "Usage | QuotaUsage", team: str, pool: str) -> int:
@@ -126,7 +137,9 @@ def admit(
     need = after - max(used, q.nominal)
     can = borrowable(book, usage, team, pool)
     if need > can:
-        return Admission(False, True, f"cohort has {can} idle GPUs to lend in {pool}, {need} needed")
+        return Admission(
+            False, True, f"cohort and unassigned capacity have {can} GPUs to lend in {pool}, {need} needed"
+        )
     return Admission(True, True, f"borrowing {over} GPUs above nominal in {pool}")
 
 

@@ -1,8 +1,12 @@
 """A quota configuration indexed for fast questions, and its validation."""
 
+import math
 from collections.abc import Mapping
 
+import msgspec
+
 from chamber.common.contracts import QuotaConfig, TeamConfig, TeamQuota
+from chamber.common.contracts.quota import MAX_GPUS
 
 Usage = Mapping[tuple[str, str], int]
 """(team, pool) -> GPUs in use."""
@@ -65,7 +69,7 @@ class QuotaBook:
 
 def validate(config: QuotaConfig, capacity: Mapping[str, int] | None = None) -> QuotaBook:
     """The book for `config`, or ConfigError naming every problem (the old configuration stays in force)."""
-    problems: list[str] = []
+    problems = [f"{where}: {value} is not a finite number" for where, value in non_finite(config)]
     pools = [p.name for p in config.pools]
     _duplicates("pool", pools, problems)
     _duplicates("team", [t.name for t in config.teams], problems)
@@ -101,9 +105,22 @@ def validate(config: QuotaConfig, capacity: Mapping[str, int] | None = None) -> 
         total = book.nominal_total.get(pool, 0)
         if cap and total > cap:
             problems.append(f"pool {pool}: guarantees add up to {total} GPUs, above its capacity of {cap}")
+        elif total > MAX_GPUS:
+            problems.append(f"pool {pool}: guarantees add up to {total} GPUs, above the {MAX_GPUS} a pool may hold")
+    problems.extend(_team_totals(book))
     if problems:
         raise ConfigError("; ".join(problems))
     return book
+
+
+def _team_totals(book: QuotaBook) -> list[str]:
+    """A team's guarantees over all its pools stay within MAX_GPUS: its published `nominal` is their sum (an
+    int32 in the gRPC API), and a pool whose capacity is not known yet cannot bound them."""
+    totals: dict[str, int] = {}
+    for (team, _), q in book.quotas.items():
+        totals[team] = totals.get(team, 0) + q.nominal
+    return [f"team {team}: guarantees add up to {total} GPUs over its pools, above the {MAX_GPUS} a team may have"
+            for team, total in totals.items() if total > MAX_GPUS]  # fmt: skip
 
 
 def _duplicates(what: str, names: list[str], problems: list[str]) -> None:
@@ -112,3 +129,19 @@ def _duplicates(what: str, names: list[str], problems: list[str]) -> None:
         if name in seen:
             problems.append(f"{what} {name!r} declared twice")
         seen.add(name)
+
+
+def non_finite(value: object, where: str = "") -> list[tuple[str, float]]:
+    """Every float field holding inf or nan, as (where, value): `pools[h100].cost_per_gpu_hour`.
+
+    YAML reads `.inf` and `.nan`, and the range checks of the contracts let inf through where there is no upper
+    bound; but JSON has no such numbers, so the stored configuration would hold null there and could never be
+    decoded again. Walks every field, so a float field added later is covered too."""
+    if isinstance(value, float):
+        return [] if math.isfinite(value) else [(where or "$", value)]
+    if isinstance(value, msgspec.Struct):
+        return [bad for name in value.__struct_fields__
+                for bad in non_finite(getattr(value, name), f"{where}.{name}" if where else name)]  # fmt: skip
+    if isinstance(value, list | tuple):
+        return [bad for i, item in enumerate(value) for bad in non_finite(item, f"{where}[{getattr(item, 'name', i)}]")]
+    return []

@@ -8,7 +8,9 @@ What grows with time is linear or exponential in `now`, so it is kept as coeffic
 - a finished run's decayed usage, gpus x (e^-k(now-end) - e^-k(now-start)), is e^-k(now-epoch) times the constant
   gpus x (e^k(end-epoch) - e^k(start-epoch)); a running one's is gpus - e^-k(now-epoch) x gpus x e^k(start-epoch).
 The epoch moves forward (and the exponential sums are rescaled) before e^k(t-epoch) could lose precision.
-A budget's period start moves (a new day, week or month): the teams concerned are summed again from their records.
+A budget period counts a record's finished GPU time after the period start (a constant) and its current attempt
+from max(period start, attempt start): both fit the same linear form. When the period start moves (a new day,
+week or month), the teams concerned are summed again from their records.
 
 This equals `report.tally` (the definition, from scratch) for records whose times are not in the future; the
 property tests in tests/unit/quota/test_accounting.py hold it to that.
@@ -18,11 +20,13 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from chamber.common.contracts import JobRecord, JobState, TeamUsage
+from chamber.common.contracts import JobRecord, TeamUsage
 from chamber.common.quota import QuotaBook
 from chamber.quota.core.report import (
     Tally,
     count,
+    done_after,
+    done_until,
     ended_at,
     period_start,
     pool_of,
@@ -181,40 +185,39 @@ class Accounting:
         if since is not None:
             s.cost_rate += sign * gpus * price
             s.cost_rate_x_start += sign * gpus * price * since
-        if s.period_start is not None and self._in_period(r, s.period_start):
-            s.in_period.add(done, gpus, since, sign)
-            s.in_period_cost.add(done * price, gpus * price, since, sign)
+        if s.period_start is not None:
+            self._add_in_period(s, r, s.period_start, price, sign)
         self._decay(s.recent, r, gpus, sign)
 
     def _decay(self, d: Decayed, r: JobRecord, gpus: float, sign: int) -> None:
-        if r.started_at is None:
-            return
+        """A record's recent usage as `report.recent_gpus` places it: a requeued job (no `started_at`) keeps the
+        run time it had, decaying from its last change."""
         k, epoch = self.k, self.epoch
-        start = _grown(k * (r.started_at - r.run_s - r.lost_s - epoch))
-        if r.state == JobState.RUNNING:
+        start = _grown(k * (done_until(r) - r.run_s - r.lost_s - epoch))
+        if running_since(r) is not None:
             d.running_gpus += sign * gpus
             d.running_start += sign * gpus * start
-        else:
+        elif r.run_s + r.lost_s > 0:
             d.finished += sign * gpus * (_grown(k * (ended_at(r) - epoch)) - start)
 
-    @staticmethod
-    def _in_period(r: JobRecord, start: float) -> bool:
-        return r.state == JobState.RUNNING or ended_at(r) >= start
+    def _add_in_period(self, s: _Team, r: JobRecord, start: float, price: float, sign: int) -> None:
+        """A record's GPU time in the budget period from `start`, as `report.period_gpu_seconds` counts it: the
+        finished part after `start` (a constant), and the current attempt from max(start, its start) on."""
+        gpus = float(r.spec.gpus)
+        done = gpus * done_after(r, start)
+        started = running_since(r)
+        since = None if started is None else max(start, started) - self.epoch
+        s.in_period.add(done, gpus, since, sign)
+        s.in_period_cost.add(done * price, gpus * price, since, sign)
 
     def _recount_period(self, team: str, s: _Team, start: float) -> None:
+        """A new period (day, week, month): what each record has in it from scratch, since the part of a run
+        before the new start no longer counts."""
         s.period_start = start
         s.in_period, s.in_period_cost = Grows(), Grows()
         for job in s.jobs:
             r = self.records[job]
-            if not self._in_period(r, start):
-                continue
-            gpus = float(r.spec.gpus)
-            done = gpus * (r.run_s + r.lost_s)
-            started = running_since(r)
-            since = None if started is None else started - self.epoch
-            price = price_of(self.book, pool_of(r, self.book, self.node_pool))
-            s.in_period.add(done, gpus, since, 1)
-            s.in_period_cost.add(done * price, gpus * price, since, 1)
+            self._add_in_period(s, r, start, price_of(self.book, pool_of(r, self.book, self.node_pool)), 1)
 
     def _maybe_rebase(self, now: float) -> None:
         """Move the epoch to `now` when the exponentials or the linear terms would grow too large."""

@@ -1,9 +1,11 @@
 """What the quota service publishes per team: usage, borrowing, lending, fair share, standing, spend, budget.
 
 Accounting is derived from the job records alone, so a restarted quota service recomputes exactly what it had:
-GPU time = GPUs x (checkpointed run time + time lost to preemptions + the current attempt so far). Recent usage
-for fair share decays with the configured half-life: a run from s to e at `now` weighs
-integral of 2^-((now - t) / H) dt, expressed as an average number of GPUs.
+GPU time = GPUs x (checkpointed run time + time lost to preemptions + the current attempt so far). A record
+keeps no time per attempt, so the earlier attempts are placed as one run just before the current attempt (or, for
+a job not running, ending when it last ran or changed: `done_until`). A budget period counts the part of that
+time inside [period start, now]. Recent usage for fair share decays with the configured half-life: a run from s
+to e at `now` weighs integral of 2^-((now - t) / H) dt, expressed as an average number of GPUs.
 
 `tally` sums every record from scratch (the definition); `chamber.quota.core.accounting` keeps the same sums up to
 date one record change at a time (what the service runs). Both hand a `Tally` to `report`.
@@ -58,12 +60,41 @@ def gpu_seconds(record: JobRecord, now: float) -> float:
     return record.spec.gpus * ran
 
 
+def done_until(record: JobRecord) -> float:
+    """When the job's finished GPU time (`run_s + lost_s`, earlier attempts) ends, taken as one contiguous run.
+
+    The record keeps no time for each attempt, so the runs are placed as late as the record allows: for a running
+    job, up to its current attempt's start; otherwise up to when it last ran or changed (`ended_at`; a preempted,
+    requeued job has `started_at=None` and no stop time, and its last change is its stop or, while it waits, a
+    little later). Budgets (what part lies in the period) and recent usage (how far it has decayed) both read
+    this placement, so they count exactly the GPU time `gpu_seconds` counts."""
+    since = running_since(record)
+    return since if since is not None else ended_at(record)
+
+
+def done_after(record: JobRecord, start: float) -> float:
+    """Seconds of the job's finished GPU time (per GPU) that lie after `start`, as `done_until` places them."""
+    done = record.run_s + record.lost_s
+    return min(done, max(0.0, done_until(record) - start))
+
+
+def period_gpu_seconds(record: JobRecord, start: float, now: float) -> float:
+    """The job's GPU time inside a budget period [start, now]: a job running for days charges a daily budget
+    with today's hours only, not its whole life."""
+    ran = done_after(record, start)
+    since = running_since(record)
+    if since is not None:
+        ran += max(0.0, now - max(start, since))
+    return record.spec.gpus * ran
+
+
 def recent_gpus(record: JobRecord, now: float, half_life_s: float) -> float:
-    """The job's decayed recent usage, as an average number of GPUs over the decay's time constant."""
-    if record.started_at is None:
+    """The job's decayed recent usage, as an average number of GPUs over the decay's time constant: its GPU time
+    (the same as `gpu_seconds`) placed as `done_until` says, the current attempt running up to `now`."""
+    end = now if running_since(record) is not None else ended_at(record)
+    start = done_until(record) - record.run_s - record.lost_s
+    if end <= start:
         return 0.0
-    end = now if record.state == JobState.RUNNING else ended_at(record)
-    start = record.started_at - record.run_s - record.lost_s  # earlier attempts, approximated as contiguous
     k = math.log(2) / half_life_s
     weight = math.exp(-k * max(0.0, now - end)) - math.exp(-k * max(0.0, now - start))
     return record.spec.gpus * max(0.0, weight)
@@ -133,9 +164,10 @@ def tally(book: QuotaBook, records: Iterable[JobRecord], node_pool: Mapping[str,
             prios = out.hours_by_priority.setdefault(team, {})
             prios[r.spec.priority] = prios.get(r.spec.priority, 0.0) + hours
         out.cost[team] = out.cost.get(team, 0.0) + hours * price
-        if team in starts and (r.state == JobState.RUNNING or ended_at(r) >= starts[team]):
+        if team in starts:
             h, c = out.in_period.get(team, (0.0, 0.0))
-            out.in_period[team] = (h + hours, c + hours * price)
+            period_hours = period_gpu_seconds(r, starts[team], now) / 3600
+            out.in_period[team] = (h + period_hours, c + period_hours * price)
         out.recent[team] = out.recent.get(team, 0.0) + recent_gpus(r, now, half_life)
     return out
 
