@@ -4,10 +4,10 @@ matches before a final newline), and no GPU count is larger than the gRPC API ca
 import msgspec
 import pytest
 
-from chamber.common.contracts import JobSpec, OrgConfig, PoolConfig, QuotaConfig, TeamConfig, TeamQuota
+from chamber.common.contracts import JobSpec, Node, OrgConfig, PoolConfig, QuotaConfig, TeamConfig, TeamQuota
 from chamber.common.contracts.quota import MAX_GPUS
 from chamber.common.quota import ConfigError, validate
-from chamber.gateway.core.requests import PoolBody, SubmitJobRequest, TeamBody
+from chamber.gateway.core.requests import PoolBody, SubmitJobRequest, TeamBody, TokenRequest
 from chamber.gateway.errors import BadRequest, NotFound
 from chamber.gateway.jobs import IDEMPOTENCY_KEY, check_job_id
 from chamber.gateway.quota_api import check_name
@@ -36,12 +36,20 @@ def test_path_names_and_job_ids_are_checked_whole(name: str) -> None:
         (JobSpec, lambda n: {"name": n, "team": "t", "gpus_per_replica": 1}),
         (SubmitJobRequest, lambda n: {"name": "j", "team": n, "gpus_per_replica": 1}),
         (TeamBody, lambda n: {"org": n}),
+        (Node, lambda n: {"name": n, "pool": "p", "gpus": []}),
     ],
-    ids=["team", "org", "pool", "quota-pool", "job-team", "job-name", "submit-team", "body-org"],
+    ids=["team", "org", "pool", "quota-pool", "job-team", "job-name", "submit-team", "body-org", "node"],
 )
 def test_contract_names_refuse_what_is_not_a_name(contract: type, shape: object, name: str) -> None:
     with pytest.raises(msgspec.ValidationError):
         msgspec.convert(shape(name), contract)  # type: ignore[operator]
+
+
+@pytest.mark.parametrize("name", ["ci\n", "ci bot\n", "\nci"], ids=repr)
+def test_token_names_end_where_they_end(name: str) -> None:
+    """Token names may hold spaces (`ci bot`), never a line break."""
+    with pytest.raises(msgspec.ValidationError):
+        msgspec.convert({"name": name, "role": "viewer"}, TokenRequest)
 
 
 def test_good_names_still_pass() -> None:

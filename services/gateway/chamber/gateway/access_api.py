@@ -90,7 +90,9 @@ async def read_audit(
     request: Request[Any, Any, Any],
     limit: Annotated[int, QueryParameter(name="limit", ge=1, le=1000)] = 100,
     actor: Annotated[str | None, QueryParameter(name="actor", max_length=64)] = None,
-    outcome: Annotated[str | None, QueryParameter(name="outcome", pattern="^(ok|denied|rejected|error)$")] = None,
+    outcome: Annotated[
+        str | None, QueryParameter(name="outcome", pattern=r"^(ok|denied|rejected|error)$(?!\n)")
+    ] = None,
     since: Annotated[float | None, QueryParameter(name="since", ge=0, le=1e11)] = None,
 ) -> list[AuditRecord]:
     gw = gateway(request)

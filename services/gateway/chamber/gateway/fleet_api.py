@@ -66,7 +66,7 @@ class HistoryView(msgspec.Struct, kw_only=True):
 async def fleet_history(
     request: Request[Any, Any, Any],
     metric: Metric = "utilization",
-    window: Annotated[str, QueryParameter(name="window", pattern=r"^[1-9][0-9]{0,5}[mhd]$")] = "1h",
+    window: Annotated[str, QueryParameter(name="window", pattern=r"^[1-9][0-9]{0,5}[mhd]$(?!\n)")] = "1h",
 ) -> HistoryView:
     if metric not in METRICS:
         raise BadRequest(f"unknown metric {metric!r}; one of {', '.join(METRICS)}", code="invalid",

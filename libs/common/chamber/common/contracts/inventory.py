@@ -6,7 +6,7 @@ import msgspec
 
 from chamber.common.contracts.base import Contract, Event
 
-Name = Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]
+Name = Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$(?!\n)")]
 
 
 class TopologyLabels(Contract, frozen=True):

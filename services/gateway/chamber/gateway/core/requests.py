@@ -117,7 +117,7 @@ class FaultRequest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
 
 
 class TokenRequest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    name: Annotated[str, msgspec.Meta(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9 ._@-]*$")]
+    name: Annotated[str, msgspec.Meta(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9 ._@-]*$(?!\n)")]
     role: Role
     teams: Annotated[list[Name], msgspec.Meta(max_length=64)] = msgspec.field(default_factory=list)
     """Members only: the teams whose jobs it submits, cancels and reads (at least one)."""
