@@ -6,7 +6,7 @@ import pytest
 
 from chamber.collector.agent.launching import replica_environment
 from chamber.collector.agent.replicas import Ending, ReplicaState, StopOrder
-from chamber.collector.agent.reports import ending_from, pending_reports
+from chamber.collector.agent.reports import LOST, ending_from, pending_reports
 from chamber.common.contracts import LaunchReplicas, ReplicaAssignment, ReplicaExited, ReplicaLaunchFailed
 
 STOP = StopOrder(reason="preempted", grace_s=5, requested_at=10.0, kill_at=15.0)
@@ -58,7 +58,7 @@ def test_an_exit_after_a_stop_or_the_dead_man_switch_says_it_was_asked_to_stop()
          Ending(exited_at=5.0, launch_error="cannot start on n1: No such file")),
         (None, state(stop=StopOrder(reason="x", grace_s=0, requested_at=1, kill_at=1, killed=True)),
          Ending(exited_at=9.0, signal=9)),
-        (None, state(), Ending(exited_at=9.0, lost=True, message="its supervisor ended without recording an exit")),
+        (None, state(), Ending(exited_at=9.0, lost=True, message=LOST)),
         ({"exit_code": "garbage"}, state(), Ending(exited_at=9.0, exit_code=None)),
     ],
     ids=["exit-0", "signal", "fenced", "launch-error", "killed-with-its-shim", "unknown", "garbage"],

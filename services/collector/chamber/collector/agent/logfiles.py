@@ -5,6 +5,7 @@ deleting the oldest beyond `SEGMENTS`; so at most `max_bytes` are kept and a rea
 rotations: bytes before the oldest segment are gone, later ones are where they were.
 """
 
+import io
 import os
 from pathlib import Path
 
@@ -37,27 +38,31 @@ class LogWriter:
         else:
             self.offset = 0
         self._start = existing[-1][0] if existing else 0
-        self._file = open(directory / f"{self._start:020d}{SUFFIX}", "ab")  # noqa: SIM115 - closed in close()
+        self._file = self._open(self._start)
+
+    def _open(self, start: int) -> io.FileIO:
+        """Unbuffered: `offset` counts what reached the file, also when a write fails (a full disk)."""
+        return open(self.directory / f"{start:020d}{SUFFIX}", "ab", buffering=0)
 
     def write(self, data: bytes) -> None:
+        """All of `data`, else OSError (e.g. ENOSPC) with `offset` at the end of what was written."""
         view = memoryview(data)
         while view:
             room = self.segment_bytes - (self.offset - self._start)
             if room <= 0:
                 self._rotate()
                 continue
-            part = view[:room]
-            self._file.write(part)
-            self.offset += len(part)
-            view = view[len(part) :]
-        self._file.flush()
+            written = self._file.write(view[:room]) or 0
+            self.offset += written
+            view = view[written:]
 
     def _rotate(self) -> None:
-        self._file.close()
-        self._start = self.offset
-        self._file = open(self.directory / f"{self._start:020d}{SUFFIX}", "ab")  # noqa: SIM115
-        for _, old in _segments(self.directory)[:-SEGMENTS]:
+        kept = _segments(self.directory)
+        for _, old in kept[: max(0, len(kept) - (SEGMENTS - 1))]:  # room for the new one, first: the disk may be full
             old.unlink(missing_ok=True)
+        new = self._open(self.offset)  # when it fails, the full segment stays the current one
+        self._file.close()
+        self._file, self._start = new, self.offset
 
     def close(self) -> None:
         self._file.close()

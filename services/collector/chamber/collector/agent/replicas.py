@@ -13,6 +13,7 @@ import os
 import shutil
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import msgspec
@@ -170,14 +171,50 @@ def signal_group(pgid: int, sig: int) -> None:
         os.killpg(pgid, sig)
 
 
-async def wait_exit(pid: int, poll_s: float = 0.2) -> None:
+def kill_group(pgid: int, start: str) -> None:
+    """SIGKILL what is left of the process group of a shim that is gone (`pgid` is the shim's pid). Nothing when
+    that pid now runs another process (`start` differs): the group is gone and the pid reused. While any member of
+    the group lives, the kernel does not reuse its id, so a group that is found is the shim's."""
+    if pgid <= 0 or (start and process_start(pgid) not in ("", start)):
+        return
+    signal_group(pgid, signal.SIGKILL)
+
+
+def group_alive(pgid: int, start: str) -> bool:
+    """Some process of the group of the shim `pgid` (started at `start`) still runs; a zombie does not count (it
+    holds no memory, on no GPU), nor the group of another process that now has the shim's pid."""
+    if pgid <= 0 or (start and process_start(pgid) not in ("", start)):
+        return False
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    try:
+        pids = [name for name in os.listdir("/proc") if name.isdigit()]
+    except OSError:
+        return True
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if len(fields) > 2 and fields[2] == str(pgid) and fields[0] != "Z":
+            return True
+    return False
+
+
+async def wait_exit(pid: int, poll_s: float = 0.2, on_exit: Callable[[], None] = lambda: None) -> None:
     """Until `pid` exits: a pidfd where the kernel offers one (woken at once, for any process), else polling.
-    A child of this process is reaped, so no zombie is left."""
+    `on_exit` runs once it has exited, before a child of this process is reaped (so its pid is not reused yet);
+    then it is reaped, so no zombie is left."""
     loop = asyncio.get_running_loop()
     fd = -1
     try:
         fd = os.pidfd_open(pid)
     except ProcessLookupError:
+        on_exit()
         _reap(pid)
         return
     except (AttributeError, OSError):
@@ -195,10 +232,13 @@ async def wait_exit(pid: int, poll_s: float = 0.2) -> None:
         finally:
             loop.remove_reader(fd)
             os.close(fd)
+        on_exit()
         _reap(pid)
         return
-    while not _reap(pid) and alive(pid, ""):  # noqa: ASYNC110 - no event tells of another process's exit here
+    while alive(pid, ""):  # noqa: ASYNC110 - no event tells of another process's exit here (a zombie has exited)
         await asyncio.sleep(poll_s)
+    on_exit()
+    _reap(pid)
 
 
 def _reap(pid: int) -> bool:

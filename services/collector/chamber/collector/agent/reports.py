@@ -8,6 +8,8 @@ import msgspec
 from chamber.collector.agent.replicas import Ending, ReplicaState
 from chamber.common.contracts import ReplicaExited, ReplicaLaunchFailed, ReplicaStarted
 
+LOST = "its supervisor ended without recording an exit; what it left running was killed"
+
 
 def pending_reports(node: str, s: ReplicaState) -> list[tuple[str, msgspec.Struct]]:
     """The reports of this replica that JetStream has not acknowledged yet, in order, with their id suffix."""
@@ -47,7 +49,7 @@ def ending_from(record: dict[str, object] | None, s: ReplicaState, node: str, no
                       fenced=bool(record.get("fenced")))  # fmt: skip
     if s.stop is not None and s.stop.killed:
         return Ending(exited_at=now, signal=signal.SIGKILL)  # the SIGKILL took the shim too
-    return Ending(exited_at=now, lost=True, message="its supervisor ended without recording an exit")
+    return Ending(exited_at=now, lost=True, message=LOST)
 
 
 def _int(value: object) -> int | None:

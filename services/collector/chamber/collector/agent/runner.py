@@ -9,6 +9,9 @@ this on NATS).
   tombstone: a late launch will not start it.
 - **Watch**: the shim's start record, then its exit (a pidfd wakes at once); **adopt** after a restart: the live
   replicas are watched again, the ones that ended meanwhile are settled from their records.
+- **A shim gone** (however: a recorded exit, or killed by the OOM killer or kill -9 without a record): whatever is
+  left of its process group is killed, and the replica is reported exited only once the group is gone (or after
+  `group_exit_s`), so the GPUs the scheduler then frees are free: the command's dead-man switch was the shim.
 Every change is saved to the state file before anything depends on it, and `on_change` is called so the server
 sends the reports it implies.
 """
@@ -31,6 +34,8 @@ from chamber.collector.agent.replicas import (
     ReplicaStore,
     StopOrder,
     alive,
+    group_alive,
+    kill_group,
     process_start,
     read_json,
     signal_group,
@@ -64,6 +69,8 @@ class RunnerConfig:
     timeout_s: float = 30.0
     log_max_bytes: int = 64 * 1024 * 1024
     retention_s: float = 7 * 86400.0
+    group_exit_s: float = 10.0
+    """How long the exit of a replica whose shim is gone waits for the rest of its process group to die."""
 
 
 @dataclass
@@ -230,7 +237,7 @@ class NodeRunner:
     async def _watch(self, replica: Replica) -> None:
         """Until the shim exits: note the start when the shim records it, then how the replica ended."""
         state = replica.state
-        exited = asyncio.create_task(wait_exit(state.shim_pid))
+        exited = asyncio.create_task(wait_exit(state.shim_pid, on_exit=lambda: self._kill_leftovers(replica)))
         try:
             while state.started_at is None and not exited.done():
                 self._read_started(replica)
@@ -241,6 +248,25 @@ class NodeRunner:
             if not exited.done():
                 exited.cancel()
         self._read_started(replica)
+        await self._settle(replica)
+
+    def _kill_leftovers(self, replica: Replica) -> None:
+        """The shim is gone: its group goes too (the shim itself ends by killing it; one that died without that
+        leaves the command running, unsupervised, on the replica's GPUs)."""
+        kill_group(replica.state.shim_pid, replica.state.shim_start)
+
+    async def _settle(self, replica: Replica) -> None:
+        """Once the shim's group is gone (or `group_exit_s` passed): the replica ended."""
+        state = replica.state
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.config.group_exit_s
+        while group_alive(state.shim_pid, state.shim_start):
+            if loop.time() >= deadline:
+                log.error("agent.replica_group_survived", job_id=state.job_id, attempt=state.attempt,
+                          replica=state.replica, pgid=state.shim_pid, waited_s=self.config.group_exit_s)  # fmt: skip
+                break
+            await asyncio.sleep(0.05)
+            self._kill_leftovers(replica)
         self._ended(replica)
 
     def _read_started(self, replica: Replica) -> None:
@@ -287,6 +313,10 @@ class NodeRunner:
             if state.shim_pid == 0:
                 state.ending = Ending(exited_at=self.clock.now(), launch_error="the agent stopped while starting it")
                 self.save(replica)
+                continue
+            self._kill_leftovers(replica)
+            if group_alive(state.shim_pid, state.shim_start):
+                replica.watch = asyncio.create_task(self._settle(replica), name=f"replica-{state.job_id}")
             else:
                 self._ended(replica)
         log.info("agent.adopted", node=self.node, replicas=len(self.replicas))

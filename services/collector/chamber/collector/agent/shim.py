@@ -10,6 +10,10 @@ A dead-man switch: the agent touches `lease` at every heartbeat it can publish. 
 `fence_after_s` (the agent is gone or cut off, and the scheduler will soon count the replica as lost and give its
 GPUs away), the shim stops the group itself: SIGTERM, `fence_grace_s`, SIGKILL.
 
+A shim that cannot write (a full disk) keeps supervising: output it cannot write is dropped and counted (a note
+says how much, once writing works again), and an exit it cannot record still ends with the group killed. A shim
+that dies anyway (the OOM killer, kill -9) leaves its group to the agent, which kills it (see `runner.py`).
+
 Standard library only, as it starts once per replica.
 """
 
@@ -38,6 +42,40 @@ def write_json(path: Path, value: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
+def _record(path: Path, value: dict[str, Any]) -> None:
+    """`write_json`, where a failure (a full disk) is noted on stderr (`shim.log`), not fatal: the agent then
+    takes the replica's end as unrecorded."""
+    try:
+        write_json(path, value)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            print(f"chamber shim: cannot write {path.name}: {exc}", file=sys.stderr, flush=True)
+
+
+class Output:
+    """The replica's log, where a write that fails (ENOSPC, EIO) costs the output, not the supervisor."""
+
+    def __init__(self, writer: LogWriter) -> None:
+        self.writer = writer
+        self.dropped = 0
+        """Bytes of output dropped since the last write that worked."""
+        self.error = ""
+
+    def write(self, data: bytes) -> None:
+        try:
+            if self.dropped:
+                self.writer.write(f"\nchamber: {self.dropped} bytes of output dropped: {self.error}\n".encode())
+                self.dropped = 0
+            self.writer.write(data)
+        except OSError as exc:
+            self.dropped += len(data)
+            self.error = exc.strerror or str(exc)
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.writer.close()
+
+
 def _ignore(signum: int, frame: object) -> None:
     """A handler, not SIG_IGN: an ignored signal would stay ignored in the command after exec."""
 
@@ -49,7 +87,7 @@ def _lease_age(directory: Path, started: float) -> float:
         return time.time() - started
 
 
-def _pump(fd: int, log: LogWriter) -> bool:
+def _pump(fd: int, log: Output) -> bool:
     """Copy what the command wrote; True at end of output."""
     while True:
         try:
@@ -65,7 +103,7 @@ def run(directory: Path) -> int:
     spec = json.loads((directory / "launch.json").read_text())
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(signum, _ignore)
-    log = LogWriter(directory / "log", int(spec["log_max_bytes"]))
+    log = Output(LogWriter(directory / "log", int(spec["log_max_bytes"])))
     started = time.time()
     try:
         child = subprocess.Popen(
@@ -96,14 +134,14 @@ def run(directory: Path) -> int:
             log.write(b"\nchamber: the node agent is gone; stopping this replica (SIGTERM)\n")
             os.killpg(0, signal.SIGTERM)
         if fenced_at is not None and time.time() - fenced_at >= float(spec.get("fence_grace_s") or 0):
-            write_json(directory / "exit.json", {"signal": signal.SIGKILL, "fenced": True, "exited_at": time.time()})
+            _record(directory / "exit.json", {"signal": signal.SIGKILL, "fenced": True, "exited_at": time.time()})
             log.close()
             os.killpg(0, signal.SIGKILL)
     if not eof:
         _pump(fd, log)
     code: int | None = rc if rc >= 0 else None
     sig: int | None = -rc if rc < 0 else None
-    write_json(
+    _record(
         directory / "exit.json",
         {"exit_code": code, "signal": sig, "fenced": fenced_at is not None, "exited_at": time.time()},
     )

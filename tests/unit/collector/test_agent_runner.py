@@ -1,0 +1,124 @@
+"""The node agent's replicas as real processes: a shim that dies without recording an exit (the OOM killer,
+kill -9) takes its command with it before the replica is reported exited, and a shim that cannot write its log
+(a full disk) keeps supervising."""
+
+import asyncio
+import contextlib
+import os
+import signal
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from chamber.collector.agent.replicas import alive
+from chamber.collector.agent.reports import LOST, pending_reports
+from chamber.collector.agent.runner import NodeRunner, Replica, RunnerConfig
+from chamber.common.clock import SystemClock
+from chamber.common.contracts import GpuDevice, LaunchReplicas, ReplicaAssignment, ReplicaExited
+
+pytestmark = pytest.mark.timeout(60)
+KEY = ("j1", 1, 0)
+
+
+def config(tmp_path: Path) -> RunnerConfig:
+    return RunnerConfig(
+        node="n1", gpus=[GpuDevice(index=0, uuid="GPU-a", model="H100")], root=tmp_path / "agent",
+        checkpoint_root=tmp_path / "ck", address="127.0.0.1", timeout_s=3600,
+    )  # fmt: skip
+
+
+def launch(runner: NodeRunner, command: list[str]) -> Replica:
+    req = LaunchReplicas(job_id="j1", attempt=1, replicas=1, assignments=[ReplicaAssignment(replica=0, gpus=[0])],
+                         command=command)  # fmt: skip
+    assert runner.launch(req).ok
+    return runner.replicas[KEY]
+
+
+async def until(check: Callable[[], object], within_s: float = 10.0) -> None:
+    async with asyncio.timeout(within_s):
+        while not check():  # noqa: ASYNC110 - polling another process's effects
+            await asyncio.sleep(0.02)
+
+
+@pytest.fixture
+def leftovers() -> Iterator[list[int]]:
+    """Pids to SIGKILL after the test (a failed test leaves no sleep behind), and zombie shims to reap."""
+    pids: list[int] = []
+    yield pids
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)
+
+
+async def started_sleeper(runner: NodeRunner, tmp_path: Path, leftovers: list[int]) -> tuple[Replica, int]:
+    pidfile = tmp_path / "child.pid"
+    replica = launch(runner, ["sh", "-c", f"echo $$ > {pidfile}.tmp && mv {pidfile}.tmp {pidfile}; exec sleep 1000"])
+    leftovers.append(replica.state.shim_pid)
+    await until(lambda: replica.state.started_at is not None and pidfile.exists())
+    child = int(pidfile.read_text())
+    leftovers.append(child)
+    assert alive(child, "")
+    return replica, child
+
+
+def lost_exit(replica: Replica) -> ReplicaExited:
+    reports = [r for what, r in pending_reports("n1", replica.state) if what == "exited"]
+    assert len(reports) == 1
+    (exited,) = reports
+    assert isinstance(exited, ReplicaExited)
+    assert (exited.lost, exited.exit_code, exited.message) == (True, None, LOST)
+    return exited
+
+
+async def test_a_shim_killed_without_an_exit_record_takes_its_command_with_it(
+    tmp_path: Path, leftovers: list[int]
+) -> None:
+    runner = NodeRunner(SystemClock(), config(tmp_path))
+    try:
+        replica, child = await started_sleeper(runner, tmp_path, leftovers)
+        os.kill(replica.state.shim_pid, signal.SIGKILL)  # the OOM killer
+        await until(lambda: replica.state.ending is not None)
+        assert not alive(child, ""), "the command still runs on the GPU the ledger is about to free"
+        lost_exit(replica)
+        assert runner.live() == []
+    finally:
+        await runner.close()
+
+
+async def test_an_agent_restarted_after_a_shim_died_kills_its_command_before_reporting(
+    tmp_path: Path, leftovers: list[int]
+) -> None:
+    first = NodeRunner(SystemClock(), config(tmp_path))
+    replica, child = await started_sleeper(first, tmp_path, leftovers)
+    await first.close()  # the agent goes; the replica keeps running
+    os.kill(replica.state.shim_pid, signal.SIGKILL)  # and its shim dies while nobody watches
+    await until(lambda: not alive(replica.state.shim_pid, replica.state.shim_start))
+    second = NodeRunner(SystemClock(), config(tmp_path))
+    try:
+        second.adopt()
+        adopted = second.replicas[KEY]
+        await until(lambda: adopted.state.ending is not None)
+        assert not alive(child, ""), "the command still runs on the GPU the ledger is about to free"
+        lost_exit(adopted)
+    finally:
+        await second.close()
+
+
+async def test_a_shim_that_cannot_write_the_log_keeps_supervising_and_records_the_exit(
+    tmp_path: Path, leftovers: list[int]
+) -> None:
+    runner = NodeRunner(SystemClock(), config(tmp_path))
+    log = runner.store.directory(*KEY) / "log"
+    log.mkdir(parents=True)
+    (log / f"{0:020d}.log").symlink_to("/dev/full")  # every write: ENOSPC
+    try:
+        replica = launch(runner, ["sh", "-c", "for i in 1 2 3; do echo output $i; sleep 0.1; done; exit 3"])
+        leftovers.append(replica.state.shim_pid)
+        await until(lambda: replica.state.ending is not None)
+        assert replica.state.ending is not None
+        assert (replica.state.ending.lost, replica.state.ending.exit_code) == (False, 3)
+    finally:
+        await runner.close()
