@@ -7,12 +7,14 @@
   pods are there, and if a binding fails the Job is suspended again (its pods go) and the launch reported failed.
 - **Reports** (on `jobs.lifecycle.<job>`): `JobStarted` when every replica runs; `JobFinished` when the Job is
   `Complete` or `Failed` (exit code and `OOMKilled` from the pods); `JobStopped` when a stop finished (no pod of
-  the attempt left), or, interrupted, when a pod of a running attempt was evicted or its node failed;
+  the attempt left that may hold a GPU: finished pods stay and do not count; bounded by the pods' grace period
+  plus `STOP_MARGIN_S`), or, interrupted, when a pod of a running attempt was evicted or its node failed;
   `JobLaunchFailed` when the Job is gone, a binding failed, or the attempt was not running within
-  `CHAMBER_KUBE_START_TIMEOUT_S` (the reason names the pods still pending).
+  `CHAMBER_KUBE_START_TIMEOUT_S` (the reason names the pods still pending), once the attempt's pods are gone.
 - **Stop**: suspend the Job; the Job controller deletes its pods, which get SIGTERM and their
   `terminationGracePeriodSeconds` (the intake made that the job's checkpoint grace). A stop without grace (a
-  failed GPU) also deletes the pods at once. A cancel deletes the Job.
+  failed GPU) also deletes the pods at once. A cancel deletes the Job; either way the stop is reported only once
+  the terminating pods are gone (so the ledger never frees GPUs the kubelet still has assigned).
 
 A JobSet or a PyTorchJob is run the same way: its pod templates get the attempt and it is unsuspended
 (`spec.suspend` for a JobSet, `spec.runPolicy.suspend` for a PyTorchJob, which is also how it is suspended); its
@@ -26,7 +28,8 @@ is suspended); the trainer resumes the JobSet, whose trainer pods (replica = com
 JobSet's. The initializers' pods are not Chamber's (GPU-less, default scheduler).
 
 The executor follows pods (label `chamber.io/job-id`) and managed Jobs with the reflector (list, watch, relist
-on 410), so a restarted scheduler finds everything again; `resync` re-arms what the records say.
+on 410), so a restarted scheduler finds everything again; `resync` re-arms what the records say: a running
+attempt whose workload finished meanwhile is reported finished, a repeated launch adopts the pods already there.
 """
 
 import asyncio
@@ -69,11 +72,16 @@ from chamber.common.log import get_logger
 
 log = get_logger(__name__)
 RESOURCES: dict[str, Resource] = {"Job": JOBS, "JobSet": JOBSETS, "PyTorchJob": PYTORCHJOBS, "TrainJob": TRAINJOBS}
+"""The workload kinds the executor runs, by `WorkloadRef.kind`."""
 LAID_OUT = ("JobSet", "PyTorchJob", "TrainJob")
+"""Kinds whose pods are matched to replicas through a layout read from the cluster."""
 TRAINER_JOBSET_WAIT_S = 15.0
 """How long a TrainJob's launch waits for the trainer to make its JobSet (it does so on the TrainJob's creation)."""
-"""Kinds whose pods are matched to replicas through a layout read from the cluster."""
-"""The workload kinds the executor runs, by `WorkloadRef.kind`."""
+STOP_MARGIN_S = 30.0
+"""How long past its pods' grace period a stop waits for them to go before it is reported anyway (a lost watch
+event must not hold the job's GPUs forever)."""
+DEFAULT_GRACE_S = 30.0
+"""A pod's termination grace period when its spec names none."""
 NO_WORKLOAD = (
     "no Kubernetes workload behind this job: with CHAMBER_EXECUTOR=kubernetes, submit a batch/v1 Job, a JobSet, a "
     "PyTorchJob or a TrainJob labelled chamber.io/team (docs/kubernetes.md)"
@@ -91,6 +99,10 @@ class Attempt:
     binding: bool = False
     stopping: str = ""
     """Why it is being stopped; empty while it is not."""
+    stopping_since: float = 0.0
+    """When the stop began (its bound is the pods' grace period plus `STOP_MARGIN_S` from then)."""
+    failing: str = ""
+    """Set when the stop undoes a launch: once the pods are gone, JobLaunchFailed with this reason is reported."""
     graceful: bool = True
     interrupted: bool = False
     """Stopped by a failure (a pod evicted, its node gone), not on request."""
@@ -127,6 +139,8 @@ class KubernetesExecutor:
         self._stop = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._pods: Reflector | None = None
+        self._workloads: dict[str, Reflector] = {}
+        """resource plural -> the reflector of the managed workloads of that kind."""
 
     # ---- the Executor protocol ------------------------------------------------------------------------------
 
@@ -139,6 +153,7 @@ class KubernetesExecutor:
         nodes = replica_nodes(record)
         attempt = Attempt(record, nodes, self.clock.now())
         self.attempts[record.id] = attempt
+        self._adopt_pods(attempt)  # a launch repeated by resync: its pods may exist already (bound or not)
         template_meta = {
             "labels": {L.JOB_ID: record.id},
             "annotations": {L.ATTEMPT: str(record.attempt), L.PLACEMENT: ",".join(nodes)},
@@ -205,6 +220,8 @@ class KubernetesExecutor:
             attempt = Attempt(record, replica_nodes(record), self.clock.now(), started=record.state == JobState.RUNNING)
             self.attempts[record.id] = attempt
             self._adopt_pods(attempt)
+        if not attempt.stopping:
+            attempt.stopping_since = self.clock.now()
         attempt.stopping = reason or "stopped"
         attempt.graceful = grace_s > 0
         ref = record.spec.workload
@@ -221,7 +238,7 @@ class KubernetesExecutor:
                     with contextlib.suppress(KubeNotFound):
                         await self.client.delete(PODS, meta(pod)["name"], ref.namespace, grace_s=0)
         except KubeNotFound:
-            attempt.pods.clear()
+            pass  # the workload is gone already: its pods are being deleted; the stop ends when they are gone
         except KubeError as exc:
             log.warning("kube_executor.stop_failed", job_id=record.id, error=str(exc))
         await self._progress(attempt)
@@ -248,7 +265,11 @@ class KubernetesExecutor:
                             workload = await self.client.get(RESOURCES[ref.kind], ref.name, ref.namespace)
                             attempt.layout = workload_layout(workload)
                 self._adopt_pods(attempt)
-                await self._progress(attempt)
+                outcome = self._cached_outcome(record)
+                if outcome is not None:  # it completed or failed while the scheduler was down
+                    await self._finished(attempt, *outcome)
+                else:
+                    await self._progress(attempt)
             else:
                 await self.launch(record)
 
@@ -265,12 +286,15 @@ class KubernetesExecutor:
         if self._pods is not None:
             return
         self._pods = Reflector(self.client, PODS, self._on_pod, labels=L.JOB_ID, name="pods")
-        reflectors = [self._pods, Reflector(self.client, JOBS, self._on_job, labels=f"{L.MANAGED}=true", name="jobs")]
+        self._workloads[JOBS.plural] = Reflector(
+            self.client, JOBS, self._on_job, labels=f"{L.MANAGED}=true", name="jobs"
+        )
         for crd in (JOBSETS, PYTORCHJOBS, TRAINJOBS):
             if await self.client.serves(crd):
-                reflectors.append(
-                    Reflector(self.client, crd, self._on_job, labels=f"{L.MANAGED}=true", name=crd.plural)
+                self._workloads[crd.plural] = Reflector(
+                    self.client, crd, self._on_job, labels=f"{L.MANAGED}=true", name=crd.plural
                 )
+        reflectors = [self._pods, *self._workloads.values()]
         self._tasks = [asyncio.create_task(r.run(self._stop)) for r in reflectors]
         self._tasks.append(asyncio.create_task(self._deadlines()))
         with contextlib.suppress(TimeoutError):
@@ -282,6 +306,19 @@ class KubernetesExecutor:
         for pod in self._pods.objects.values():
             if labels_of(pod).get(L.JOB_ID) == attempt.record.id and pod_attempt(pod) == attempt.record.attempt:
                 attempt.pods[meta(pod)["uid"]] = pod
+
+    def _cached_outcome(self, record: JobRecord) -> tuple[bool, str] | None:
+        """The workload's outcome as the reflector last saw it (None: not finished, or not seen)."""
+        ref = record.spec.workload
+        reflector = (
+            self._workloads.get(RESOURCES[ref.kind].plural) if ref is not None and ref.kind in RESOURCES else None
+        )
+        if ref is None or reflector is None:
+            return None
+        for obj in reflector.objects.values():
+            if meta(obj).get("uid") == ref.uid:
+                return job_outcome(obj)
+        return None
 
     async def _on_pod(self, kind: str, pod: Obj) -> None:
         attempt = self.attempts.get(labels_of(pod).get(L.JOB_ID, ""))
@@ -303,8 +340,9 @@ class KubernetesExecutor:
             return
         if kind == "DELETED":
             if not attempt.started and not attempt.stopping:
-                await self._fail(attempt.record, f"the Job {ref.namespace}/{ref.name} was deleted")
-                attempt.done = True
+                # its pods are deleted gracefully: the failure is reported once they are gone
+                self._begin_undo(attempt, f"the Job {ref.namespace}/{ref.name} was deleted")
+                await self._progress(attempt)
             return
         outcome = job_outcome(job)
         if outcome is not None and not attempt.done:
@@ -316,6 +354,7 @@ class KubernetesExecutor:
         if attempt.stopping or attempt.done or not attempt.started or not why:
             return
         attempt.stopping = f"pod {meta(pod)['name']} on {pod.get('spec', {}).get('nodeName')}: {why}"
+        attempt.stopping_since = self.clock.now()
         attempt.graceful = False
         attempt.interrupted = True
         with contextlib.suppress(KubeError):
@@ -327,7 +366,7 @@ class KubernetesExecutor:
         if attempt.done:
             return
         if attempt.stopping:
-            if not attempt.pods:
+            if not any(_holding(p) for p in attempt.pods.values()):  # finished pods stay, holding nothing
                 await self._stopped(attempt)
             return
         replicas = attempt.record.spec.replicas
@@ -337,15 +376,32 @@ class KubernetesExecutor:
         if ref is not None and ref.kind in LAID_OUT and attempt.layout is None:
             return  # its replica layout is read at launch and on resync; without it no pod can be bound
         indexes = {replica_of(p, attempt.layout) for p in live}
-        if unbound and not attempt.binding and indexes >= set(range(replicas)):
+        needed = set(range(replicas)) - self._completed_indexes(attempt)
+        if unbound and not attempt.binding and indexes >= needed:
             await self._bind(attempt, unbound)
+            if _undoing(attempt):  # the binding failed: the launch is being undone
+                return
         running = [p for p in live if (p.get("status") or {}).get("phase") == "Running"]
-        if not attempt.started and len({replica_of(p, attempt.layout) for p in running}) >= replicas:
+        if not attempt.started and needed and {replica_of(p, attempt.layout) for p in running} >= needed:
             attempt.started = True
             starts = [t for p in running if (t := timestamp((p.get("status") or {}).get("startTime")))]
             started_at = max(starts) if starts else self.clock.now()
             await self._report(attempt.record, JobStarted(job_id=attempt.record.id, attempt=attempt.record.attempt,
                                                           started_at=started_at), "started")  # fmt: skip
+
+    def _completed_indexes(self, attempt: Attempt) -> set[int]:
+        """A Job's completion indexes that succeeded in an earlier attempt: the Job controller does not make them
+        again when the Job is resumed, so the relaunch waits for (and runs) only the others."""
+        ref = attempt.record.spec.workload
+        if self._pods is None or ref is None or ref.kind != "Job":
+            return set()
+        return {
+            replica_of(p)
+            for p in self._pods.objects.values()
+            if labels_of(p).get(L.JOB_ID) == attempt.record.id
+            and (pod_attempt(p) or 0) < attempt.record.attempt
+            and (p.get("status") or {}).get("phase") == "Succeeded"
+        }
 
     async def _bind(self, attempt: Attempt, pods: list[Obj]) -> None:
         """Bind every replica's pod to its node, all together; any failure undoes the launch."""
@@ -373,10 +429,16 @@ class KubernetesExecutor:
         attempt.bound.add(meta(pod)["uid"])
 
     async def _undo(self, attempt: Attempt, reason: str) -> None:
-        attempt.done = True
+        """Suspend the Job again; the launch is reported failed once its pods are gone (or the stop's bound)."""
+        self._begin_undo(attempt, reason)
         with contextlib.suppress(KubeError):
             await self._suspend(attempt)
-        await self._fail(attempt.record, reason)
+        await self._progress(attempt)
+
+    def _begin_undo(self, attempt: Attempt, reason: str) -> None:
+        attempt.stopping = attempt.failing = reason
+        attempt.stopping_since = self.clock.now()
+        attempt.graceful = False
 
     async def _suspend(self, attempt: Attempt) -> None:
         ref = attempt.record.spec.workload
@@ -392,7 +454,15 @@ class KubernetesExecutor:
                 await asyncio.wait_for(self._stop.wait(), timeout=1.0)
             now = self.clock.now()
             for attempt in list(self.attempts.values()):
-                if attempt.done or attempt.started or attempt.stopping:
+                if attempt.done:
+                    continue
+                if attempt.stopping:
+                    if now - attempt.stopping_since > _grace_of(attempt) + STOP_MARGIN_S:
+                        log.warning("kube_executor.stop_unconfirmed", job_id=attempt.record.id,
+                                    pods=[meta(p)["name"] for p in attempt.pods.values() if _holding(p)])  # fmt: skip
+                        await self._stopped(attempt)
+                    continue
+                if attempt.started:
                     continue
                 if now - attempt.launched_at > self.start_timeout_s:
                     await self._undo(attempt, f"not running within {self.start_timeout_s:g} s: {_pending(attempt)}")
@@ -415,6 +485,9 @@ class KubernetesExecutor:
     async def _stopped(self, attempt: Attempt) -> None:
         attempt.done = True
         record = attempt.record
+        if attempt.failing:
+            await self._fail(record, attempt.failing)
+            return
         event = JobStopped(job_id=record.id, attempt=record.attempt, stopped_at=self.clock.now(),
                            reason=attempt.stopping, graceful=attempt.graceful, started_at=record.started_at,
                            interrupted=attempt.interrupted)  # fmt: skip
@@ -473,6 +546,28 @@ def _unsuspend_pytorchjob(pytorchjob: Obj, template_meta: Obj) -> Obj:
     spec's pod template. `pytorchReplicaSpecs` is a map, so a merge patch adds to each template's metadata."""
     specs = {rtype: {"template": {"metadata": template_meta}} for rtype in pytorch_replica_specs(pytorchjob)}
     return {"spec": {"runPolicy": {"suspend": False}, "pytorchReplicaSpecs": specs}}
+
+
+def _undoing(attempt: Attempt) -> bool:
+    return attempt.done or bool(attempt.stopping)
+
+
+def _holding(pod: Obj) -> bool:
+    """Whether a pod may still hold its node's GPUs: not yet Succeeded or Failed (a finished pod stays, holding
+    nothing; the Job controller deletes only active pods when the Job is suspended)."""
+    return (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
+
+
+def _grace_of(attempt: Attempt) -> float:
+    """The longest termination grace period among the attempt's pods still holding GPUs."""
+    graces = [DEFAULT_GRACE_S]
+    for pod in attempt.pods.values():
+        if _holding(pod):
+            grace = meta(pod).get("deletionGracePeriodSeconds")
+            if grace is None:
+                grace = (pod.get("spec") or {}).get("terminationGracePeriodSeconds")
+            graces.append(float(grace if grace is not None else DEFAULT_GRACE_S))
+    return max(graces)
 
 
 def _pending(attempt: Attempt) -> str:

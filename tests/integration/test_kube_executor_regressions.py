@@ -1,0 +1,212 @@
+"""The Kubernetes executor against the emulated API server on real NATS: a stop ends only when the attempt's pods
+no longer hold GPUs (finished pods hold none; terminating pods do), a Job that finished while the scheduler was
+down is reported on resync, and a launch repeated after a restart adopts the pods already there."""
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+import pytest
+
+from chamber.cli.kubesim.serve import Running, emulated_cluster
+from chamber.common.bus import Bus
+from chamber.common.clock import SystemClock
+from chamber.common.codec import Decoder
+from chamber.common.contracts import GpuRef, JobEvent, JobRecord, JobState, Placement
+from chamber.common.kube.client import JOBS, NODES, PODS, KubeClient
+from chamber.common.kube.workloads import job_spec
+from chamber.common.settings import Settings
+from chamber.scheduler.executor.kubernetes import KubernetesExecutor
+from tests.support.services import eventually
+
+pytestmark = pytest.mark.integration
+
+Obj = dict[str, Any]
+
+
+def job_obj(replicas: int = 2) -> Obj:
+    return {
+        "apiVersion": "batch/v1", "kind": "Job",
+        "metadata": {"name": "j", "namespace": "default",
+                     "labels": {"chamber.io/team": "nlp", "chamber.io/managed": "true"}},
+        "spec": {"parallelism": replicas, "completions": replicas, "completionMode": "Indexed", "backoffLimit": 0,
+                 "suspend": True,
+                 "template": {"spec": {"schedulerName": "chamber", "restartPolicy": "Never",
+                                       "terminationGracePeriodSeconds": 30,
+                                       "containers": [{"name": "m", "image": "x",
+                                                       "resources": {"limits": {"nvidia.com/gpu": "4"}}}]}}},
+    }  # fmt: skip
+
+
+@dataclass
+class Rig:
+    run: Running
+    bus: Bus
+    kc: KubeClient
+    """The test's own client (the executor closes its own)."""
+    record: JobRecord
+    events: list[JobEvent] = field(default_factory=list)
+
+    def executor(self) -> KubernetesExecutor:
+        return KubernetesExecutor(self.bus, SystemClock(), KubeClient.connect(self.run.url), start_timeout_s=8.0)
+
+    def kinds(self) -> list[str]:
+        return [type(e).__name__ for e in self.events]
+
+    async def pods(self) -> list[Obj]:
+        items = (await self.kc.list(PODS, "default"))[0]
+        return [p for p in items if p["metadata"]["labels"].get("chamber.io/job-id") == self.record.id]
+
+    async def all_running(self) -> bool:
+        ps = await self.pods()
+        return len(ps) == 2 and all(p["status"].get("phase") == "Running" for p in ps)
+
+    def finish(self, pod: Obj) -> None:
+        def end(p: Obj) -> Obj:
+            p["metadata"].setdefault("annotations", {})["chamber.io/sim-duration-s"] = "0"
+            return p
+
+        self.run.api.update("/v1/pods", "default", pod["metadata"]["name"], end)
+
+    def running(self) -> JobRecord:
+        return msgspec.structs.replace(self.record, state=JobState.RUNNING, started_at=time.time())
+
+
+@asynccontextmanager
+async def rig(settings: Settings, bus: Bus, grace_cap_s: float = 0.5) -> AsyncIterator[Rig]:
+    async with emulated_cluster(settings, tick_s=0.05, grace_cap_s=grace_cap_s, bookmark_interval_s=0.5) as run:
+        kc = KubeClient.connect(run.url)
+        nodes = [n["metadata"]["name"] for n in (await kc.list(NODES))[0]]
+        created = await kc.create(JOBS, job_obj(), "default")
+        gpus = [GpuRef(nodes[0], i) for i in range(4)] + [GpuRef(nodes[1], i) for i in range(4)]
+        now = time.time()
+        placement = Placement(attempt=1, gpus=gpus)
+        record = JobRecord(id=f"k8s-{created['metadata']['uid']}", spec=job_spec(created), state=JobState.PENDING,
+                           submitted_at=now, updated_at=now, attempt=1, placement=placement)  # fmt: skip
+        r = Rig(run, bus, kc, record)
+
+        async def on(msg: Any) -> None:
+            r.events.append(Decoder(JobEvent).decode(msg.data))
+
+        sub = await bus.nc.subscribe(bus.names.subject("jobs.lifecycle.>"), cb=on)
+        try:
+            yield r
+        finally:
+            await sub.unsubscribe()
+            await kc.close()
+
+
+def gpus_of(r: Rig) -> list[GpuRef]:
+    assert r.record.placement is not None
+    return list(r.record.placement.gpus)
+
+
+async def until(pred: Callable[[], object], what: str, within: float = 10) -> None:
+    await eventually(pred, within=within, what=what)
+
+
+async def launched(r: Rig, ex: KubernetesExecutor) -> None:
+    await ex.launch(r.record)
+    await until(r.all_running, "both pods run")
+    await until(lambda: "JobStarted" in r.kinds(), "JobStarted")
+
+
+async def test_a_stop_ends_when_the_running_pods_are_gone_though_a_finished_one_stays(
+    settings: Settings, bus: Bus
+) -> None:
+    async with rig(settings, bus) as r:
+        ex = r.executor()
+        try:
+            await launched(r, ex)
+            p0 = next(p for p in await r.pods() if p["metadata"]["name"].startswith("j-0-"))
+            r.finish(p0)
+
+            async def p0_succeeded() -> bool:
+                return bool((await r.kc.get(PODS, p0["metadata"]["name"], "default"))["status"]["phase"] == "Succeeded")
+
+            await until(p0_succeeded, "replica 0 succeeds")
+            await ex.stop(r.running(), "preempted", grace_s=1.0)
+            await until(lambda: "JobStopped" in r.kinds(), "JobStopped although the Succeeded pod stays")
+            assert [p["status"]["phase"] for p in await r.pods()] == ["Succeeded"]
+            assert r.record.id not in ex.attempts
+            # resumed: the Job controller makes only replica 1 again; the relaunch binds and starts it
+            r.events.clear()
+            second = msgspec.structs.replace(r.record, attempt=2, placement=Placement(attempt=2, gpus=gpus_of(r)))
+            await ex.launch(second)
+            await until(lambda: "JobStarted" in r.kinds(), "JobStarted of the relaunch without replica 0")
+            assert "JobLaunchFailed" not in r.kinds()
+        finally:
+            await ex.close()
+
+
+async def test_a_cancel_of_a_deleted_job_is_reported_once_its_terminating_pods_are_gone(
+    settings: Settings, bus: Bus
+) -> None:
+    async with rig(settings, bus, grace_cap_s=3.0) as r:
+        ex = r.executor()
+        try:
+            await launched(r, ex)
+            await r.kc.delete(JOBS, "j", "default", propagation="Background")  # kubectl delete job
+
+            async def terminating() -> bool:
+                ps = await r.pods()
+                return len(ps) == 2 and all(p["metadata"].get("deletionTimestamp") for p in ps)
+
+            await until(terminating, "the pods terminate")
+            await ex.stop(msgspec.structs.replace(r.running(), cancel_requested=True), "cancelled")
+            await asyncio.sleep(0.5)
+            assert await r.pods(), "the pods are still terminating"
+            assert "JobStopped" not in r.kinds(), "stopped reported while the pods still hold the GPUs"
+            await until(lambda: "JobStopped" in r.kinds(), "JobStopped once the pods are gone")
+            assert not await r.pods()
+        finally:
+            await ex.close()
+
+
+async def test_a_job_that_completed_while_the_scheduler_was_down_is_reported_on_resync(
+    settings: Settings, bus: Bus
+) -> None:
+    async with rig(settings, bus) as r:
+        ex = r.executor()
+        await launched(r, ex)
+        await ex.close()
+        for pod in await r.pods():
+            r.finish(pod)
+
+        async def complete() -> bool:
+            job = await r.kc.get(JOBS, "j", "default")
+            return any(c["type"] == "Complete" for c in (job.get("status") or {}).get("conditions") or [])
+
+        await until(complete, "the Job completes")
+        ex = r.executor()
+        try:
+            await ex.resync([r.running()])
+            await until(lambda: "JobFinished" in r.kinds(), "JobFinished after the resync")
+            finished = [e for e in r.events if type(e).__name__ == "JobFinished"]
+            assert getattr(finished[0], "succeeded", None) is True
+            assert r.record.id not in ex.attempts
+        finally:
+            await ex.close()
+
+
+async def test_a_launch_repeated_after_a_restart_adopts_its_running_pods(settings: Settings, bus: Bus) -> None:
+    async with rig(settings, bus) as r:
+        ex = r.executor()
+        await ex.launch(r.record)
+        await until(r.all_running, "both pods run")
+        await ex.close()
+        r.events.clear()
+        ex = r.executor()
+        try:
+            await ex.resync([r.record])  # placed, not yet RUNNING: launched again
+            await until(lambda: "JobStarted" in r.kinds(), "JobStarted from the adopted pods")
+            await asyncio.sleep(9)  # past the start timeout
+            assert "JobLaunchFailed" not in r.kinds()
+            assert (await r.kc.get(JOBS, "j", "default"))["spec"].get("suspend") is False
+            assert await r.all_running()
+        finally:
+            await ex.close()
