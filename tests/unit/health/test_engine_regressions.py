@@ -259,3 +259,30 @@ def test_each_xid_is_judged_by_what_nvidia_recommends(
     verdicts = e.observe(batch("n1", 0, xids=[xid]), 0.0)
     got = [(v.state, v.severity) for v in verdicts if v.gpu_index == 0]
     assert got == ([] if state is None else [(state, severity)])
+
+
+# ---- a node that died while the service was down ---------------------------------------------------------------
+
+
+def test_a_node_that_died_while_the_service_was_down_is_found_lost() -> None:
+    """n1 reported until t=500 and died; the service restarted at t=600 and reads each node's last sample from the
+    bus. The others report again; n1 never does, and is lost once its silence limit passes after the restart (it
+    used to be watched only once it reported again: never)."""
+    e = engine()
+    for node in NODES:
+        e.heard_before(batch(node, 500.0 if node == "n1" else 599.0), 600.0)
+    lost: list[str] = []
+    for t in range(600, 700):
+        for node in NODES[1:]:
+            e.observe(batch(node, float(t)), float(t))
+        lost += [v.node for v in e.tick(float(t)) if v.state == HealthState.QUARANTINED]
+    assert lost == ["n1"]
+    assert e.entities[("n1", None)].rule == "heartbeat-loss"
+
+
+def test_after_a_restart_a_silent_fleet_is_not_lost() -> None:
+    """The telemetry path itself is down after the restart (nothing arrives from anyone): no node is lost for it."""
+    e = engine()
+    for node in NODES:
+        e.heard_before(batch(node, 599.0), 600.0)
+    assert not [v for t in range(600, 800) for v in e.tick(float(t))]

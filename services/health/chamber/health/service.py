@@ -71,6 +71,7 @@ class Health:
         ):
             self.engine.restore(verdict)
         await self.bus.watch_latest(self.bus.names.subject("inventory.>"), Decoder(NodeInventory), self._on_inventory)
+        await self._last_samples()
         await self.reconcile()
         consumers = [
             self.bus.consumer(
@@ -84,6 +85,16 @@ class Health:
         ]  # fmt: skip
         for consumer in consumers:
             await consumer.start()
+
+    async def _last_samples(self) -> None:
+        """Every node's last telemetry before this start (the TELEMETRY stream keeps an hour): nodes heard from
+        before are watched for silence at once, not only once they report again."""
+        now = self.ctx.clock.now()
+        latest = await self.bus.read_latest(TELEMETRY, self.bus.names.subject("telemetry.>"), Decoder(TelemetryWire))
+        for event in latest:
+            batch = as_telemetry(event)
+            if isinstance(batch, NodeTelemetry):
+                self.engine.heard_before(batch, now)
 
     def _on_inventory(self, inv: NodeInventory) -> None:
         """The ledger's slots are the devices; the engine counts physical GPUs (MIG reconfiguration changes the

@@ -14,7 +14,9 @@
 - A quarantined entity recovers after `probation_s` without any rule firing (the fault is gone: a reset cleared
   the volatile counter, the node came back), and returns to healthy after a second clean probation. After a
   restart, the restored unwell entities of a node make no progress until the node has been heard from: a node
-  that died while the service was down is not released for its silence.
+  that died while the service was down is not released for its silence. Each node's last sample before the
+  restart is taken too (`heard_before`), so a node that was well and died while the service was down is found
+  silent after the restart.
 - A node reporting fewer physical GPUs than it has ever had (in this process) is taken out: a node back from a
   reboot without one of its GPUs publishes the smaller inventory itself. An operator's release of the node accepts
   its current inventory.
@@ -334,6 +336,16 @@ class HealthEngine:
             uuid=entity.uuid, evidence=finding.evidence, severity=finding.severity, rule=finding.rule,
             action=finding.action, held=entity.held, breaker_open=breaker,
         )  # fmt: skip
+
+    def heard_before(self, batch: NodeTelemetry, now: float) -> None:
+        """At start-up: the node's last sample on the bus before this process ran. A node heard from before and not
+        since is watched for silence from `now` (its arrival clock starts at the restart), so a node that died
+        while the service was down is found lost once its silence limit passes, not forgotten."""
+        if batch.interval_s <= 0 or self.last_seen.get(batch.node, (0.0, 0.0))[1]:
+            return  # not a sample of its series, or heard from in this process already
+        self.last_seen[batch.node] = (batch.sampled_at, batch.interval_s)
+        self.arrived[batch.node] = now
+        self.watermark = max(self.watermark, batch.sampled_at)
 
     def restore(self, verdict: GpuHealthVerdict) -> None:
         """Take back the state a previous run published (at start-up)."""
