@@ -35,6 +35,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
         "nodeAgent": {"enabled": False},
         "quota": {"config": "teams: {}\n"},
         "health": {"rules": "[]\n"},
+        "gateway": {"adminTokenSecret": {"name": "chamber-admin"}},
     },
 }
 
@@ -181,3 +182,16 @@ def test_variants_switch_parts_on_and_off() -> None:
 def test_values_schema_refuses_bad_values(values: dict[str, Any], complaint: str) -> None:
     with pytest.raises(helm_python.HelmError, match=complaint):
         render(values)
+
+
+def test_the_first_admin_token_can_come_from_a_secret() -> None:
+    """Without it the gateway mints the token and prints it in its log, where anyone who reads pod logs finds it."""
+
+    def gateway_env(values: dict[str, Any]) -> dict[str, Any]:
+        docs = render(values)
+        gw = next(d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "chamber-gateway")
+        return {e["name"]: e for e in gw["spec"]["template"]["spec"]["containers"][0]["env"]}
+
+    assert "CHAMBER_ADMIN_TOKEN" not in gateway_env({})
+    env = gateway_env({"gateway": {"adminTokenSecret": {"name": "chamber-admin"}}})
+    assert env["CHAMBER_ADMIN_TOKEN"]["valueFrom"] == {"secretKeyRef": {"name": "chamber-admin", "key": "token"}}
