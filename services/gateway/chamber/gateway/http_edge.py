@@ -46,7 +46,8 @@ def is_protected(path: str) -> bool:
     return path == "/v1" or path.startswith("/v1/")
 
 
-def _bearer(scope: Scope) -> str | None:
+def bearer(scope: Scope) -> str | None:
+    """The request's Bearer token (None: none given); long-lived streams check it again as they go."""
     for name, value in scope["headers"]:
         if name == b"authorization":
             scheme, _, token = value.decode("latin-1").partition(" ")
@@ -71,7 +72,7 @@ def edge_middleware(gw: GatewayState) -> Callable[[ASGIApp], ASGIApp]:
             started = time.perf_counter()
             path: str = scope["path"]
             method: str = scope["method"]
-            token = _bearer(scope)
+            token = bearer(scope)
             principal = gw.tokens.authenticate(token) if token is not None and gw._tokens is not None else None
             scope["user"] = principal
             request_id = next_request_id()

@@ -2,6 +2,9 @@
 
 Each subscriber has a bounded queue: a client too slow to keep up is not allowed to grow the gateway's memory; it
 gets one `resync` event (re-read everything) and loses what did not fit. Members only receive their teams' jobs.
+
+A stream outlives its first authentication: the readers re-check their token (`TokenStore.authenticate`, which
+follows revocations) before every delivery and at least every `REVALIDATE_S`, and end the stream once it fails.
 """
 
 import asyncio
@@ -9,6 +12,8 @@ from dataclasses import dataclass, field
 
 TOPICS = ("job", "fleet", "health")
 QUEUE_SIZE = 2048
+REVALIDATE_S = 1.0
+"""The longest a stream goes without re-checking its token."""
 
 
 @dataclass(eq=False)

@@ -23,7 +23,7 @@ from chamber.common.subjects import DECISIONS
 from chamber.gateway import jobs
 from chamber.gateway.core.authz import Permission
 from chamber.gateway.errors import BadRequest, NotFound, Unavailable
-from chamber.gateway.http_edge import principal
+from chamber.gateway.http_edge import bearer, principal
 from chamber.gateway.problems import responses
 from chamber.gateway.state import GatewayState
 
@@ -112,15 +112,22 @@ async def job_logs(
     if not follow:
         return Response(first.data, media_type=TEXT, headers=_headers(first))
 
+    who = principal(request)
+    token = bearer(request.scope) or ""
+
     async def stream() -> AsyncIterator[bytes]:
         chunk = first
         while True:
+            if gw.tokens.authenticate(token) != who:  # revoked (or changed) since the stream began: end it
+                return
             if chunk.data:
                 yield chunk.data
             elif not chunk.running:
                 return
             else:
                 await asyncio.sleep(FOLLOW_POLL_S)
+                if gw.tokens.authenticate(token) != who:
+                    return
             request_next = LogsRequest(job_id=job_id, attempt=attempt, replica=replica, offset=chunk.next_offset)
             try:
                 chunk = await _fetch(gw, node, request_next)

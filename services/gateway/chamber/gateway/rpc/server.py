@@ -29,6 +29,7 @@ from chamber.gateway.core.authz import Permission, Principal, denial
 from chamber.gateway.core.requests import SubmitJobRequest
 from chamber.gateway.core.views import node_views
 from chamber.gateway.errors import ApiError, BadRequest, FieldProblem, Forbidden, Unauthenticated
+from chamber.gateway.live import REVALIDATE_S
 from chamber.gateway.quota_api import all_teams, check_name, one_team
 from chamber.gateway.rpc import chamber_pb2 as pb
 from chamber.gateway.rpc import chamber_pb2_grpc as pb_grpc
@@ -185,12 +186,28 @@ class JobsService:
         sub = self.gw.live.subscribe(frozenset({"job"}), who.team_scope)
         try:
             while True:
-                item = await sub.queue.get()
+                try:
+                    item = await asyncio.wait_for(sub.queue.get(), timeout=REVALIDATE_S)
+                except TimeoutError:
+                    await self._recheck(context, who)
+                    continue
                 if item is None:
                     return
+                await self._recheck(context, who)
+                if sub.lagged:  # the stream has no way to say "resync": end it, the client re-lists and re-watches
+                    await context.abort(grpc.StatusCode.ABORTED, "fell behind the job changes: list and watch again")
                 yield json_format.Parse(_job_json(item[1]), pb.Job(), ignore_unknown_fields=True)
         finally:
             self.gw.live.unsubscribe(sub)
+
+    async def _recheck(self, context: grpc.aio.ServicerContext, who: Principal) -> None:
+        """End the stream (UNAUTHENTICATED / PERMISSION_DENIED) once its token is revoked or changed."""
+        try:
+            now = self.calls.principal(context, Permission.JOBS_READ)
+        except ApiError as exc:
+            await context.abort(getattr(grpc.StatusCode, exc.grpc_code), exc.detail)
+        if now != who:
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, "token changed: watch again")
 
 
 def _job_json(data: bytes) -> str:
