@@ -331,15 +331,23 @@ class _Cycle:
         not be admitted in its own turn either.
 
         The largest admitted request is found by bisection with the admission check itself, which only gets
-        harder with more GPUs."""
+        harder with more GPUs; for a team at or above its guarantee with no lower-priority work of its own to
+        displace (most teams, when a thousand wait at their quota), it is simply what the cohort can lend
+        (`_borrower_only`)."""
         queue = self.state.queue
         parking = queue.parked.get(group)
         if parking is None:
             return [], False  # woken whole since
+        borrower = self._borrower_only(group)
+        if borrower is not None:  # the common case with a thousand teams at their quota, answered at once
+            if self.ctx.borrowing:
+                top = min(parking.subqueues[-1][0], borrower)
+                return (queue.wake(group, top) if top >= parking.min_gpus else []), False
+            return [], parking.min_gpus <= borrower
         if self.ctx.borrowing:
             top = self._largest(group, parking, borrowing=True)
             return (queue.wake(group, top) if top else []), False
-        direct = 0 if self._only_by_borrowing(group) else self._largest(group, parking, borrowing=False)
+        direct = self._largest(group, parking, borrowing=False)
         woken = queue.wake(group, direct) if direct else []
         parking = queue.parked.get(group)
         if parking is None or not self._admitted(group, parking.min_gpus, borrowing=True):
@@ -368,15 +376,25 @@ class _Cycle:
             or self._may_pass(team, gpus, reclaim_past(book, state.usage, team, pool, gpus, preemptible=preemptible))
         )
 
-    def _only_by_borrowing(self, group: ParkGroup) -> bool:
-        """The team is at or above its guarantee in the pool and runs no lower-priority preemptible work there:
-        no head of the group is admitted but by borrowing (two lookups instead of `_admitted`'s three checks, for
-        each of thousands of groups)."""
-        team, pool, _, priority = group
+    def _borrower_only(self, group: ParkGroup) -> int | None:
+        """When the team is at or above its guarantee in the pool and runs no lower-priority preemptible work
+        there, the most GPUs a head of the group is admitted for now (0: none), which is then by borrowing alone:
+        `_admitted` for every size at once, without bisection (its displacement and reclaim-past checks cannot
+        pass for such a team). None otherwise (the group needs `_admitted`'s full checks)."""
+        team, pool, preemptible, priority = group
         state = self.state
-        return state.usage.get((team, pool)) >= state.quota_nominal(team, pool) and (
-            state.preemptible_below(team, pool, priority) <= 0
-        )
+        book = state.quota
+        assert book is not None
+        q = book.quota(team, pool)
+        used = state.usage.get((team, pool))
+        if used < q.nominal or state.preemptible_below(team, pool, priority) > 0:
+            return None
+        if not preemptible:
+            return 0
+        room = state.usage.borrowable(team, pool)
+        if q.borrowing_limit is not None:
+            room = min(room, q.nominal + q.borrowing_limit - used)
+        return max(0, room)
 
     def _may_pass(self, team: str, gpus: int, past: int) -> bool:
         """May a job of `gpus` that takes `team` `past` GPUs beyond its guarantee (`reclaim_past`) reclaim for it:
