@@ -1,6 +1,7 @@
 """The Helm chart, rendered and linted by the real Helm engine (helm-python-sdk: Helm v4's Go code), every
 manifest validated against the Kubernetes schemas (kubernetes-validate, strict) of each supported version."""
 
+import base64
 import functools
 import json
 from pathlib import Path
@@ -86,9 +87,9 @@ def test_every_manifest_of_every_variant_is_valid_kubernetes(version: str) -> No
 def test_the_default_install_runs_everything_with_a_standby_scheduler() -> None:
     docs = render({})
     assert kinds(docs) == {
-        "ClusterRole": 6, "ClusterRoleBinding": 6, "ConfigMap": 1, "DaemonSet": 1, "Deployment": 5, "Job": 1,
-        "MutatingWebhookConfiguration": 1, "PodDisruptionBudget": 1, "Role": 1, "RoleBinding": 1, "Service": 6,
-        "ServiceAccount": 7, "StatefulSet": 2, "ValidatingWebhookConfiguration": 1,
+        "ClusterRole": 6, "ClusterRoleBinding": 6, "DaemonSet": 1, "Deployment": 5, "Job": 1,
+        "MutatingWebhookConfiguration": 1, "PodDisruptionBudget": 1, "Role": 1, "RoleBinding": 1, "Secret": 2,
+        "Service": 6, "ServiceAccount": 7, "StatefulSet": 2, "ValidatingWebhookConfiguration": 1,
     }  # fmt: skip
     by_name = {(d["kind"], d["metadata"]["name"]): d for d in docs}
     scheduler = by_name[("Deployment", "chamber-scheduler")]
@@ -96,7 +97,7 @@ def test_the_default_install_runs_everything_with_a_standby_scheduler() -> None:
     env = {e["name"]: e.get("value") for e in scheduler["spec"]["template"]["spec"]["containers"][0]["env"]}
     assert env["CHAMBER_EXECUTOR"] == "kubernetes"
     assert env["CHAMBER_KUBE_API"] == "in-cluster"
-    assert env["CHAMBER_NATS_URL"] == "nats://chamber-nats:4222"
+    assert env["CHAMBER_NATS_URL"] == "nats://chamber:$(CHAMBER_NATS_PASSWORD)@chamber-nats:4222"
     assert (env["CHAMBER_SCHEDULER_CONSOLIDATE"], env["CHAMBER_SCHEDULER_RECLAIM_PAST_GUARANTEE"]) == ("true", "true")
     agent = by_name[("DaemonSet", "chamber-node-agent")]["spec"]["template"]["spec"]
     assert agent["runtimeClassName"] == "nvidia"
@@ -157,8 +158,8 @@ def test_variants_switch_parts_on_and_off() -> None:
     env = {e["name"]: e for e in gateway["spec"]["template"]["spec"]["containers"][0]["env"]}
     assert env["CHAMBER_REDIS_URL"]["valueFrom"]["secretKeyRef"] == {"name": "chamber-redis", "key": "url"}
     clustered = render(VARIANTS["clustered-nats-with-password"])
-    conf = next(d for d in clustered if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "chamber-nats")
-    assert conf["data"]["nats.conf"].count("nats://chamber-nats-") == 3
+    conf = next(d for d in clustered if d["kind"] == "Secret" and d["metadata"]["name"] == "chamber-nats")
+    assert conf["stringData"]["nats.conf"].count("@chamber-nats-") == 3, "three routes, each logging in"
     observed = kinds(render(VARIANTS["cert-manager-and-observability"]))
     assert observed["ServiceMonitor"] == 1
     assert observed["Certificate"] == 1
@@ -177,6 +178,8 @@ def test_variants_switch_parts_on_and_off() -> None:
         ({"nats": {"enabled": False}}, "nats"),
         ({"gateway": {"webhook": {"failurePolicy": "Sometimes"}}}, "failurePolicy"),
         ({"schedular": {}}, "schedular"),
+        ({"nats": {"auth": {"password": "p@ss/word"}}}, "password"),
+        ({"valkey": {"password": "has space"}}, "password"),
     ],
 )
 def test_values_schema_refuses_bad_values(values: dict[str, Any], complaint: str) -> None:
@@ -195,3 +198,45 @@ def test_the_first_admin_token_can_come_from_a_secret() -> None:
     assert "CHAMBER_ADMIN_TOKEN" not in gateway_env({})
     env = gateway_env({"gateway": {"adminTokenSecret": {"name": "chamber-admin"}}})
     assert env["CHAMBER_ADMIN_TOKEN"]["valueFrom"] == {"secretKeyRef": {"name": "chamber-admin", "key": "token"}}
+
+
+def _containers(docs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {
+        f"{d['kind']}/{d['metadata']['name']}/{c['name']}": c
+        for d in docs
+        if d["kind"] in ("Deployment", "DaemonSet", "StatefulSet")
+        for c in d["spec"]["template"]["spec"]["containers"]
+    }
+
+
+def test_nats_and_valkey_ask_every_client_for_a_password_by_default() -> None:
+    """Without one, any pod that reaches NATS could write itself an admin token into the tokens KV, and any pod that
+    reaches Valkey could rewrite the GPU ledger; NetworkPolicies are opt-in and depend on the CNI."""
+    docs = render({})
+    secrets = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Secret"}
+    nats_password = secrets["chamber-nats"]["stringData"]["password"]
+    assert len(nats_password) == 32, "generated when not given"
+    assert nats_password.isalnum()
+    conf = secrets["chamber-nats"]["stringData"]["nats.conf"]
+    assert f'authorization {{\n  user: chamber\n  password: "{nats_password}"\n}}' in conf
+    valkey = next(d for d in docs if d["kind"] == "StatefulSet" and d["metadata"]["name"] == "chamber-valkey")
+    assert valkey["spec"]["template"]["spec"]["containers"][0]["args"][-2:] == ["--requirepass", "$(VALKEY_PASSWORD)"]
+    clients = {name: c for name, c in _containers(docs).items() if "nats" not in name and "valkey" not in name}
+    assert len(clients) == 6, "five services (the scheduler and its standby are one Deployment) and the node agent"
+    for name, container in clients.items():
+        env = [e["name"] for e in container["env"]]
+        refs = {e["name"]: e["valueFrom"].get("secretKeyRef") for e in container["env"] if "valueFrom" in e}
+        assert refs["CHAMBER_NATS_PASSWORD"] == {"name": "chamber-nats", "key": "password"}, name
+        assert refs["VALKEY_PASSWORD"] == {"name": "chamber-valkey", "key": "password"}, name
+        assert env.index("CHAMBER_NATS_PASSWORD") < env.index("CHAMBER_NATS_URL"), "defined before it is used"
+        assert env.index("VALKEY_PASSWORD") < env.index("CHAMBER_REDIS_URL"), "defined before it is used"
+    given = render({"nats": {"auth": {"password": "n4ts.Pass"}}, "valkey": {"password": "v4lkey-Pass"}})
+    secrets = {d["metadata"]["name"]: d for d in given if d["kind"] == "Secret"}
+    assert secrets["chamber-nats"]["stringData"]["password"] == "n4ts.Pass"
+    assert base64.b64decode(secrets["chamber-valkey"]["data"]["password"]) == b"v4lkey-Pass"
+    off = render({"nats": {"auth": {"enabled": False}}, "valkey": {"auth": {"enabled": False}}})
+    assert "authorization" not in next(d for d in off if d["kind"] == "Secret")["stringData"]["nats.conf"]
+    plain = {e["name"]: e.get("value") for e in _containers(off)["Deployment/chamber-gateway/gateway"]["env"]}
+    assert (plain["CHAMBER_NATS_URL"], plain["CHAMBER_REDIS_URL"]) == (
+        "nats://chamber-nats:4222", "redis://chamber-valkey:6379/0",
+    )  # fmt: skip

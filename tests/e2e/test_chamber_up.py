@@ -221,3 +221,75 @@ def test_chamber_up_never_prints_a_password(servers: Servers, tmp_path: Path) ->
     text = log.read_text()
     assert "chamber:***@" in text
     assert "n4ts-s3cret" not in text
+
+
+def test_chamber_up_runs_on_nats_and_valkey_that_ask_for_passwords(tmp_path: Path) -> None:
+    """What the Helm chart runs by default: NATS with a user and password, Valkey with `requirepass`. Anonymous
+    clients are refused; Chamber's services, given the credentials in their URLs, run a job end to end."""
+    import redis
+
+    from chamber.cli.infra import embedded_nats, embedded_redis
+
+    secret = "Pw.4-chamber_tests"
+    bus = embedded_nats(tmp_path)
+    bus.argv += ["--user", "chamber", "--pass", secret]
+    ledger = embedded_redis(tmp_path)
+    ledger.argv += ["--requirepass", secret]
+    for server in (bus, ledger):
+        server.spawn()
+    try:
+        wait_until(lambda: nats_answers(bus.url), within=20, what="nats-server")
+        wait_until(lambda: _noauth(ledger.url), within=20, what="valkey-server")
+        assert "Authorization Violation" in _anonymous_nats(bus.port)
+        with redis.Redis.from_url(ledger.url) as anonymous_client, pytest.raises(redis.AuthenticationError):
+            anonymous_client.set("k", "v")
+
+        port = free_port()
+        nats_url = bus.url.replace("nats://", f"nats://chamber:{secret}@")
+        redis_url = ledger.url.replace("redis://", f"redis://:{secret}@")
+        env = up_env(port, CHAMBER_NATS_URL=nats_url, CHAMBER_REDIS_URL=redis_url, CHAMBER_GRPC_PORT="0",
+                     CHAMBER_ADMIN_TOKEN="auth-admin-token", CHAMBER_NAMESPACE="auth")  # fmt: skip
+        log = tmp_path / "up.log"
+        proc = start_up(env, log)
+        try:
+            wait_for(log, b"chamber: ready in", proc)
+            auth = {"authorization": "Bearer auth-admin-token"}
+            with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=5, headers=auth) as http:
+                wait_until(lambda: http.get("/v1/fleet").json()["gpus_total"] > 0, within=20, what="inventory")
+                job = http.post("/v1/jobs", json={"name": "locked", "team": "demo", "gpus_per_replica": 1})
+                assert job.status_code == 201, job.text
+                job_id = job.json()["id"]
+                wait_until(lambda: http.get(f"/v1/jobs/{job_id}").json()["state"] == "running", within=10,
+                           what="the job running")  # fmt: skip
+        finally:
+            proc.send_signal(signal.SIGINT)
+            code = proc.wait(timeout=30)
+        assert code == 0, log.read_text()
+        assert secret not in log.read_text()
+    finally:
+        for server in (bus, ledger):
+            server.kill()
+
+
+def _noauth(url: str) -> bool:
+    """A Redis answers at `url`, refusing anonymous clients."""
+    import redis
+
+    try:
+        with redis.Redis.from_url(url) as client:
+            client.ping()
+    except redis.AuthenticationError:
+        return True
+    except redis.ConnectionError:
+        return False
+    return False
+
+
+def _anonymous_nats(port: int) -> str:
+    """What a NATS server answers a client that logs in without credentials."""
+    import socket
+
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+        sock.recv(65536)  # INFO
+        sock.sendall(b'CONNECT {"verbose":false}\r\nPING\r\n')
+        return sock.recv(65536).decode()

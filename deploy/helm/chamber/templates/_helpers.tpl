@@ -22,7 +22,23 @@ app.kubernetes.io/component: {{ .component }}
 {{- end -}}
 
 {{- define "chamber.natsUrl" -}}
-{{- if .Values.nats.enabled -}}nats://{{ include "chamber.fullname" . }}-nats:4222{{- else -}}{{ .Values.nats.url }}{{- end -}}
+{{- if .Values.nats.enabled -}}
+nats://{{ if .Values.nats.auth.enabled }}chamber:$(CHAMBER_NATS_PASSWORD)@{{ end }}{{ include "chamber.fullname" . }}-nats:4222
+{{- else -}}{{ .Values.nats.url }}{{- end -}}
+{{- end -}}
+
+{{/* A generated secret that stays the same across upgrades: the value given, else the one the Secret `name`
+already holds under `key` (Helm's lookup; empty under `helm template`), else 32 random letters and digits.
+Arguments: root, name, key, given. */}}
+{{- define "chamber.keptSecret" -}}
+{{- $value := .given -}}
+{{- if not $value -}}
+{{- $old := lookup "v1" "Secret" .root.Release.Namespace .name -}}
+{{- if and $old $old.data (hasKey $old.data .key) -}}
+{{- $value = index $old.data .key | b64dec -}}
+{{- end -}}
+{{- end -}}
+{{- $value | default (randAlphaNum 32) -}}
 {{- end -}}
 
 {{- define "chamber.webhookService" -}}{{ include "chamber.fullname" . }}-webhooks{{- end -}}
@@ -34,11 +50,15 @@ app.kubernetes.io/component: {{ .component }}
 - name: CHAMBER_NATS_URL
   valueFrom: {secretKeyRef: {name: {{ .Values.nats.existingSecret }}, key: url}}
 {{- else }}
+{{- if and .Values.nats.enabled .Values.nats.auth.enabled }}
+- name: CHAMBER_NATS_PASSWORD
+  valueFrom: {secretKeyRef: {name: {{ include "chamber.fullname" . }}-nats, key: password}}
+{{- end }}
 - name: CHAMBER_NATS_URL
   value: {{ include "chamber.natsUrl" . | quote }}
 {{- end }}
 {{- if .Values.valkey.enabled }}
-{{- if .Values.valkey.password }}
+{{- if .Values.valkey.auth.enabled }}
 - name: VALKEY_PASSWORD
   valueFrom: {secretKeyRef: {name: {{ include "chamber.fullname" . }}-valkey, key: password}}
 - name: CHAMBER_REDIS_URL
