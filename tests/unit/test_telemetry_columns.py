@@ -55,6 +55,7 @@ def test_every_batch_field_travels() -> None:
                 GpuSample(index=7, uuid="b", processes=[GpuProcess(pid=1, job_id="j")], ecc_dbe_volatile=0, job_id="j"),
             ],
             assignment_mismatches=["GPU 7: the kubelet gave it to ns/p, the ledger to j"],
+            boot_id="6f1c5d2e-1b7a-4c1e-9d55-0e6b7e3f9a10",
         ),
     ],
     ids=["nvml-h100", "no-gpus", "nothing-measured", "sparse-capabilities"],

@@ -3,6 +3,7 @@
 import asyncio
 import ctypes
 import time
+from pathlib import Path
 from typing import Any
 
 import pynvml
@@ -10,6 +11,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from chamber.collector.nvml import NvmlReader, NvmlSource, XidWatcher
+from chamber.collector.nvml.reader import read_boot_id
 from chamber.common.contracts import Pool, TopologyLabels
 from tests.support.fakenvml import H100, H100_IDLE, H100_MIG, MIG_INSTANCE, V100_NO_REMAP_NO_NVLINK, FakeNvml
 
@@ -55,6 +57,14 @@ def test_the_node_agent_reports_its_node() -> None:
     (batch,) = source.sample(2.0, {})
     assert batch.source == "nvml"
     assert len(batch.gpus) == 2
+    assert batch.boot_id == read_boot_id() != "", "the node's boot, so health can tell a reboot (a reset) happened"
+
+
+def test_the_boot_id_is_the_kernels(tmp_path: Path) -> None:
+    path = tmp_path / "boot_id"
+    path.write_text("6f1c5d2e-1b7a-4c1e-9d55-0e6b7e3f9a10\n")
+    assert read_boot_id(str(path)) == "6f1c5d2e-1b7a-4c1e-9d55-0e6b7e3f9a10"
+    assert read_boot_id(str(tmp_path / "absent")) == "", "not Linux: no evidence of reboots, not an error"
 
 
 @pytest.mark.timeout(10)

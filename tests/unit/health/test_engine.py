@@ -20,8 +20,8 @@ def sample(index: int = 0, **fields: object) -> GpuSample:
     return GpuSample(index=index, uuid=f"GPU-{index}", **{**base, **fields})  # type: ignore[arg-type]
 
 
-def batch(at: float, *gpus: GpuSample, node: str = "n1", interval: float = 1.0) -> NodeTelemetry:
-    return NodeTelemetry(node=node, sampled_at=at, interval_s=interval, gpus=list(gpus) or [sample()])
+def batch(at: float, *gpus: GpuSample, node: str = "n1", interval: float = 1.0, boot: str = "") -> NodeTelemetry:
+    return NodeTelemetry(node=node, sampled_at=at, interval_s=interval, gpus=list(gpus) or [sample()], boot_id=boot)
 
 
 def engine(nodes: int = 4, gpus: int = 1) -> HealthEngine:
@@ -217,11 +217,11 @@ def test_a_fault_during_probation_sends_it_back() -> None:
 def test_a_repeat_offender_stays_out_until_an_operator_releases_it() -> None:
     e = engine()
     t = 0.0
-    for _ in range(5):
-        e.observe(batch(t, sample(xids=[48])), t)
+    for boot in range(5):  # each fatal XID, then a reboot (which starts its probation) and two clean probations
+        e.observe(batch(t, sample(xids=[48]), boot=f"boot-{boot}"), t)
         for _ in range(260):
             t += 1
-            e.observe(batch(t, sample()), t)
+            e.observe(batch(t, sample(), boot=f"boot-{boot + 1}"), t)
             e.tick(t)
     entity = e.entities[("n1", 0)]
     assert entity.state == HealthState.QUARANTINED

@@ -4,6 +4,7 @@ and a node that comes back from a reboot with a GPU missing."""
 from types import SimpleNamespace
 from typing import Any
 
+import msgspec
 import pytest
 
 from chamber.common.contracts import (
@@ -286,3 +287,79 @@ def test_after_a_restart_a_silent_fleet_is_not_lost() -> None:
     for node in NODES:
         e.heard_before(batch(node, 599.0), 600.0)
     assert not [v for t in range(600, 800) for v in e.tick(float(t))]
+
+
+# ---- 8. a fatal XID leaves nothing to watch clear: it waits for a reboot or an operator ------------------------
+
+
+def booted(e: HealthEngine, nodes: tuple[str, ...], start: int, stop: int, boot: str) -> list[GpuHealthVerdict]:
+    """As `run`, every batch from boot `boot`."""
+    out: list[GpuHealthVerdict] = []
+    for t in range(start, stop):
+        for node in nodes:
+            out += e.observe(msgspec.structs.replace(batch(node, float(t)), boot_id=boot), float(t))
+        out += e.tick(t + 0.5)
+    return out
+
+
+@pytest.mark.parametrize(("xid", "gpu"), [(74, 0), (119, 0), (48, 0), (79, None)])
+def test_a_fatal_xid_is_not_released_by_clean_samples_alone(xid: int, gpu: int | None) -> None:
+    """An NVLink, GSP or double-bit XID stays until a reset; the GPU's samples after it are clean whether or not the
+    GPU was reset (an XID is an event, not a counter), so clean time is no evidence. It used to come back after two
+    probations, to ruin the next week-long run."""
+    e = engine()
+    booted(e, NODES, 0, 10, "boot-a")
+    (v,) = e.observe(as_batch(GpuXidEvent(node="n1", gpu_index=0, uuid="n1-0", xid=xid, observed_at=10.0)), 10.0)
+    assert (v.gpu_index, v.state, v.awaiting_reset, v.boot_id) == (gpu, HealthState.QUARANTINED, True, "boot-a")
+    assert "until the node reboots or an operator releases it" in v.reason
+    assert booted(e, NODES, 10, 10 + 10 * int(CFG.probation_s), "boot-a") == []
+    assert e.entities[("n1", gpu)].state == HealthState.QUARANTINED
+
+
+def test_a_reboot_starts_the_probation_of_what_waited_for_a_reset() -> None:
+    e = engine()
+    booted(e, NODES, 0, 10, "boot-a")
+    e.observe(as_batch(GpuXidEvent(node="n1", gpu_index=0, uuid="n1-0", xid=74, observed_at=10.0)), 10.0)
+    booted(e, NODES, 10, 500, "boot-a")
+    got = booted(e, NODES, 500, 800, "boot-b")  # the node came back from a reboot at 500
+    assert [(v.state, v.observed_at) for v in got] == [
+        (HealthState.RECOVERING, 500.5 + CFG.probation_s),
+        (HealthState.HEALTHY, 500.5 + 2 * CFG.probation_s),
+    ]
+
+
+def test_an_operator_release_frees_what_waited_for_a_reset() -> None:
+    """A GPU reset (`nvidia-smi -r`) changes no boot ID: whoever reset it releases it."""
+    e = engine()
+    booted(e, NODES, 0, 10, "boot-a")
+    e.observe(as_batch(GpuXidEvent(node="n1", gpu_index=0, uuid="n1-0", xid=74, observed_at=10.0)), 10.0)
+    (v,) = e.command(HealthCommand(node="n1", gpu_index=0, command="release"), 20.0)
+    assert (v.state, v.awaiting_reset) == (HealthState.HEALTHY, False)
+    assert booted(e, NODES, 20, 400, "boot-a") == []
+
+
+def test_a_node_without_a_boot_id_waits_for_the_operator() -> None:
+    """A source that reports no boot ID (not a node agent) gives no evidence of a reboot."""
+    e = engine()
+    run(e, NODES, 0, 10)
+    e.observe(as_batch(GpuXidEvent(node="n1", gpu_index=0, uuid="n1-0", xid=120, observed_at=10.0)), 10.0)
+    assert booted(e, NODES, 10, 1000, "boot-new") == [], "a first boot ID is not a new one"
+    assert e.entities[("n1", 0)].awaiting_reset
+
+
+@pytest.mark.parametrize(("boot_after", "released"), [("boot-a", False), ("boot-b", True)])
+def test_after_a_restart_what_waits_for_a_reset_waits_for_a_boot_the_node_had_not_then(
+    boot_after: str, released: bool
+) -> None:
+    """The verdict carries the boot it was made in: a node that rebooted while health was down is released by its
+    first sample, one that did not is not (its last sample before the restart names the same boot)."""
+    first = engine()
+    booted(first, NODES, 0, 10, "boot-a")
+    (v,) = first.observe(as_batch(GpuXidEvent(node="n1", gpu_index=0, uuid="n1-0", xid=74, observed_at=10.0)), 10.0)
+    second = engine()
+    second.restore(v)
+    second.heard_before(msgspec.structs.replace(batch("n1", 20.0), boot_id="boot-a"), 30.0)
+    got = booted(second, NODES, 30, 30 + 3 * int(CFG.probation_s), boot_after)
+    assert [v.state for v in got if v.node == "n1"] == (
+        [HealthState.RECOVERING, HealthState.HEALTHY] if released else []
+    )

@@ -33,6 +33,11 @@ class GpuHealthVerdict(Event, frozen=True):
     """Out until an operator releases it (an operator cordon, or a repeat offender)."""
     breaker_open: bool = False
     """The circuit breaker held this quarantine back (too much of the fleet at once): an alert, not a cordon."""
+    awaiting_reset: bool = False
+    """Quarantined by a fault only a reset clears, which left no counter to watch (a fatal XID): no probation
+    starts until the node reports from another boot (`boot_id`) or an operator releases it."""
+    boot_id: str = ""
+    """The node's boot when it was quarantined awaiting a reset (empty: not known)."""
 
 
 class HealthCommand(Event, frozen=True):

@@ -88,6 +88,9 @@ class NodeTelemetry(Event, frozen=True):
     assignment_mismatches: list[str] = msgspec.field(default_factory=list)
     """Where the kubelet's device assignments (PodResources) disagree with the ledger's placements on this node,
     one sentence each (docs/kubernetes.md); empty when they agree or when the agent cannot read them."""
+    boot_id: str = ""
+    """The node's Linux boot ID (`/proc/sys/kernel/random/boot_id`) from a node agent; empty: not known. A new one
+    is a reboot: evidence that a fault only a reset clears is gone (health)."""
 
 
 class GpuXidEvent(Event, frozen=True):
@@ -151,6 +154,8 @@ class NodeTelemetryColumns(Event, frozen=True):
     pod: list[str] = msgspec.field(default_factory=list)
     assignment_mismatches: list[str] = msgspec.field(default_factory=list)
     """Of the node, not per GPU: as `NodeTelemetry.assignment_mismatches`."""
+    boot_id: str = ""
+    """Of the node: as `NodeTelemetry.boot_id`."""
 
     def __post_init__(self) -> None:
         n = len(self.index)
@@ -193,7 +198,7 @@ def to_columns(batch: NodeTelemetry) -> NodeTelemetryColumns:
             columns[name] = []
     return NodeTelemetryColumns(
         node=batch.node, sampled_at=batch.sampled_at, interval_s=batch.interval_s, source=batch.source, v=batch.v,
-        assignment_mismatches=batch.assignment_mismatches, **columns,
+        assignment_mismatches=batch.assignment_mismatches, boot_id=batch.boot_id, **columns,
     )  # fmt: skip
 
 
@@ -212,7 +217,7 @@ def from_columns(batch: NodeTelemetryColumns) -> NodeTelemetry:
     gpus = [GpuSample(*row) for row in zip(*full, strict=True)]
     return NodeTelemetry(
         node=batch.node, sampled_at=batch.sampled_at, interval_s=batch.interval_s, gpus=gpus, source=batch.source,
-        v=batch.v, assignment_mismatches=batch.assignment_mismatches,
+        v=batch.v, assignment_mismatches=batch.assignment_mismatches, boot_id=batch.boot_id,
     )  # fmt: skip
 
 

@@ -335,6 +335,19 @@ Owner = Callable[[int, int], str]
 """(pid, device index) -> the job whose replica on that device the process belongs to; empty: none."""
 
 
+BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
+"""Linux's random ID of the current boot: the same for the node's whole uptime, a new one after every reboot."""
+
+
+def read_boot_id(path: str = BOOT_ID_PATH) -> str:
+    """This node's boot ID; empty where it cannot be read (not Linux)."""
+    try:
+        with open(path, encoding="ascii") as f:
+            return f.read().strip()
+    except (OSError, UnicodeDecodeError):
+        return ""
+
+
 class NvmlSource:
     """The TelemetrySource of a node agent: this node's GPUs, read with NVML.
 
@@ -356,8 +369,11 @@ class NvmlSource:
         *,
         owner: Owner | None = None,
         assigned: Callable[[], Attribution | None] | None = None,
+        boot_id: str | None = None,
     ) -> None:
         self.reader = reader
+        self.boot_id = read_boot_id() if boot_id is None else boot_id
+        """This node's boot (health: a new one is a reboot, which clears faults only a reset clears)."""
         self.node = Node(name=node, pool=pool.name, gpus=reader.devices(), topology=topology)
         self.pool = pool
         self.interval_s = interval_s
@@ -383,6 +399,7 @@ class NvmlSource:
                 gpus=gpus,
                 source="nvml",
                 assignment_mismatches=mismatches,
+                boot_id=self.boot_id,
             )
         ]
 

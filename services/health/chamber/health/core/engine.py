@@ -12,7 +12,10 @@
   service that falls behind its telemetry, or a telemetry path that stops for everyone, does not make every node
   look dead), and the time since anything from it arrived (a node whose clock lags is not a dead node).
 - A quarantined entity recovers after `probation_s` without any rule firing (the fault is gone: a reset cleared
-  the volatile counter, the node came back), and returns to healthy after a second clean probation. After a
+  the volatile counter, the node came back), and returns to healthy after a second clean probation. A fault that
+  only a reset clears and that leaves no counter to watch (a fatal XID: `Rule.needs_reset`) proves nothing by
+  clean samples: its probation starts only once the node reports from another boot (a new boot ID; a reboot
+  resets every GPU) or an operator releases it (after resetting the GPU). After a
   restart, the restored unwell entities of a node make no progress until the node has been heard from: a node
   that died while the service was down is not released for its silence. Each node's last sample before the
   restart is taken too (`heard_before`), so a node that was well and died while the service was down is found
@@ -85,6 +88,10 @@ class Entity:
     breaker_alerted: float = float("-inf")
     """Sustained rule -> the sample time its signal started holding."""
     uuid: str = ""
+    awaiting_reset: bool = False
+    """Quarantined by a `needs_reset` rule: no probation until the node reports from another boot."""
+    boot_id: str = ""
+    """The node's boot ID when it was so quarantined (empty: not known, so only an operator's release helps)."""
 
 
 class HealthEngine:
@@ -114,6 +121,8 @@ class HealthEngine:
         """The newest sample time seen from any node: how far the telemetry has been read."""
         self.unwell: set[Key] = set()
         """Entities not healthy: the only ones whose time-driven transitions `tick` has to look at."""
+        self.boots: dict[str, str] = {}
+        """Node -> the boot ID of its newest heartbeat (nodes whose agent reports one)."""
 
     # ---- inputs ---------------------------------------------------------------------------------------------
 
@@ -159,6 +168,17 @@ class HealthEngine:
         self.arrived[batch.node] = now
         self.unheard.discard(batch.node)
         self.watermark = max(self.watermark, batch.sampled_at)
+        if batch.boot_id and self.boots.get(batch.node) != batch.boot_id:
+            self.boots[batch.node] = batch.boot_id
+            self._rebooted(batch.node, batch.boot_id, now)
+
+    def _rebooted(self, node: str, boot_id: str, now: float) -> None:
+        """The node reports from a new boot: what waited for a reset starts its probation now."""
+        for key in self.unwell:
+            entity = self.entities[key]
+            if key[0] == node and entity.awaiting_reset and entity.boot_id and entity.boot_id != boot_id:
+                entity.awaiting_reset = False
+                entity.last_bad = now
 
     def _count_drop(self, batch: NodeTelemetry) -> list[tuple[Rule, float]]:
         """gpu-count-drop hits: fewer physical GPUs in the batch than the node has had."""
@@ -181,6 +201,7 @@ class HealthEngine:
             finding = Finding(Severity.DEGRADED.value, "operator-cordon", cmd.reason or "cordoned by an operator")
             return self._move(entity, HealthState.QUARANTINED, now, finding, force=True)
         entity.held = False
+        entity.awaiting_reset = False
         entity.fatal_events.clear()
         entity.hits.clear()
         entity.last_bad = float("-inf")
@@ -197,6 +218,8 @@ class HealthEngine:
             if entity.node in self.unheard:
                 self._hold_clean_time(entity, now)
                 continue
+            if entity.awaiting_reset:
+                continue  # clean samples prove nothing until a reset
             verdicts += self._progress(entity, now)
         return verdicts
 
@@ -289,6 +312,9 @@ class HealthEngine:
         reason = f"{rule.name}: {value:g}"
         if entity.held and rule.severity == Severity.FATAL:
             reason += f"; {len(entity.fatal_events)} fatal events in 24 h: out until an operator releases it"
+        elif rule.needs_reset:
+            entity.awaiting_reset, entity.boot_id = True, self.boots.get(entity.node, "")
+            reason += "; out until the node reboots or an operator releases it"
         action = "rma" if entity.held and rule.action else rule.action
         return self._move(entity, HealthState.QUARANTINED, now, Finding(rule.severity.value, rule.name, reason, action,
                                                                         evidence))  # fmt: skip
@@ -335,6 +361,7 @@ class HealthEngine:
             node=entity.node, gpu_index=entity.gpu, state=state, reason=finding.reason, observed_at=now,
             uuid=entity.uuid, evidence=finding.evidence, severity=finding.severity, rule=finding.rule,
             action=finding.action, held=entity.held, breaker_open=breaker,
+            awaiting_reset=entity.awaiting_reset and state != HealthState.HEALTHY, boot_id=entity.boot_id,
         )  # fmt: skip
 
     def heard_before(self, batch: NodeTelemetry, now: float) -> None:
@@ -346,6 +373,8 @@ class HealthEngine:
         self.last_seen[batch.node] = (batch.sampled_at, batch.interval_s)
         self.arrived[batch.node] = now
         self.watermark = max(self.watermark, batch.sampled_at)
+        if batch.boot_id:
+            self.boots[batch.node] = batch.boot_id  # its boot when the service stopped: no reboot evidence by itself
 
     def restore(self, verdict: GpuHealthVerdict) -> None:
         """Take back the state a previous run published (at start-up)."""
@@ -359,6 +388,7 @@ class HealthEngine:
             self.unwell.add((verdict.node, verdict.gpu_index))
         entity.severity, entity.rule, entity.reason = verdict.severity, verdict.rule, verdict.reason
         entity.action, entity.held, entity.uuid = verdict.action, verdict.held, verdict.uuid
+        entity.awaiting_reset, entity.boot_id = verdict.awaiting_reset, verdict.boot_id
         if verdict.state in (HealthState.QUARANTINED, HealthState.SUSPECT):
             entity.last_bad = verdict.observed_at
         elif verdict.state == HealthState.RECOVERING:

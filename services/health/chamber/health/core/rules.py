@@ -1,16 +1,17 @@
 """Health rules as data: a signal, a threshold, a window, a severity, a scope and the action to recommend.
 
-The defaults follow NVIDIA's XID catalog, DCGM's health watches and NVSentinel: hardware XIDs are fatal,
-application XIDs (13, 31, 43, 45, 68: a bad kernel, not a bad GPU) are ignored; XIDs that ask for a reset when
-convenient (63: a row remapped or a page retired, applied at the next reset; 92: a high single-bit error rate;
-94: an uncorrectable error contained to the process that hit it) drain the GPU with checkpoint grace instead of
-interrupting it; a volatile double-bit ECC error,
-a failed row remap or a GPU off the bus take the GPU out at once; pending remaps and retired-page limits (pre-Ampere)
-call for a reset; correctable ECC, NVLink and PCIe error *rates* above budget, seen 3 times within a minute,
-degrade (isolated correctable errors are normal and never reach them); thermal and power throttling are warnings
-with flap suppression, and thermal throttling held for a whole minute degrades; a node silent for three intervals
-(and at least 30 s), or one reporting fewer GPUs than it has, is taken out whole. Operators extend or override
-the list with a YAML file of rules (`CHAMBER_HEALTH_RULES_FILE`; a rule with a default's name replaces it).
+The defaults follow NVIDIA's XID catalog, DCGM's health watches and NVSentinel: hardware XIDs are fatal (and,
+as an XID is an event that leaves nothing to watch clear, what they take out waits for a reboot or an operator's
+release before its probation: `needs_reset`), application XIDs (13, 31, 43, 45, 68: a bad kernel, not a bad GPU)
+are ignored; XIDs that ask for a reset when convenient (63: a row remapped or a page retired, applied at the next
+reset; 92: a high single-bit error rate; 94: an uncorrectable error contained to the process that hit it) drain
+the GPU with checkpoint grace instead of interrupting it; a volatile double-bit ECC error, a failed row remap or a
+GPU off the bus take the GPU out at once; pending remaps and retired-page limits (pre-Ampere) call for a reset;
+correctable ECC, NVLink and PCIe error *rates* above budget, seen 3 times within a minute, degrade (isolated
+correctable errors are normal and never reach them); thermal and power throttling are warnings with flap
+suppression, and thermal throttling held for a whole minute degrades; a node silent for three intervals (and at
+least 30 s), or one reporting fewer GPUs than it has, is taken out whole. Operators extend or override the list
+with a YAML file of rules (`CHAMBER_HEALTH_RULES_FILE`; a rule with a default's name replaces it).
 """
 
 from collections.abc import Mapping
@@ -64,15 +65,20 @@ class Rule:
     scope: Literal["gpu", "node"] = "gpu"
     action: Literal["", "reset-gpu", "reboot-node", "rma"] = ""
     xids: tuple[int, ...] = ()
+    needs_reset: bool = False
+    """Only a reset clears the fault, and it leaves nothing to watch clear (an XID is an event, not a counter):
+    clean samples prove nothing, so what it quarantines waits for a reboot (a new boot ID) or an operator's
+    release before its probation starts."""
 
 
 DEFAULT_RULES: tuple[Rule, ...] = (
-    Rule("xid-fallen-off-bus", "xid", Severity.FATAL, xids=(79,), scope="node", action="reboot-node"),
-    Rule("xid-double-bit-ecc", "xid", Severity.FATAL, xids=(48, 64, 95), action="reset-gpu"),
+    Rule("xid-fallen-off-bus", "xid", Severity.FATAL, xids=(79,), scope="node", action="reboot-node",
+         needs_reset=True),
+    Rule("xid-double-bit-ecc", "xid", Severity.FATAL, xids=(48, 64, 95), action="reset-gpu", needs_reset=True),
     Rule("xid-ecc-reset-due", "xid", Severity.DEGRADED, xids=(63, 92, 94), action="reset-gpu"),
-    Rule("xid-nvlink", "xid", Severity.FATAL, xids=(74,), action="reset-gpu"),
-    Rule("xid-gsp", "xid", Severity.FATAL, xids=(119, 120, 136, 140, 143), action="reboot-node"),
-    Rule("xid-other-hardware", "xid", Severity.FATAL, xids=(123,), action="rma"),
+    Rule("xid-nvlink", "xid", Severity.FATAL, xids=(74,), action="reset-gpu", needs_reset=True),
+    Rule("xid-gsp", "xid", Severity.FATAL, xids=(119, 120, 136, 140, 143), action="reboot-node", needs_reset=True),
+    Rule("xid-other-hardware", "xid", Severity.FATAL, xids=(123,), action="rma", needs_reset=True),
     Rule("ecc-dbe-volatile", "ecc_dbe_volatile", Severity.FATAL, action="reset-gpu"),
     Rule("row-remap-failure", "remapped_rows_failure", Severity.FATAL, action="rma"),
     Rule("row-remap-pending", "remapped_rows_pending", Severity.DEGRADED, action="reset-gpu"),
