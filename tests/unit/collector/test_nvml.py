@@ -209,6 +209,23 @@ def test_a_gpu_lost_while_the_agent_runs_is_left_out_and_the_others_are_reported
     assert len(source.sample(4.0, {})[0].gpus) == 4
 
 
+@pytest.mark.parametrize("error", [pynvml.NVML_ERROR_GPU_IS_LOST, pynvml.NVML_ERROR_UNKNOWN])
+def test_a_gpu_lost_before_the_agent_starts_is_left_out_and_the_node_is_served(error: int) -> None:
+    """It used to raise out of the reader's constructor: the agent died at every start, and with it the job
+    runners of the node's healthy GPUs."""
+    fake = FakeNvml([H100 | {"procs": []} for _ in range(4)])
+    fake.fail(1, error)
+    with capture_logs() as logs:
+        source = _node(fake)
+    (inv,) = source.inventory(0.0)
+    assert [g.uuid for g in inv.node.gpus] == ["GPU-fake-0", "GPU-fake-2", "GPU-fake-3"]
+    assert [g.index for g in inv.node.gpus] == [0, 1, 2], "the ledger's slots are the readable devices"
+    assert inv.node.unreadable_gpus == 1, "health counts it as missing (gpu-count-drop)"
+    assert [(e["event"], e["device"]) for e in logs if e["log_level"] == "error"] == [("nvml.gpu_unreadable", 1)]
+    (batch,) = source.sample(1.0, {})
+    assert [g.uuid for g in batch.gpus] == ["GPU-fake-0", "GPU-fake-2", "GPU-fake-3"]
+
+
 def test_an_unexpected_nvml_error_costs_one_gpu_its_sample_not_the_agent() -> None:
     fake = FakeNvml([H100 | {"procs": []}, H100_MIG])
     source = _node(fake)

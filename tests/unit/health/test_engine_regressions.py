@@ -238,6 +238,21 @@ def test_the_service_hands_the_engine_physical_gpus() -> None:
     assert node_rules(got, "n1") == [(HealthState.QUARANTINED, "gpu-count-drop")]
 
 
+def test_a_gpu_its_agent_could_not_read_at_start_counts_as_missing() -> None:
+    """A GPU that fell off the bus before the agent (re)started is not in the agent's devices; the inventory says how
+    many such GPUs the node has, so health takes the node out though it never saw the GPU in this process."""
+    from chamber.health.service import Health
+
+    e = HealthEngine(config=CFG)
+    ctx = SimpleNamespace(clock=SimpleNamespace(now=lambda: 0.0))
+    shell = Health(ctx, bus=None, ledger=None, engine=e)  # type: ignore[arg-type]
+    readable = devices(7, {})
+    node = Node(name="n1", pool="h100", gpus=readable, unreadable_gpus=1)
+    shell._on_inventory(NodeInventory(node=node, pool=Pool(name="h100", gpu_model="H100"), observed_at=0.0))
+    got = e.observe(device_batch("n1", 1.0, readable), 1.0)
+    assert node_rules(got, "n1") == [(HealthState.QUARANTINED, "gpu-count-drop")]
+
+
 # ---- XIDs that ask for a reset when convenient ------------------------------------------------------------------
 
 

@@ -101,6 +101,7 @@ class Health:
         devices, not the GPUs, and must not look like a lost GPU)."""
         self.inventory[inv.node.name] = [g.index for g in inv.node.gpus]
         gpus, parents = physical_gpus(inv.node.gpus)
+        gpus += inv.node.unreadable_gpus  # GPUs its agent could not read at start: they count as missing
         self.engine.set_inventory(inv.node.name, gpus, self.ctx.clock.now(), parents)
 
     async def on_telemetry(self, event: NodeTelemetryColumns | NodeTelemetry | GpuXidEvent) -> None:

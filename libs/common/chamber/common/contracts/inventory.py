@@ -49,6 +49,9 @@ class Node(Contract, frozen=True):
     cluster: str = "local"
     mig_slices: list[MigSlices] = msgspec.field(default_factory=list)
     """MIG instances offered per profile beside `gpus` (mixed strategy); not part of what Chamber places on."""
+    unreadable_gpus: int = msgspec.field(default=0)
+    """GPUs the node has (NVML counts them) that its agent could not read when it started (one that fell off the
+    bus): not in `gpus`, never placed on, and counted by health as GPUs the node should report (gpu-count-drop)."""
 
 
 class Pool(Contract, frozen=True):

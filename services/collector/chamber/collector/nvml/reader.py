@@ -58,7 +58,9 @@ class NvmlReader:
     def __init__(self, nvml: ModuleType | Any) -> None:
         self.nvml = nvml
         nvml.nvmlInit()
-        self.physical = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(nvml.nvmlDeviceGetCount())]
+        self.unreadable: list[int] = []
+        """NVML indices of the GPUs that could not be read at start (see `_readable`): left out of everything."""
+        self.physical = [h for i in range(nvml.nvmlDeviceGetCount()) if (h := self._readable(i)) is not None]
         self.unsupported: set[tuple[int, str]] = set()
         self._links: dict[int, list[int]] = {}
         """Device index -> its physical GPU's NVLink links, learnt at the first read NVML answered for all links."""
@@ -67,6 +69,27 @@ class NvmlReader:
         self._gpm = [self._gpm_supported(h) for h in self.physical]
         for i in range(len(self.entries)):
             self._gpm_snapshot(i)  # the first interval starts now
+
+    def _readable(self, index: int) -> Any | None:
+        """GPU `index`'s handle, if NVML can tell what it is (its UUID, name and MIG mode). A GPU that fell off the
+        bus before the agent started answers nothing: it is left out, logged, and counted (`unreadable`), so the
+        node is still served with the GPUs it has, and health sees one missing, instead of an agent that dies at
+        every start and takes the node's jobs with it."""
+        n = self.nvml
+        try:
+            handle = n.nvmlDeviceGetHandleByIndex(index)
+            n.nvmlDeviceGetUUID(handle)
+            n.nvmlDeviceGetName(handle)
+            try:
+                n.nvmlDeviceGetMigMode(handle)
+            except n.NVMLError as exc:
+                if _code(exc) != n.NVML_ERROR_NOT_SUPPORTED:
+                    raise
+        except n.NVMLError as exc:
+            log.error("nvml.gpu_unreadable", device=index, error=str(exc))
+            self.unreadable.append(index)
+            return None
+        return handle
 
     def close(self) -> None:
         n = self.nvml
@@ -374,7 +397,8 @@ class NvmlSource:
         self.reader = reader
         self.boot_id = read_boot_id() if boot_id is None else boot_id
         """This node's boot (health: a new one is a reboot, which clears faults only a reset clears)."""
-        self.node = Node(name=node, pool=pool.name, gpus=reader.devices(), topology=topology)
+        self.node = Node(name=node, pool=pool.name, gpus=reader.devices(), topology=topology,
+                         unreadable_gpus=len(reader.unreadable))  # fmt: skip
         self.pool = pool
         self.interval_s = interval_s
         self.owner = owner
