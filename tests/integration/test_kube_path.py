@@ -24,6 +24,7 @@ from chamber.common.contracts import (
     JobLaunchFailed,
     JobRecord,
     NodeTelemetry,
+    TeamConfig,
     TelemetryWire,
     as_telemetry,
 )
@@ -39,7 +40,9 @@ from chamber.common.kube.client import (
     KubeClient,
 )
 from chamber.common.kube.errors import KubeError
+from chamber.common.quotastore import QuotaStore
 from chamber.common.settings import Settings
+from chamber.common.subjects import QUOTA_BUCKET
 from chamber.gateway import service as gateway
 from chamber.health import service as health
 from chamber.scheduler import service as scheduler
@@ -252,6 +255,24 @@ async def test_the_webhooks_reject_what_chamber_cannot_run_and_ignore_unlabelled
             said = str(exc.value.body)  # what kubectl prints: `admission webhook "..." denied the request: ...`
             assert "denied the request" in said, (name, said)
             assert message in said, (name, said)
+        # A team that takes workloads only from its own namespaces: the webhook follows the quota store.
+        quota = QuotaStore(await bus.key_value(QUOTA_BUCKET))
+        config, revision = await quota.get()
+        await quota.put(msgspec.structs.replace(config, teams=[
+            TeamConfig(name="nlp", org="research", namespaces=["nlp"]),
+        ]), revision)  # fmt: skip
+
+        async def refused_in_default() -> bool:
+            try:
+                made = await call(batch.create_namespaced_job, "default", gpu_job("borrowed-name"))
+            except ApiException as exc:
+                return exc.status == 400 and "takes workloads only from namespace nlp, not default" in str(exc.body)
+            await call(batch.delete_namespaced_job, made.metadata.name, "default")
+            return False
+
+        await eventually(refused_in_default, within=10, what="a Job naming team nlp from namespace default refused")
+        ours = await call(batch.create_namespaced_job, "nlp", gpu_job("own-name"))
+        assert ours.spec.suspend is True, "its own namespace's Job is taken"
         plain = gpu_job("plain")
         del plain["metadata"]["labels"]["chamber.io/team"]
         untouched = await call(batch.create_namespaced_job, "default", plain)

@@ -6,7 +6,9 @@ Runs inside the gateway (the API edge) when `CHAMBER_KUBE_API` is set:
   on creation, marked `chamber.io/managed=true`, and its pods get `schedulerName: chamber`, so no pod exists
   while it waits and none is placed by anyone but Chamber.
 - **Validating webhook** (`POST /validate`): a Job Chamber cannot run is refused with the reason, which
-  `kubectl apply` prints (`admission webhook "team.jobs.chamber.io" denied the request: ...`).
+  `kubectl apply` prints (`admission webhook "team.jobs.chamber.io" denied the request: ...`); so is one labelled
+  with a team that takes workloads only from other namespaces (`TeamConfig.namespaces`, followed from the quota
+  store): otherwise anyone who may create a Job could spend any team's quota by naming it.
 - **TrainJob** (Kubeflow Trainer v2): it has no pod template, so the webhook only suspends and marks it; the
   GPUs per node, the node count where the TrainJob leaves it out, and the trainer's `schedulerName` come from the
   ClusterTrainingRuntime or TrainingRuntime its `spec.runtimeRef` names, which the validating webhook and the
@@ -33,7 +35,7 @@ from litestar.status_codes import HTTP_200_OK
 
 from chamber.common.bus import Bus, BusError
 from chamber.common.codec import Decoder
-from chamber.common.contracts import TERMINAL_STATES, JobCancelRequested, JobSubmitted, NodeInventory
+from chamber.common.contracts import TERMINAL_STATES, JobCancelRequested, JobSubmitted, NodeInventory, QuotaConfig
 from chamber.common.jobstore import JobStore
 from chamber.common.kube.client import JOBS, JOBSETS, PYTORCHJOBS, RUNTIMES, TRAINJOBS, KubeClient, Obj
 from chamber.common.kube.errors import KubeError, KubeNotFound
@@ -54,7 +56,9 @@ from chamber.common.kube.workloads import (
     timestamp,
 )
 from chamber.common.log import get_logger
+from chamber.common.quotastore import QuotaStore
 from chamber.common.runtime import Context
+from chamber.common.subjects import QUOTA_BUCKET
 
 log = get_logger(__name__)
 
@@ -78,13 +82,33 @@ def runtime_reader(client: KubeClient) -> RuntimeReader:
     return read
 
 
-class Admission:
-    """The webhooks' decisions (pure apart from what they read: the largest node's GPU count, and a TrainJob's
-    training runtime through `runtimes`)."""
+class TeamNamespaces:
+    """Which namespaces each team takes workloads from (`TeamConfig.namespaces`; a team without the list, or one
+    not configured, takes them from any namespace), as the quota configuration says now."""
 
-    def __init__(self, runtimes: RuntimeReader | None = None) -> None:
+    def __init__(self) -> None:
+        self.allowed: dict[str, frozenset[str]] = {}
+
+    def update(self, config: QuotaConfig) -> None:
+        self.allowed = {t.name: frozenset(t.namespaces) for t in config.teams if t.namespaces}
+
+    def refusal(self, team: str, namespace: str) -> str:
+        """Why a workload in `namespace` may not run as `team` (empty: it may)."""
+        allowed = self.allowed.get(team)
+        if allowed is None or namespace in allowed:
+            return ""
+        return (f"team {team} takes workloads only from namespace{'s' * (len(allowed) > 1)} "
+                f"{', '.join(sorted(allowed))}, not {namespace}")  # fmt: skip
+
+
+class Admission:
+    """The webhooks' decisions (pure apart from what they read: the largest node's GPU count, a TrainJob's
+    training runtime through `runtimes`, and which namespaces each team takes workloads from)."""
+
+    def __init__(self, runtimes: RuntimeReader | None = None, teams: TeamNamespaces | None = None) -> None:
         self.largest_node_gpus = 0
         self.runtimes = runtimes
+        self.teams = teams or TeamNamespaces()
 
     async def review(self, review: Obj, *, mutating: bool) -> Obj:
         request = review.get("request") or {}
@@ -100,7 +124,10 @@ class Admission:
                     runtime = None
                     if kind_of(obj) == TRAINJOB and self.runtimes is not None:
                         runtime = await self.runtimes(obj)
-                    job_spec(obj, largest_node_gpus=self.largest_node_gpus, runtime=runtime)
+                    spec = job_spec(obj, largest_node_gpus=self.largest_node_gpus, runtime=runtime)
+                    refusal = self.teams.refusal(spec.team, str(meta(obj).get("namespace") or "default"))
+                    if refusal:
+                        raise Rejection(refusal)
                 except KubeError as exc:  # the runtime could not be read: refuse now rather than guess
                     unreadable = f"chamber: cannot read the TrainJob's runtime: {exc}"
                     response.update(allowed=False, status={"code": 503, "reason": "ServiceUnavailable",
@@ -136,8 +163,12 @@ class _Server(uvicorn.Server):
 class Intake:
     """Managed Jobs in, job events out."""
 
-    def __init__(self, ctx: Context, bus: Bus, client: KubeClient, store: JobStore) -> None:
+    def __init__(
+        self, ctx: Context, bus: Bus, client: KubeClient, store: JobStore, teams: TeamNamespaces | None = None
+    ) -> None:
         self.ctx = ctx
+        self.teams = teams or TeamNamespaces()
+        """Checked again here: a Job made while the webhooks were off, or before the list changed, is not taken."""
         self.bus = bus
         self.client = client
         self.store = store
@@ -168,6 +199,9 @@ class Intake:
             if kind_of(job) == TRAINJOB:
                 runtime = await self._runtime(job)
             spec = job_spec(job, runtime=runtime)
+            refusal = self.teams.refusal(spec.team, str(meta(job).get("namespace") or "default"))
+            if refusal:
+                raise Rejection(refusal)
         except KubeError as exc:
             log.warning("kube_intake.runtime_unreadable", job=meta(job).get("name"), error=str(exc))
             return  # not marked submitted: the next event or relist tries again
@@ -252,7 +286,11 @@ async def run(ctx: Context, stop: asyncio.Event) -> None:
     s = ctx.settings
     bus = await ctx.bus()
     client = KubeClient.connect(s.kube_api)
-    admission = Admission(runtime_reader(client))
+    teams = TeamNamespaces()
+    quota = QuotaStore(await bus.key_value(QUOTA_BUCKET))
+    teams.update((await quota.get())[0])  # before the webhooks answer: no window in which any namespace passes
+    stop_following = await quota.follow(teams.update)
+    admission = Admission(runtime_reader(client), teams)
 
     def on_inventory(inv: NodeInventory) -> None:
         admission.largest_node_gpus = max(admission.largest_node_gpus, len(inv.node.gpus))
@@ -262,7 +300,7 @@ async def run(ctx: Context, stop: asyncio.Event) -> None:
                             log_config=None, access_log=False, **_ssl(s.kube_webhook_cert_dir))  # type: ignore[arg-type]  # fmt: skip
     server = _Server(config)
     serving = asyncio.create_task(server.serve())
-    intake = Intake(ctx, bus, client, await JobStore.open(bus))
+    intake = Intake(ctx, bus, client, await JobStore.open(bus), teams)
     watching = asyncio.create_task(intake.run(stop))
     log.info("kube_intake.started", api=client.host, webhooks=f"{s.kube_webhook_host}:{s.kube_webhook_port}")
     try:
@@ -270,5 +308,6 @@ async def run(ctx: Context, stop: asyncio.Event) -> None:
     finally:
         server.should_exit = True
         await asyncio.gather(serving, watching, return_exceptions=True)
+        await stop_following()
         await client.close()
         await bus.close()

@@ -7,6 +7,10 @@ import msgspec
 from chamber.common.contracts.base import Contract, Event
 
 Name = Annotated[str, msgspec.Meta(min_length=1, max_length=64, pattern=r"^[a-z0-9][a-z0-9-]*$(?!\n)")]
+KubeNamespace = Annotated[
+    str, msgspec.Meta(min_length=1, max_length=63, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$(?!\n)")
+]
+"""A Kubernetes namespace name (an RFC 1123 label)."""
 """`(?!\n)`: Python's `$` also matches before a final newline ("ml\n" would pass and reach KV keys and NATS
 subjects); JSON Schema readers (ECMA-262) read the same pattern the same way."""
 MAX_GPUS = 2**31 - 1
@@ -57,6 +61,10 @@ class TeamConfig(Contract, frozen=True):
     weight: Annotated[float, msgspec.Meta(gt=0, le=1000)] = 1.0
     quotas: list[TeamQuota] = msgspec.field(default_factory=list)
     budget: BudgetSpec | None = None
+    namespaces: list[KubeNamespace] = msgspec.field(default_factory=list)
+    """Kubernetes namespaces whose labelled workloads (`chamber.io/team: <this team>`) may run as this team; the
+    webhook refuses the others. Empty: any namespace Chamber watches, so on a shared cluster anyone who may
+    create a Job there could spend this team's quota (Kueue ties a namespace to its queue the same way)."""
 
 
 class QuotaConfig(Contract, frozen=True):
