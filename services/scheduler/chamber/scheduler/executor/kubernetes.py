@@ -139,6 +139,9 @@ class KubernetesExecutor:
         self._stop = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._pods: Reflector | None = None
+        self._pods_by_job: dict[str, dict[str, Obj]] = {}
+        """Chamber's pods as the pod reflector has them, by job (job id -> uid -> pod): a launch or a progress
+        looks at its job's pods only, not at every pod of the cluster (at 10,000 pods that scan was per event)."""
         self._workloads: dict[str, Reflector] = {}
         """resource plural -> the reflector of the managed workloads of that kind."""
 
@@ -301,10 +304,8 @@ class KubernetesExecutor:
             await asyncio.wait_for(asyncio.gather(*(r.synced.wait() for r in reflectors)), timeout=10)
 
     def _adopt_pods(self, attempt: Attempt) -> None:
-        if self._pods is None:
-            return
-        for pod in self._pods.objects.values():
-            if labels_of(pod).get(L.JOB_ID) == attempt.record.id and pod_attempt(pod) == attempt.record.attempt:
+        for pod in self._pods_by_job.get(attempt.record.id, {}).values():
+            if pod_attempt(pod) == attempt.record.attempt:
                 attempt.pods[meta(pod)["uid"]] = pod
 
     def _cached_outcome(self, record: JobRecord) -> tuple[bool, str] | None:
@@ -321,10 +322,18 @@ class KubernetesExecutor:
         return None
 
     async def _on_pod(self, kind: str, pod: Obj) -> None:
-        attempt = self.attempts.get(labels_of(pod).get(L.JOB_ID, ""))
+        job_id = labels_of(pod).get(L.JOB_ID, "")
+        uid = meta(pod)["uid"]
+        of_job = self._pods_by_job.setdefault(job_id, {})
+        if kind == "DELETED":
+            of_job.pop(uid, None)
+            if not of_job:
+                del self._pods_by_job[job_id]
+        else:
+            of_job[uid] = pod
+        attempt = self.attempts.get(job_id)
         if attempt is None or pod_attempt(pod) != attempt.record.attempt:
             return
-        uid = meta(pod)["uid"]
         if kind == "DELETED":
             attempt.pods.pop(uid, None)
         else:
@@ -393,14 +402,12 @@ class KubernetesExecutor:
         """A Job's completion indexes that succeeded in an earlier attempt: the Job controller does not make them
         again when the Job is resumed, so the relaunch waits for (and runs) only the others."""
         ref = attempt.record.spec.workload
-        if self._pods is None or ref is None or ref.kind != "Job":
+        if ref is None or ref.kind != "Job":
             return set()
         return {
             replica_of(p)
-            for p in self._pods.objects.values()
-            if labels_of(p).get(L.JOB_ID) == attempt.record.id
-            and (pod_attempt(p) or 0) < attempt.record.attempt
-            and (p.get("status") or {}).get("phase") == "Succeeded"
+            for p in self._pods_by_job.get(attempt.record.id, {}).values()
+            if (pod_attempt(p) or 0) < attempt.record.attempt and (p.get("status") or {}).get("phase") == "Succeeded"
         }
 
     async def _bind(self, attempt: Attempt, pods: list[Obj]) -> None:
