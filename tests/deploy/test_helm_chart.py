@@ -240,3 +240,24 @@ def test_nats_and_valkey_ask_every_client_for_a_password_by_default() -> None:
     assert (plain["CHAMBER_NATS_URL"], plain["CHAMBER_REDIS_URL"]) == (
         "nats://chamber-nats:4222", "redis://chamber-valkey:6379/0",
     )  # fmt: skip
+
+
+def test_what_a_real_cluster_needs_of_the_probes_the_agents_rollout_and_the_metrics_port() -> None:
+    docs = render({})
+    containers = _containers(docs)
+    collector = {e["name"]: e.get("value") for e in containers["Deployment/chamber-collector/collector"]["env"]}
+    assert collector["CHAMBER_HTTP_HOST"] == "0.0.0.0", "/metrics bound to 127.0.0.1 cannot be scraped"
+    gateway = containers["Deployment/chamber-gateway/gateway"]
+    assert gateway["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": "webhooks", "scheme": "HTTPS"}, (
+        "ready when the webhooks answer: with failurePolicy Fail, an API /healthz that fails while Valkey or NATS "
+        "is away took the webhooks down and refused every labelled Job in the cluster"
+    )
+    assert gateway["livenessProbe"]["tcpSocket"] == {"port": "http"}, "alive does not depend on other services"
+    agent = next(d for d in docs if d["kind"] == "DaemonSet")
+    assert agent["spec"]["updateStrategy"]["rollingUpdate"] == {"maxSurge": "10%", "maxUnavailable": 0}
+    assert agent["spec"]["minReadySeconds"] >= 15, "the new agent reports before the old one stops"
+    assert agent["spec"]["template"]["spec"]["priorityClassName"] == "system-node-critical"
+    gke = next(d for d in render({"nodeAgent": {"priorityClassName": ""}}) if d["kind"] == "DaemonSet")
+    assert "priorityClassName" not in gke["spec"]["template"]["spec"]
+    others = [c for n, c in containers.items() if n.startswith("Deployment/") and "gateway" not in n]
+    assert all(c.get("readinessProbe") == c.get("livenessProbe") for c in others)

@@ -12,8 +12,9 @@ import nats
 import pytest
 
 from chamber.cli import supervisor as sup
-from chamber.cli.infra import Infra, embedded_nats, redact
+from chamber.cli.infra import Infra, embedded_nats
 from chamber.cli.supervisor import RestartPlan, Spec, Supervisor, plan_restart
+from chamber.common.urls import redact
 from tests.support.services import eventually
 
 pytestmark = pytest.mark.timeout(60)

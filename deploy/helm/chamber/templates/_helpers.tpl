@@ -99,7 +99,8 @@ Arguments: root, name, key, given. */}}
   value: {{ .Values.kubernetes.costPerGpuHour | quote }}
 {{- end -}}
 
-{{/* A Chamber service's pod spec. Arguments: root, component, env (extra), volumes, mounts, ports. */}}
+{{/* A Chamber service's pod spec. Arguments: root, component, env (extra), volumes, mounts, ports, and probe (both
+probes) or readiness and liveness. */}}
 {{- define "chamber.podSpec" -}}
 serviceAccountName: {{ include "chamber.fullname" .root }}-{{ .component }}
 automountServiceAccountToken: {{ .kube | default false }}
@@ -123,8 +124,10 @@ containers:
     {{- with .ports }}
     ports: {{ toYaml . | nindent 6 }}
     {{- end }}
-    {{- with .probe }}
+    {{- with (.readiness | default .probe) }}
     readinessProbe: {{ toYaml . | nindent 6 }}
+    {{- end }}
+    {{- with (.liveness | default .probe) }}
     livenessProbe: {{ toYaml . | nindent 6 }}
     {{- end }}
     resources: {{ toYaml .resources | nindent 6 }}

@@ -26,10 +26,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from urllib.parse import unquote, urlparse, urlunparse
+from urllib.parse import unquote, urlparse
 
 from chamber.cli.lifeline import wrap
 from chamber.common.pids import pid_alive
+from chamber.common.urls import redact
 
 LOCAL_NATS = "nats://127.0.0.1:4222"
 LOCAL_REDIS = "redis://127.0.0.1:6379/0"
@@ -39,19 +40,6 @@ OWNER_FILE = "owner.pid"
 
 class InfraError(RuntimeError):
     """A server could not be found or started."""
-
-
-def redact(url: str) -> str:
-    """The URL with any password replaced by `***` (user names stay: they help and are not secret)."""
-    parsed = urlparse(url)
-    if parsed.password is None:
-        return url
-    user = parsed.username or ""
-    host = parsed.hostname or ""
-    if ":" in host:
-        host = f"[{host}]"
-    netloc = f"{user}:***@{host}" + (f":{parsed.port}" if parsed.port is not None else "")
-    return urlunparse(parsed._replace(netloc=netloc))
 
 
 @dataclass

@@ -28,6 +28,7 @@ from chamber.common.bus.reading import read_stream
 from chamber.common.codec import DecodeError, Decoder, encode
 from chamber.common.log import get_logger
 from chamber.common.subjects import STREAMS, Names, StreamSpec
+from chamber.common.urls import redact
 
 log = get_logger(__name__)
 
@@ -69,8 +70,8 @@ class Bus:
                 return cls(nc, names, service)
             except (OSError, nats.errors.Error) as exc:
                 if loop.time() + delay > deadline:
-                    raise BusUnavailable(f"cannot reach NATS at {url}: {exc}") from exc
-                log.warning("nats.connect_retry", url=url, error=str(exc), retry_in_s=delay)
+                    raise BusUnavailable(f"cannot reach NATS at {redact(url)}: {exc}") from exc
+                log.warning("nats.connect_retry", url=redact(url), error=str(exc), retry_in_s=delay)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 2.0)
 
