@@ -20,8 +20,12 @@ def start(r: int, at: float = 1.0) -> tuple[str, Any]:
     return ("start", (r, at))
 
 
-def exit_(r: int, code: int | None = 0, sig: int | None = None, stopped: bool = False, at: float = 10.0) -> Any:
-    return ("end", (r, End(at=at, node=f"n{r}", exit_code=code, signal=sig, stop_requested=stopped)))
+def exit_(
+    r: int, code: int | None = 0, sig: int | None = None, stopped: bool = False, at: float = 10.0, *,
+    gone: bool = False, message: str = "",
+) -> Any:  # fmt: skip
+    end = End(at=at, node=f"n{r}", exit_code=code, signal=sig, stop_requested=stopped, lost=gone, message=message)
+    return ("end", (r, end))
 
 
 def lost(node: str, at: float = 20.0) -> tuple[str, Any]:
@@ -98,6 +102,19 @@ CASES = [
     Case("reports after the end change nothing",
          [start(0), start(1), exit_(0), exit_(1), exit_(1, code=4), lost("n0"), stop()],
          ["JobStarted", "JobFinished"], [], lambda e: e[1].succeeded),
+    Case("a replica fenced by its agent's dead-man switch, unasked: the other stopped at once, the job interrupted",
+         [start(0), start(1), exit_(1, code=None, sig=9, stopped=True, message="stopped: its node agent was gone"),
+          exit_(0, code=None, sig=9, stopped=True)],
+         ["JobStarted", "JobStopped"], [("n0", 0.0)],
+         lambda e: e[1].interrupted and e[1].reason == "stopped: its node agent was gone"),
+    Case("a replica its agent reports lost (its supervisor died): the other stopped at once",
+         [start(0), start(1), exit_(1, code=None, gone=True, message="its supervisor ended"),
+          exit_(0, code=None, sig=9, stopped=True)],
+         ["JobStarted", "JobStopped"], [("n0", 0.0)], lambda e: e[1].interrupted),
+    Case("three replicas, two fenced: the rest is stopped once",
+         [start(0), start(1), start(2), exit_(1, code=None, sig=9, stopped=True),
+          exit_(2, code=None, sig=9, stopped=True), exit_(0, code=None, sig=9, stopped=True)],
+         ["JobStarted", "JobStopped"], [("n0", 0.0), ("n2", 0.0)]),
     Case("a stop before any start: each node tombstones its replicas, the job stopped",
          [stop("cancelled", 0.0), exit_(0, code=None, stopped=True), exit_(1, code=None, stopped=True)],
          ["JobStopped"], [("n0", 0.0), ("n1", 0.0)], lambda e: e[0].started_at is None),
@@ -106,7 +123,7 @@ CASES = [
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 def test_gang_scenarios(case: Case) -> None:
-    actions = run(gang(), case.steps)
+    actions = run(gang(3 if any(step[0] == "start" and step[1][0] == 2 for step in case.steps) else 2), case.steps)
     published = [a.event for a in actions if isinstance(a, Publish)]
     assert [type(e).__name__ for e in published] == case.events
     assert [(a.node, a.grace_s) for a in actions if isinstance(a, Stop)] == case.stops

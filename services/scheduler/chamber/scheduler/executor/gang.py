@@ -9,7 +9,9 @@ changes nothing, so replaying the REPLICAS stream after a restart rebuilds the s
   - a replica could not start: `JobLaunchFailed`;
   - a replica failed on its own (non-zero exit or a signal nobody sent): `JobFinished(succeeded=False)` with its
     exit code (128 + the signal number for a signal), the others stopped after the job's checkpoint grace;
-  - a replica's node agent was lost: `JobStopped(interrupted=True)`, the others stopped at once;
+  - a replica's node agent was lost, or the agent reports a replica lost (its supervisor died) or stopped by its
+    own dead-man switch (fenced) while nobody had asked for a stop: `JobStopped(interrupted=True)`, the others
+    stopped at once (they would wait on the missing rank, holding every GPU of the gang);
   - the scheduler asked for the stop: `JobStopped` (graceful when it had a grace period);
   - every replica exited 0 by itself: `JobFinished(succeeded=True, exit_code=0)`, even during a stop's grace.
 """
@@ -96,6 +98,8 @@ class Gang:
     started_at: float | None = None
     """When `JobStarted` was published (or the record says it started)."""
     done: bool = False
+    interrupted: bool = False
+    """A replica ended without anyone here asking (lost, or fenced by its agent): the rest are being stopped."""
 
     @property
     def replicas(self) -> int:
@@ -124,9 +128,12 @@ class Gang:
     def replica_ended(self, replica: int, end: End) -> list[Action]:
         if replica in self.ends or not 0 <= replica < self.replicas:
             return []
-        first = end.failed and not self._stopping_rest()
+        unasked = (end.lost or end.stop_requested) and self.requested is None and not self._stopping_rest()
+        first = (end.failed or unasked) and not self._stopping_rest()
         self.ends[replica] = end
-        actions = self._stop_live(self.grace_s, f"{end.describe(replica)}; stopping the gang") if first else []
+        self.interrupted = self.interrupted or unasked
+        grace = self.grace_s if end.failed else 0.0
+        actions = self._stop_live(grace, f"{end.describe(replica)}; stopping the gang") if first else []
         return actions + self._settle()
 
     def launch_failed(self, replicas: Iterable[int], reason: str, at: float, node: str) -> list[Action]:
@@ -161,7 +168,7 @@ class Gang:
     # ---- outcome ------------------------------------------------------------------------------------------------
 
     def _stopping_rest(self) -> bool:
-        return bool(self.launch_error) or any(e.failed or e.lost for e in self.ends.values())
+        return bool(self.launch_error) or self.interrupted or any(e.failed or e.lost for e in self.ends.values())
 
     def _stop_live(self, grace_s: float, reason: str) -> list[Action]:
         by_node: dict[str, list[int]] = {}

@@ -106,16 +106,26 @@ class ProcessExecutor:
         for record, gang in gangs:
             if gang is not None and record.state == JobState.RUNNING:
                 gang.started_at = record.started_at
-        await self._start(min((r.submitted_at for r in active), default=None))
         now = self.clock.now()
+        stops: dict[str, tuple[str, float]] = {}
         for record, gang in gangs:
             if gang is None:
                 continue
             if record.cancel_requested:
-                self._act(gang, gang.stop("cancelled", 0.0))
+                stops[record.id] = ("cancelled", 0.0)
             elif record.stopping:
                 grace = max(0.0, record.updated_at + record.spec.checkpoint_grace_s - now)
-                self._act(gang, gang.stop(record.stop_reason, grace if record.stop_kind == "preempt" else 0.0))
+                stops[record.id] = (record.stop_reason, grace if record.stop_kind == "preempt" else 0.0)
+            if record.id in stops and gang.requested is None:
+                # Known before the replay: a replica that ended on this stop is not taken for an interruption
+                # (which would stop the rest at once, cutting their checkpoint grace).
+                gang.requested = stops[record.id]
+        await self._start(min((r.submitted_at for r in active), default=None))
+        for record, gang in gangs:
+            if gang is None:
+                continue
+            if record.id in stops:
+                self._act(gang, gang.stop(*stops[record.id]))
             elif record.state != JobState.RUNNING:
                 self._spawn(self.launch(record))
 
