@@ -122,3 +122,43 @@ async def test_a_shim_that_cannot_write_the_log_keeps_supervising_and_records_th
         assert (replica.state.ending.lost, replica.state.ending.exit_code) == (False, 3)
     finally:
         await runner.close()
+
+
+DETACHING = """
+import os, subprocess, sys, time
+worker = subprocess.Popen(['sleep', '1000'], start_new_session=True)  # as torchrun starts each worker
+open(sys.argv[1] + '.tmp', 'w').write(str(worker.pid)); os.rename(sys.argv[1] + '.tmp', sys.argv[1])
+time.sleep(1000)
+"""
+
+
+@pytest.mark.parametrize("how", ["stopped", "shim-killed"])
+async def test_a_worker_in_a_session_of_its_own_goes_with_its_replica(
+    tmp_path: Path, leftovers: list[int], how: str
+) -> None:
+    """torchrun's workers leave the shim's process group; signalling the group alone left them running on GPUs
+    the scheduler had already given to another job, and counted as rogue processes."""
+    import sys
+
+    from chamber.collector.agent.marker import marked
+    from chamber.common.contracts import StopReplicas
+
+    runner = NodeRunner(SystemClock(), config(tmp_path))
+    try:
+        pidfile = tmp_path / "worker.pid"
+        replica = launch(runner, [sys.executable, "-c", DETACHING, str(pidfile)])
+        leftovers.append(replica.state.shim_pid)
+        await until(pidfile.exists)
+        worker = int(pidfile.read_text())
+        leftovers.append(worker)
+        assert os.getsid(worker) == worker != replica.state.shim_pid, "out of the shim's session and group"
+        assert runner.owner(worker, 0) == "j1", "its GPU work is the job's, not rogue"
+        assert worker in marked(replica.state.marker)
+        if how == "stopped":
+            runner.stop(StopReplicas(job_id="j1", attempt=1, grace_s=0.5, reason="preempted"))
+        else:
+            os.kill(replica.state.shim_pid, signal.SIGKILL)  # the OOM killer picks the shim
+        await until(lambda: replica.state.ending is not None, 15)
+        assert not alive(worker, ""), "the worker is gone before the replica is reported ended"
+    finally:
+        await runner.close()

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import msgspec
 
+from chamber.collector.agent.marker import MARKER
 from chamber.collector.agent.replicas import ReplicaState
 from chamber.common.contracts import LaunchReplicas
 from chamber.common.workload import RESERVED_ENV, RESERVED_PREFIXES
@@ -36,6 +37,7 @@ def replica_environment(
         "CHAMBER_ATTEMPT": str(req.attempt), "CHAMBER_REPLICA": str(state.replica),
         "CHAMBER_REPLICAS": str(req.replicas), "CHAMBER_NODE": node, "CHAMBER_CHECKPOINT_DIR": str(checkpoint),
         "MASTER_ADDR": state.master_addr, "MASTER_PORT": str(state.master_port),
+        MARKER: state.marker,  # how its processes are found, whatever session or group they move to
     }  # fmt: skip
     return inherited | torchrun | req.env | chamber
 

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import msgspec
 
+from chamber.collector.agent.marker import marked, replica_marker, signal_marked, zombie
 from chamber.common.log import get_logger
 
 log = get_logger(__name__)
@@ -69,6 +70,11 @@ class ReplicaState(msgspec.Struct, kw_only=True):
     @property
     def key(self) -> tuple[str, int, int]:
         return (self.job_id, self.attempt, self.replica)
+
+    @property
+    def marker(self) -> str:
+        """The value of `MARKER` in this replica's processes."""
+        return replica_marker(self.job_id, self.attempt, self.replica)
 
 
 _encoder = msgspec.json.Encoder()
@@ -155,15 +161,7 @@ def alive(pid: int, start: str) -> bool:
         pass
     if start and process_start(pid) not in ("", start):
         return False
-    return not _zombie(pid)
-
-
-def _zombie(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] == "Z"
+    return not zombie(pid)
 
 
 def signal_group(pgid: int, sig: int) -> None:
@@ -171,18 +169,31 @@ def signal_group(pgid: int, sig: int) -> None:
         os.killpg(pgid, sig)
 
 
-def kill_group(pgid: int, start: str) -> None:
-    """SIGKILL what is left of the process group of a shim that is gone (`pgid` is the shim's pid). Nothing when
-    that pid now runs another process (`start` differs): the group is gone and the pid reused. While any member of
-    the group lives, the kernel does not reuse its id, so a group that is found is the shim's."""
+def signal_replica(pgid: int, marker: str, sig: int) -> None:
+    """`sig` to the shim's group and to every process of the replica outside it."""
+    signal_group(pgid, sig)
+    if marker:
+        signal_marked(marker, sig)
+
+
+def kill_group(pgid: int, start: str, marker: str = "") -> None:
+    """SIGKILL what is left of the process group of a shim that is gone (`pgid` is the shim's pid), and every
+    process carrying the replica's `marker`. The group is left alone when that pid now runs another process
+    (`start` differs): the group is gone and the pid reused. While any member of the group lives, the kernel does
+    not reuse its id, so a group that is found is the shim's."""
+    if marker:
+        signal_marked(marker, signal.SIGKILL)
     if pgid <= 0 or (start and process_start(pgid) not in ("", start)):
         return
     signal_group(pgid, signal.SIGKILL)
 
 
-def group_alive(pgid: int, start: str) -> bool:
-    """Some process of the group of the shim `pgid` (started at `start`) still runs; a zombie does not count (it
-    holds no memory, on no GPU), nor the group of another process that now has the shim's pid."""
+def group_alive(pgid: int, start: str, marker: str = "") -> bool:
+    """Some process of the group of the shim `pgid` (started at `start`), or carrying the replica's `marker`, still
+    runs; a zombie does not count (it holds no memory, on no GPU), nor the group of another process that now has
+    the shim's pid."""
+    if marker and marked(marker):
+        return True
     if pgid <= 0 or (start and process_start(pgid) not in ("", start)):
         return False
     try:

@@ -28,6 +28,7 @@ import msgspec
 
 from chamber.collector.agent.launching import free_port, replica_environment, write_launch
 from chamber.collector.agent.logfiles import read_log
+from chamber.collector.agent.marker import marker_of
 from chamber.collector.agent.replicas import (
     Ending,
     ReplicaState,
@@ -38,7 +39,7 @@ from chamber.collector.agent.replicas import (
     kill_group,
     process_start,
     read_json,
-    signal_group,
+    signal_replica,
     spawn_shim,
     wait_exit,
 )
@@ -107,13 +108,18 @@ class NodeRunner:
         return [r for r in self.replicas.values() if r.live]
 
     def owner(self, pid: int, gpu_index: int) -> str:
-        """The job whose replica on GPU `gpu_index` process `pid` belongs to (by its session); empty: none."""
+        """The job whose replica on GPU `gpu_index` process `pid` belongs to (by its session, else by the replica
+        marker in its environment: torchrun's workers start sessions of their own); empty: none."""
         try:
             session = os.getsid(pid)
         except OSError:
             return ""
         for r in self.replicas.values():
             if r.live and r.state.shim_pid == session and gpu_index in r.state.gpus:
+                return r.state.job_id
+        marker = marker_of(pid)
+        for r in self.replicas.values():
+            if r.live and marker == r.state.marker and gpu_index in r.state.gpus:
                 return r.state.job_id
         return ""
 
@@ -214,7 +220,7 @@ class NodeRunner:
         if order.kill_at <= self.clock.now():
             self._kill(replica)
             return
-        signal_group(replica.state.shim_pid, signal.SIGTERM)
+        signal_replica(replica.state.shim_pid, replica.state.marker, signal.SIGTERM)
         self._arm_kill(replica)
 
     def _arm_kill(self, replica: Replica) -> None:
@@ -230,7 +236,7 @@ class NodeRunner:
             return
         replica.state.stop.killed = True
         self.save(replica)
-        signal_group(replica.state.shim_pid, signal.SIGKILL)
+        signal_replica(replica.state.shim_pid, replica.state.marker, signal.SIGKILL)
 
     # ---- watching ---------------------------------------------------------------------------------------------
 
@@ -253,14 +259,14 @@ class NodeRunner:
     def _kill_leftovers(self, replica: Replica) -> None:
         """The shim is gone: its group goes too (the shim itself ends by killing it; one that died without that
         leaves the command running, unsupervised, on the replica's GPUs)."""
-        kill_group(replica.state.shim_pid, replica.state.shim_start)
+        kill_group(replica.state.shim_pid, replica.state.shim_start, replica.state.marker)
 
     async def _settle(self, replica: Replica) -> None:
         """Once the shim's group is gone (or `group_exit_s` passed): the replica ended."""
         state = replica.state
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.config.group_exit_s
-        while group_alive(state.shim_pid, state.shim_start):
+        while group_alive(state.shim_pid, state.shim_start, state.marker):
             if loop.time() >= deadline:
                 log.error("agent.replica_group_survived", job_id=state.job_id, attempt=state.attempt,
                           replica=state.replica, pgid=state.shim_pid, waited_s=self.config.group_exit_s)  # fmt: skip
@@ -311,11 +317,12 @@ class NodeRunner:
                 continue
             self._read_started(replica)
             if state.shim_pid == 0:
+                kill_group(0, "", state.marker)  # a command started just before the agent died, not yet recorded
                 state.ending = Ending(exited_at=self.clock.now(), launch_error="the agent stopped while starting it")
                 self.save(replica)
                 continue
             self._kill_leftovers(replica)
-            if group_alive(state.shim_pid, state.shim_start):
+            if group_alive(state.shim_pid, state.shim_start, state.marker):
                 replica.watch = asyncio.create_task(self._settle(replica), name=f"replica-{state.job_id}")
             else:
                 self._ended(replica)

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from chamber.collector.agent.logfiles import LogWriter
+from chamber.collector.agent.marker import MARKER, signal_marked
 
 POLL_S = 0.25
 
@@ -101,6 +102,7 @@ def _pump(fd: int, log: Output) -> bool:
 
 def run(directory: Path) -> int:
     spec = json.loads((directory / "launch.json").read_text())
+    marker = str(spec["env"].get(MARKER, ""))
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(signum, _ignore)
     log = Output(LogWriter(directory / "log", int(spec["log_max_bytes"])))
@@ -132,10 +134,12 @@ def run(directory: Path) -> int:
         if fence_after and fenced_at is None and _lease_age(directory, started) > fence_after:
             fenced_at = time.time()
             log.write(b"\nchamber: the node agent is gone; stopping this replica (SIGTERM)\n")
+            signal_marked(marker, signal.SIGTERM)
             os.killpg(0, signal.SIGTERM)
         if fenced_at is not None and time.time() - fenced_at >= float(spec.get("fence_grace_s") or 0):
             _record(directory / "exit.json", {"signal": signal.SIGKILL, "fenced": True, "exited_at": time.time()})
             log.close()
+            signal_marked(marker, signal.SIGKILL)
             os.killpg(0, signal.SIGKILL)
     if not eof:
         _pump(fd, log)
@@ -146,6 +150,7 @@ def run(directory: Path) -> int:
         {"exit_code": code, "signal": sig, "fenced": fenced_at is not None, "exited_at": time.time()},
     )
     log.close()
+    signal_marked(marker, signal.SIGKILL)  # what the command left behind outside its group (a new session)
     with contextlib.suppress(ProcessLookupError):
         os.killpg(0, signal.SIGKILL)  # whatever the command left behind in its group goes with it (and the shim)
     return 0
