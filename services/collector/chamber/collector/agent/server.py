@@ -7,7 +7,9 @@
   restart too).
 - **Heartbeat** (`agents.status.<node>`, every `heartbeat_s`): the replicas that run here, so the executor can
   stop any it does not know, and notice when this agent is gone. While connected, the server touches each
-  replica's lease (the shims' dead-man switch).
+  replica's lease (the shims' dead-man switch). The heartbeat never waits on JetStream: reports are sent by one
+  flusher task of their own, so a JetStream that does not acknowledge for a while (a stream leader election)
+  delays reports, not heartbeats, and no replica fences itself on a healthy node.
 """
 
 import asyncio
@@ -43,6 +45,8 @@ class AgentServer:
         self._flushing = asyncio.Lock()
         self._stop = asyncio.Event()
         self._heartbeat: asyncio.Task[None] | None = None
+        self._dirty = asyncio.Event()
+        """Something may have to be reported: wakes the flusher."""
         self._last_gc = float("-inf")
 
     def owner(self, pid: int, gpu_index: int) -> str:
@@ -54,6 +58,9 @@ class AgentServer:
         for op, handler in (("launch", self._on_launch), ("stop", self._on_stop), ("logs", self._on_logs)):
             self._subs.append(await self.bus.nc.subscribe(names.agent_request(self.node, op), cb=handler))
         self._heartbeat = asyncio.create_task(self._beat(), name=f"agent-{self.node}")
+        flusher = asyncio.create_task(self._flusher(), name=f"agent-{self.node}-reports")
+        self._tasks.add(flusher)
+        self._dirty.set()  # what a previous run left unreported
         log.info("agent.started", node=self.node, gpus=len(self.config.gpus), adopted=len(self.runner.live()))
 
     async def close(self) -> None:
@@ -97,9 +104,14 @@ class AgentServer:
     # ---- reports and heartbeat ------------------------------------------------------------------------------
 
     def _changed(self) -> None:
-        task = asyncio.create_task(self._flush())
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._dirty.set()
+
+    async def _flusher(self) -> None:
+        """Send what is unreported whenever something changed (and at every heartbeat, to retry)."""
+        while not self._stop.is_set():
+            await self._dirty.wait()
+            self._dirty.clear()
+            await self._flush()
 
     async def _flush(self) -> None:
         """Publish every report not yet acknowledged, in order per replica; mark each once JetStream has it."""
@@ -135,7 +147,7 @@ class AgentServer:
                 log.warning("agent.heartbeat_failed", node=self.node, error=str(exc))
             if self.bus.nc.is_connected:
                 self.runner.touch_leases()
-            await self._flush()
+            self._dirty.set()  # retry what failed to go out (never waited for here)
             if now - self._last_gc >= GC_EVERY_S:
                 self._last_gc = now
                 self.runner.collect_garbage(now)
