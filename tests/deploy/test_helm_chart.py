@@ -160,6 +160,10 @@ def test_variants_switch_parts_on_and_off() -> None:
     clustered = render(VARIANTS["clustered-nats-with-password"])
     conf = next(d for d in clustered if d["kind"] == "Secret" and d["metadata"]["name"] == "chamber-nats")
     assert conf["stringData"]["nats.conf"].count("@chamber-nats-") == 3, "three routes, each logging in"
+    assert "no_advertise: true" in conf["stringData"]["nats.conf"]
+    gateway = next(d for d in clustered if d["kind"] == "Deployment" and d["metadata"]["name"] == "chamber-gateway")
+    gateway_env = {e["name"]: e.get("value") for e in gateway["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert gateway_env["CHAMBER_NATS_REPLICAS"] == "3", "every stream and bucket kept on three servers"
     observed = kinds(render(VARIANTS["cert-manager-and-observability"]))
     assert observed["ServiceMonitor"] == 1
     assert observed["Certificate"] == 1

@@ -57,6 +57,10 @@ Arguments: root, name, key, given. */}}
 - name: CHAMBER_NATS_URL
   value: {{ include "chamber.natsUrl" . | quote }}
 {{- end }}
+{{- if .Values.nats.enabled }}
+- name: CHAMBER_NATS_REPLICAS
+  value: {{ min 3 (int .Values.nats.replicas) | quote }}
+{{- end }}
 {{- if .Values.valkey.enabled }}
 {{- if .Values.valkey.auth.enabled }}
 - name: VALKEY_PASSWORD

@@ -57,8 +57,10 @@ class Lease:
         bucket = bus.names.bucket(LEASES_BUCKET)
         try:
             kv = await bus.js.key_value(bucket)
+            await bus.scale_bucket(bucket)
         except nats.js.errors.BucketNotFoundError:
-            config = KeyValueConfig(bucket=bucket, history=1, ttl=ttl_s, storage=StorageType.FILE)
+            config = KeyValueConfig(bucket=bucket, history=1, ttl=ttl_s, storage=StorageType.FILE,
+                                    replicas=bus.replicas)  # fmt: skip
             try:
                 kv = await bus.js.create_key_value(config)
             except nats.js.errors.BadRequestError:

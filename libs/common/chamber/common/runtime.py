@@ -28,7 +28,7 @@ class Context:
     names: Names
 
     async def bus(self) -> Bus:
-        bus = await Bus.connect(self.settings.nats_url, self.names, self.service)
+        bus = await Bus.connect(self.settings.nats_url, self.names, self.service, replicas=self.settings.nats_replicas)
         await bus.ensure_streams()
         return bus
 

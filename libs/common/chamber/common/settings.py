@@ -18,6 +18,9 @@ class SettingsError(ValueError):
 
 class Settings(msgspec.Struct, frozen=True, kw_only=True):
     nats_url: str = "nats://127.0.0.1:4222"
+    nats_replicas: Annotated[int, msgspec.Meta(ge=1, le=5)] = 1
+    """Copies JetStream keeps of every stream and KV bucket Chamber makes (3 on a 3-server cluster: a server or its
+    disk lost loses no job); existing streams are scaled to it at start."""
     redis_url: str = "redis://127.0.0.1:6379/0"
     namespace: Annotated[str, msgspec.Meta(pattern=NAMESPACE_PATTERN)] = "chamber"
     """Prefix of every subject, stream, KV bucket and Redis key, so several installs (or tests) share a server."""

@@ -47,9 +47,13 @@ class Bus:
         self._consumers: list[Consumer[Any]] = []
         self._subscriptions: list[Any] = []
         self._pipeline = AckPipeline(nc)
+        self.replicas = 1
+        """Copies of each stream and KV bucket this bus makes (`Settings.nats_replicas`)."""
 
     @classmethod
-    async def connect(cls, url: str, names: Names, service: str, *, timeout_s: float = 30.0) -> "Bus":
+    async def connect(
+        cls, url: str, names: Names, service: str, *, timeout_s: float = 30.0, replicas: int = 1
+    ) -> "Bus":
         """Connect, retrying with backoff until `timeout_s`; afterwards nats-py reconnects by itself forever."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
@@ -67,7 +71,9 @@ class Bus:
                     disconnected_cb=_log_disconnected,
                     reconnected_cb=_log_reconnected,
                 )
-                return cls(nc, names, service)
+                bus = cls(nc, names, service)
+                bus.replicas = replicas
+                return bus
             except (OSError, nats.errors.Error) as exc:
                 if loop.time() + delay > deadline:
                     raise BusUnavailable(f"cannot reach NATS at {redact(url)}: {exc}") from exc
@@ -105,6 +111,7 @@ class Bus:
             max_msgs_per_subject=spec.max_msgs_per_subject or -1,
             duplicate_window=DEDUP_WINDOW_S,
             allow_direct=True,
+            num_replicas=self.replicas,
         )
 
     async def publish(self, subject: str, event: msgspec.Struct, *, msg_id: str | None = None) -> PubAck:
@@ -232,12 +239,28 @@ class Bus:
     async def key_value(self, bucket: str, *, history: int = 1) -> KeyValue:
         name = self.names.bucket(bucket)
         try:
-            return await self.js.key_value(name)
+            kv = await self.js.key_value(name)
+            await self.scale_bucket(name)
+            return kv
         except nats.js.errors.BucketNotFoundError:
             try:
-                return await self.js.create_key_value(bucket=name, history=history, storage=StorageType.FILE)
+                return await self.js.create_key_value(
+                    bucket=name, history=history, storage=StorageType.FILE, replicas=self.replicas
+                )
             except nats.js.errors.BadRequestError:
                 return await self.js.key_value(name)
+
+    async def scale_bucket(self, name: str) -> None:
+        """A KV bucket made with fewer copies than `replicas` (before a cluster grew) is scaled to it."""
+        if self.replicas <= 1:
+            return
+        try:
+            info = await self.js.stream_info(f"KV_{name}")
+            if info.config.num_replicas != self.replicas:
+                info.config.num_replicas = self.replicas
+                await self.js.update_stream(info.config)
+        except nats.errors.Error as exc:
+            raise BusError(f"cannot scale bucket {name} to {self.replicas} copies: {exc}") from exc
 
     async def last_message(self, stream: StreamSpec, subject: str) -> bytes | None:
         try:
