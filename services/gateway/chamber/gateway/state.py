@@ -205,12 +205,14 @@ class GatewayState:
     async def _ttl_bucket(self, bucket: str, ttl_s: float) -> KeyValue:
         name = self.bus.names.bucket(bucket)
         try:
-            return await self.bus.js.key_value(name)
+            kv = await self.bus.js.key_value(name)
+            await self.bus.scale_bucket(name)
+            return kv
         except nats.errors.Error:
             pass
         try:
             return await self.bus.js.create_key_value(
-                KeyValueConfig(bucket=name, history=1, ttl=ttl_s, storage=StorageType.FILE)
+                KeyValueConfig(bucket=name, history=1, ttl=ttl_s, storage=StorageType.FILE, replicas=self.bus.replicas)
             )
         except nats.errors.Error:
             return await self.bus.js.key_value(name)
