@@ -162,3 +162,40 @@ async def test_a_worker_in_a_session_of_its_own_goes_with_its_replica(
         assert not alive(worker, ""), "the worker is gone before the replica is reported ended"
     finally:
         await runner.close()
+
+
+COUNTING_TERMS = """
+import signal, sys, time
+def on_term(signum, frame):
+    open(sys.argv[1], 'a').write('SIGTERM\\n')
+signal.signal(signal.SIGTERM, on_term)
+open(sys.argv[1] + '.ready', 'w').close()
+while True:
+    time.sleep(0.05)
+"""
+
+
+async def test_a_repeated_shorter_stop_moves_the_kill_earlier_without_a_second_sigterm(
+    tmp_path: Path, leftovers: list[int]
+) -> None:
+    """An executor restarted during a preemption re-sends the stop with what is left of the grace (a little less,
+    computed from the record): a second SIGTERM reads, to torchrun, as an interruption of its own shutdown."""
+    import sys
+
+    from chamber.common.contracts import StopReplicas
+
+    runner = NodeRunner(SystemClock(), config(tmp_path))
+    try:
+        terms = tmp_path / "terms"
+        replica = launch(runner, [sys.executable, "-c", COUNTING_TERMS, str(terms)])
+        leftovers.append(replica.state.shim_pid)
+        await until(lambda: Path(f"{terms}.ready").exists())
+        runner.stop(StopReplicas(job_id="j1", attempt=1, grace_s=60, reason="preempted"))
+        await until(terms.exists)
+        runner.stop(StopReplicas(job_id="j1", attempt=1, grace_s=1.0, reason="preempted"))  # resent, shorter
+        await until(lambda: replica.state.ending is not None, 15)
+        assert terms.read_text() == "SIGTERM\n", "one SIGTERM; the kill came at the shorter deadline"
+        assert replica.state.ending is not None
+        assert replica.state.ending.signal == signal.SIGKILL
+    finally:
+        await runner.close()

@@ -149,3 +149,24 @@ def test_preempted_job_keeps_its_submit_time_and_accumulated_run_time() -> None:
     assert t.record.run_s == 7
     assert t.record.preemptions == 1
     assert needs_placement(t.record)
+
+
+@pytest.mark.parametrize(
+    ("interrupt", "granted", "left"),
+    [
+        (False, 30.0, 20.0),  # a preemption: the job's grace, 10 s of it gone
+        (True, 30.0, 20.0),  # a degraded GPU's drain: the same (it used to get none after a restart)
+        (True, 0.0, 0.0),  # a fatal GPU: none
+        (False, None, 20.0),  # a record from before the grant was kept: a preemption had the job's grace
+        (True, None, 0.0),  # ... and an interruption none
+    ],
+)
+def test_an_executor_restarted_during_a_stop_gives_what_is_left_of_the_grace_it_granted(
+    interrupt: bool, granted: float | None, left: float
+) -> None:
+    from chamber.scheduler.core.lifecycle import grace_left, stop_requested
+
+    record = make_job("j").grace_s(30.0).running_on(("n1", 0)).build()
+    stopping = stop_requested(record, 100.0, "drained", interrupt, grace_s=granted)
+    assert stopping.stop_grace_s == granted
+    assert grace_left(stopping, 110.0) == left

@@ -144,6 +144,10 @@ class JobRecord(Contract, frozen=True):
     holds them for it; cleared when it is placed again."""
     stop_reason: str = ""
     stop_kind: Literal["", "preempt", "interrupt"] = ""
+    stop_grace_s: float | None = None
+    """The checkpoint grace the stop granted (0 for a fatal interruption; the job's own for a preemption or a
+    degraded GPU's drain); an executor restarted during it gives the job what is left of it. None: a record from
+    before this was kept (a preemption then had the job's grace, an interruption none)."""
     lost_s: float = 0.0
     """Run time lost to preemptions and interruptions (work done after the last checkpoint)."""
     interruptions: int = 0

@@ -50,9 +50,13 @@ def marker_of(pid: int) -> str:
     return ""
 
 
-def signal_marked(marker: str, sig: int) -> None:
+def signal_marked(marker: str, sig: int, outside_group: int = 0) -> None:
+    """`sig` to every process carrying the marker; with `outside_group`, only to those not in that process group
+    (which is signalled as a whole: a process must not get the same SIGTERM twice)."""
     for pid in marked(marker):
         with contextlib.suppress(ProcessLookupError, PermissionError):
+            if outside_group and os.getpgid(pid) == outside_group:
+                continue
             os.kill(pid, sig)
 
 

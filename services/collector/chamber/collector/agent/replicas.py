@@ -173,7 +173,7 @@ def signal_replica(pgid: int, marker: str, sig: int) -> None:
     """`sig` to the shim's group and to every process of the replica outside it."""
     signal_group(pgid, sig)
     if marker:
-        signal_marked(marker, sig)
+        signal_marked(marker, sig, outside_group=pgid)
 
 
 def kill_group(pgid: int, start: str, marker: str = "") -> None:

@@ -220,7 +220,8 @@ class NodeRunner:
         if order.kill_at <= self.clock.now():
             self._kill(replica)
             return
-        signal_replica(replica.state.shim_pid, replica.state.marker, signal.SIGTERM)
+        if current is None:  # a repeated, shorter order only moves the kill earlier: one SIGTERM per stop
+            signal_replica(replica.state.shim_pid, replica.state.marker, signal.SIGTERM)
         self._arm_kill(replica)
 
     def _arm_kill(self, replica: Replica) -> None:

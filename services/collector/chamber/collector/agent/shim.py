@@ -134,7 +134,7 @@ def run(directory: Path) -> int:
         if fence_after and fenced_at is None and _lease_age(directory, started) > fence_after:
             fenced_at = time.time()
             log.write(b"\nchamber: the node agent is gone; stopping this replica (SIGTERM)\n")
-            signal_marked(marker, signal.SIGTERM)
+            signal_marked(marker, signal.SIGTERM, outside_group=os.getpgid(0))
             os.killpg(0, signal.SIGTERM)
         if fenced_at is not None and time.time() - fenced_at >= float(spec.get("fence_grace_s") or 0):
             _record(directory / "exit.json", {"signal": signal.SIGKILL, "fenced": True, "exited_at": time.time()})

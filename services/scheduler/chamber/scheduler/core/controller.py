@@ -200,7 +200,8 @@ class Controller:
         elif isinstance(decision, Preempt):
             if record.attempt != decision.attempt or not holds_gpus(record) or record.stopping:
                 return None
-            changed = stop_requested(record, now, decision.reason, decision.interrupt, list(decision.move_to))
+            changed = stop_requested(record, now, decision.reason, decision.interrupt, list(decision.move_to),
+                                     grace_s=decision.grace_s)  # fmt: skip
         else:
             return self._waiting(record, decision, now)
         self._keep(changed)

@@ -149,12 +149,22 @@ def checkpointed(record: JobRecord, ran: float, graceful: bool) -> float:
 
 
 def stop_requested(
-    record: JobRecord, now: float, reason: str, interrupt: bool, move_to: list[GpuRef] | None = None
-) -> JobRecord:
+    record: JobRecord, now: float, reason: str, interrupt: bool, move_to: list[GpuRef] | None = None, *,
+    grace_s: float | None = None,
+) -> JobRecord:  # fmt: skip
     """The record after the scheduler asked the executor to stop it for a preemption or an interruption (or a
-    move: `move_to` are the GPUs held for its next attempt)."""
+    move: `move_to` are the GPUs held for its next attempt), with `grace_s` to checkpoint."""
     return _bump(record, now, stopping=True, stop_reason=reason, stop_kind="interrupt" if interrupt else "preempt",
-                 reason=reason, reason_kind="", move_to=move_to or [])  # fmt: skip
+                 reason=reason, reason_kind="", move_to=move_to or [], stop_grace_s=grace_s)  # fmt: skip
+
+
+def grace_left(record: JobRecord, now: float) -> float:
+    """What is left at `now` of the checkpoint grace a stopping record's stop granted (for an executor that
+    re-sends the stop after a restart): one rule for every executor."""
+    granted = record.stop_grace_s
+    if granted is None:  # a record from before the grant was kept
+        granted = record.spec.checkpoint_grace_s if record.stop_kind == "preempt" else 0.0
+    return max(0.0, record.updated_at + granted - now)
 
 
 def nominate(record: JobRecord, now: float, gpus: list[GpuRef], reason: str, victims: list[str]) -> JobRecord:
@@ -185,7 +195,7 @@ def place(record: JobRecord, placement: Placement, now: float) -> JobRecord:
     """The record after the scheduler placed a new attempt (the claim is already in the ledger)."""
     return _bump(
         record, now, attempt=placement.attempt, placement=placement, reason=placement.reason, nominated=[],
-        waiting_for=[], stopping=False, stop_reason="", stop_kind="", reason_kind="", move_to=[],
+        waiting_for=[], stopping=False, stop_reason="", stop_kind="", stop_grace_s=None, reason_kind="", move_to=[],
     )  # fmt: skip
 
 

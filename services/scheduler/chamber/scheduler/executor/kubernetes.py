@@ -69,6 +69,7 @@ from chamber.common.kube.workloads import (
     workload_layout,
 )
 from chamber.common.log import get_logger
+from chamber.scheduler.core.lifecycle import grace_left
 
 log = get_logger(__name__)
 RESOURCES: dict[str, Resource] = {"Job": JOBS, "JobSet": JOBSETS, "PyTorchJob": PYTORCHJOBS, "TrainJob": TRAINJOBS}
@@ -254,8 +255,7 @@ class KubernetesExecutor:
             if record.cancel_requested:
                 await self.stop(record, "cancelled")
             elif record.stopping:
-                grace = max(0.0, record.updated_at + record.spec.checkpoint_grace_s - self.clock.now())
-                await self.stop(record, record.stop_reason, grace if record.stop_kind == "preempt" else 0.0)
+                await self.stop(record, record.stop_reason, grace_left(record, self.clock.now()))
             elif record.state == JobState.RUNNING:
                 attempt = Attempt(record, replica_nodes(record), self.clock.now(), started=True)
                 self.attempts[record.id] = attempt

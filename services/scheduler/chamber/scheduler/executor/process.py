@@ -48,7 +48,7 @@ from chamber.common.contracts import (
 from chamber.common.log import get_logger
 from chamber.common.settings import Settings
 from chamber.common.workload import workload_problem
-from chamber.scheduler.core.lifecycle import holds_gpus
+from chamber.scheduler.core.lifecycle import grace_left, holds_gpus
 from chamber.scheduler.executor.gang import Action, End, Gang, Publish, Stop
 
 log = get_logger(__name__)
@@ -114,8 +114,7 @@ class ProcessExecutor:
             if record.cancel_requested:
                 stops[record.id] = ("cancelled", 0.0)
             elif record.stopping:
-                grace = max(0.0, record.updated_at + record.spec.checkpoint_grace_s - now)
-                stops[record.id] = (record.stop_reason, grace if record.stop_kind == "preempt" else 0.0)
+                stops[record.id] = (record.stop_reason, grace_left(record, now))
             if record.id in stops and gang.requested is None:
                 # Known before the replay: a replica that ended on this stop is not taken for an interruption
                 # (which would stop the rest at once, cutting their checkpoint grace).

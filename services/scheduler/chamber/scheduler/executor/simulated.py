@@ -18,6 +18,7 @@ from chamber.common.clock import Clock
 from chamber.common.codec import encode
 from chamber.common.contracts import JobFinished, JobRecord, JobStarted, JobState, JobStopped
 from chamber.common.log import get_logger
+from chamber.scheduler.core.lifecycle import grace_left
 
 log = get_logger(__name__)
 
@@ -128,8 +129,7 @@ class SimulatedExecutor:
             elif record.stopping:
                 if record.started_at is not None:
                     self._arm(record, record.started_at)
-                grace = max(0.0, record.updated_at + record.spec.checkpoint_grace_s - self.clock.now())
-                await self.stop(record, record.stop_reason, grace if record.stop_kind == "preempt" else 0.0)
+                await self.stop(record, record.stop_reason, grace_left(record, self.clock.now()))
             elif record.state == JobState.RUNNING and record.started_at is not None:
                 self._arm(record, record.started_at)
             else:
