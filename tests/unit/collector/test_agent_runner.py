@@ -199,3 +199,56 @@ async def test_a_repeated_shorter_stop_moves_the_kill_earlier_without_a_second_s
         assert replica.state.ending.signal == signal.SIGKILL
     finally:
         await runner.close()
+
+
+async def test_a_replica_whose_state_file_is_unreadable_is_not_left_running(
+    tmp_path: Path, leftovers: list[int]
+) -> None:
+    """The agent cannot supervise or report a replica it cannot read back (a state file emptied by a power loss
+    before it was written durably, which it is now): what runs of it is killed, found by its marker."""
+    runner = NodeRunner(SystemClock(), config(tmp_path))
+    _, child = await started_sleeper(runner, tmp_path, leftovers)
+    directory = runner.store.directory(*KEY)
+    await runner.close()
+    (directory / "state.json").write_bytes(b"")
+    restarted = NodeRunner(SystemClock(), config(tmp_path))
+    try:
+        restarted.adopt()
+        await until(lambda: not alive(child, ""), 10)
+        assert KEY not in restarted.replicas
+    finally:
+        await restarted.close()
+
+
+EXITS_ON_TERM = """
+import signal, sys, time
+signal.signal(signal.SIGTERM, lambda s, f: sys.exit(0))
+while True:
+    time.sleep(0.05)
+"""
+
+
+async def test_a_stop_right_after_the_launch_stops_the_command_not_the_shim(
+    tmp_path: Path, leftovers: list[int]
+) -> None:
+    """The shim used to die of a SIGTERM that came before it installed its handler: the replica was reported lost
+    (an interruption), not stopped. Now the signal waits, masked, and the command gets it once it runs."""
+    import sys
+
+    from chamber.common.contracts import StopReplicas
+
+    runner = NodeRunner(SystemClock(), config(tmp_path))
+    try:
+        replica = launch(runner, [sys.executable, "-c", EXITS_ON_TERM])
+        leftovers.append(replica.state.shim_pid)
+        runner.stop(StopReplicas(job_id="j1", attempt=1, grace_s=30, reason="preempted"))
+        await until(lambda: replica.state.ending is not None, 15)
+        ending = replica.state.ending
+        assert ending is not None
+        assert not ending.lost, ending
+        assert (ending.exit_code, ending.signal) in ((0, None), (None, signal.SIGTERM)), ending
+        reports = [r for what, r in pending_reports("n1", replica.state) if what == "exited"]
+        assert isinstance(reports[0], ReplicaExited)
+        assert reports[0].stop_requested
+    finally:
+        await runner.close()

@@ -91,10 +91,17 @@ class ReplicaStore:
         return self.root / job_id / str(attempt) / str(replica)
 
     def save(self, directory: Path, state: ReplicaState) -> None:
+        """Atomically and durably: the file is on disk before it replaces the old one (a power loss must not
+        leave an empty state file, which would make the agent forget a running replica)."""
         directory.mkdir(parents=True, exist_ok=True)
         tmp = directory / f".{STATE}.tmp"
-        tmp.write_bytes(_encoder.encode(state))
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(_encoder.encode(state))
+            f.flush()
+            os.fsync(f.fileno())
         os.replace(tmp, directory / STATE)
+        fsync_directory(directory)
 
     def load_all(self) -> list[tuple[Path, ReplicaState]]:
         found = []
@@ -102,7 +109,11 @@ class ReplicaStore:
             try:
                 found.append((path.parent, _decoder.decode(path.read_bytes())))
             except (OSError, msgspec.DecodeError, msgspec.ValidationError) as exc:
+                # Its key is in its path: whatever of it still runs is killed (nothing supervises it any more).
+                job_id, attempt, replica = path.parent.parts[-3:]
                 log.error("agent.bad_state_file", path=str(path), error=str(exc))
+                if attempt.isdigit() and replica.isdigit():
+                    signal_marked(replica_marker(job_id, int(attempt), int(replica)), signal.SIGKILL)
         return found
 
     def remove(self, directory: Path) -> None:
@@ -110,6 +121,16 @@ class ReplicaStore:
         for parent in (directory.parent, directory.parent.parent):
             with contextlib.suppress(OSError):
                 parent.rmdir()  # only when empty
+
+
+def fsync_directory(directory: Path) -> None:
+    """Make a rename in `directory` durable (where the platform allows opening a directory)."""
+    with contextlib.suppress(OSError):
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 def read_json(path: Path) -> dict[str, object] | None:
@@ -134,7 +155,7 @@ def spawn_shim(directory: Path) -> int:
             ],
             setsid=True,
             setsigdef=(signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT, signal.SIGTERM),
-            setsigmask=(),
+            setsigmask=(signal.SIGTERM, signal.SIGINT, signal.SIGHUP),  # until the shim's handler is in place
         )  # fmt: skip
     finally:
         os.close(shim_log)

@@ -35,11 +35,14 @@ POLL_S = 0.25
 
 
 def write_json(path: Path, value: dict[str, Any]) -> None:
-    """Atomically (write a temporary file, then rename): a reader sees the old content or the new, never half."""
+    """Atomically and durably (write a temporary file, fsync it, then rename): a reader sees the old content or the
+    new, never half, and never an empty file after a power loss."""
     tmp = path.with_name(f".{path.name}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
         json.dump(value, f)
+        f.flush()
+        os.fsync(f.fileno())  # on disk before the rename: a power loss leaves the old file or the new, not none
     os.replace(tmp, path)
 
 
@@ -77,8 +80,16 @@ class Output:
             self.writer.close()
 
 
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+"""Blocked from the shim's exec (the agent spawns it with them masked) until its handler is in place: a stop that
+came in the first instants used to kill the shim itself, and the replica was reported lost, not stopped."""
+_early_stop: list[int] = []
+
+
 def _ignore(signum: int, frame: object) -> None:
-    """A handler, not SIG_IGN: an ignored signal would stay ignored in the command after exec."""
+    """A handler, not SIG_IGN: an ignored signal would stay ignored in the command after exec. A SIGTERM before the
+    command exists is kept and passed on to it once it does."""
+    _early_stop.append(signum)
 
 
 def _lease_age(directory: Path, started: float) -> float:
@@ -103,8 +114,9 @@ def _pump(fd: int, log: Output) -> bool:
 def run(directory: Path) -> int:
     spec = json.loads((directory / "launch.json").read_text())
     marker = str(spec["env"].get(MARKER, ""))
-    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+    for signum in STOP_SIGNALS:
         signal.signal(signum, _ignore)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)  # a pending stop is delivered (and kept) now
     log = Output(LogWriter(directory / "log", int(spec["log_max_bytes"])))
     started = time.time()
     try:
@@ -118,6 +130,9 @@ def run(directory: Path) -> int:
         write_json(directory / "exit.json", {"launch_error": str(exc), "exited_at": time.time()})
         return 127
     write_json(directory / "started.json", {"pid": child.pid, "started_at": time.time()})
+    if signal.SIGTERM in _early_stop:  # the stop came before the command existed: it gets it now
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(child.pid, signal.SIGTERM)
     assert child.stdout is not None
     fd = child.stdout.fileno()
     os.set_blocking(fd, False)
