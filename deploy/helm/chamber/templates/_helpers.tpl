@@ -41,6 +41,14 @@ Arguments: root, name, key, given. */}}
 {{- $value | default (randAlphaNum 32) -}}
 {{- end -}}
 
+{{/* Pod annotations that change with what a pod reads only at start: the passwords given in values (a generated
+one never changes) and the health rules and quota seed. A change restarts the pods instead of leaving a server
+and its clients on different passwords until each happens to restart. */}}
+{{- define "chamber.checksums" -}}
+checksum/bus-auth: {{ toJson (list .Values.nats.auth .Values.valkey.auth .Values.valkey.password) | sha256sum | trunc 16 | quote }}
+checksum/config: {{ toJson (list .Values.health.rules .Values.quota.config) | sha256sum | trunc 16 | quote }}
+{{- end -}}
+
 {{- define "chamber.webhookService" -}}{{ include "chamber.fullname" . }}-webhooks{{- end -}}
 {{- define "chamber.webhookSecret" -}}{{ include "chamber.fullname" . }}-webhook-tls{{- end -}}
 
