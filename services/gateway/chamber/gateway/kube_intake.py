@@ -23,8 +23,10 @@ Runs inside the gateway (the API edge) when `CHAMBER_KUBE_API` is set:
 import asyncio
 import base64
 import contextlib
+import hashlib
 import json
 import os
+import ssl
 from collections.abc import Awaitable, Callable, Generator
 from typing import Any
 
@@ -57,7 +59,7 @@ from chamber.common.kube.workloads import (
 )
 from chamber.common.log import get_logger
 from chamber.common.quotastore import QuotaStore
-from chamber.common.runtime import Context
+from chamber.common.runtime import Context, wait_event
 from chamber.common.subjects import QUOTA_BUCKET
 
 log = get_logger(__name__)
@@ -281,6 +283,40 @@ def _ssl(cert_dir: str) -> dict[str, str]:
     return {"ssl_certfile": os.path.join(cert_dir, "tls.crt"), "ssl_keyfile": os.path.join(cert_dir, "tls.key")}
 
 
+CERT_RELOAD_S = 30.0
+"""How often the webhooks' certificate files are checked for a renewal."""
+
+
+def _fingerprint(cert_dir: str) -> bytes:
+    digest = hashlib.sha256()
+    for name in ("tls.crt", "tls.key"):
+        with contextlib.suppress(OSError), open(os.path.join(cert_dir, name), "rb") as f:
+            digest.update(f.read())
+    return digest.digest()
+
+
+async def reload_certificate(config: uvicorn.Config, cert_dir: str, stop: asyncio.Event,
+                             every_s: float = CERT_RELOAD_S) -> None:  # fmt: skip
+    """Serve a renewed certificate without a restart. cert-manager (and the chart's hook, at an upgrade) renews it
+    in the mounted Secret, whose files the kubelet swaps; the API server, handed the new CA, would refuse the old
+    certificate, and with failurePolicy Fail every labelled Job with it, until the gateway happened to restart.
+    New handshakes use the new certificate (the server's SSL context loads it in place)."""
+    seen = _fingerprint(cert_dir)
+    certfile, keyfile = os.path.join(cert_dir, "tls.crt"), os.path.join(cert_dir, "tls.key")
+    while not await wait_event(stop, every_s):
+        now = _fingerprint(cert_dir)
+        context: ssl.SSLContext | None = getattr(config, "ssl", None)
+        if now == seen or context is None:
+            continue
+        try:
+            context.load_cert_chain(certfile, keyfile)
+        except (OSError, ssl.SSLError) as exc:  # caught mid-swap, or a bad pair: the old one stays, try again
+            log.warning("kube_intake.certificate_reload_failed", error=str(exc))
+            continue
+        seen = now
+        log.info("kube_intake.certificate_reloaded", cert_dir=cert_dir)
+
+
 async def run(ctx: Context, stop: asyncio.Event) -> None:
     """The webhooks and the watcher, until `stop`."""
     s = ctx.settings
@@ -300,6 +336,10 @@ async def run(ctx: Context, stop: asyncio.Event) -> None:
                             log_config=None, access_log=False, **_ssl(s.kube_webhook_cert_dir))  # type: ignore[arg-type]  # fmt: skip
     server = _Server(config)
     serving = asyncio.create_task(server.serve())
+    reloading = (
+        asyncio.create_task(reload_certificate(config, s.kube_webhook_cert_dir, stop))
+        if s.kube_webhook_cert_dir else None
+    )  # fmt: skip
     intake = Intake(ctx, bus, client, await JobStore.open(bus), teams)
     watching = asyncio.create_task(intake.run(stop))
     log.info("kube_intake.started", api=client.host, webhooks=f"{s.kube_webhook_host}:{s.kube_webhook_port}")
@@ -307,7 +347,7 @@ async def run(ctx: Context, stop: asyncio.Event) -> None:
         await stop.wait()
     finally:
         server.should_exit = True
-        await asyncio.gather(serving, watching, return_exceptions=True)
+        await asyncio.gather(serving, watching, *([reloading] if reloading else []), return_exceptions=True)
         await stop_following()
         await client.close()
         await bus.close()
