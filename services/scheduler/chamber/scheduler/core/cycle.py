@@ -439,7 +439,7 @@ class _Cycle:
         ctx, shape = self.ctx, job.shape
         if len(ctx.reservations) < self.config.max_reservations:
             return False  # it might be a head to reserve for
-        if self.config.consolidate and shape.gpus > 1 and (ctx.reserved_free or self.state.index.free_total() >= 2):
+        if self.config.consolidate and shape.gpus > 1:
             pools = ctx.pools_of(self.state, shape) if self.state.quota_on else [shape.pool]
             if any(ctx.pinned(shape, p) not in ctx.consolidation_failed for p in pools if p is not None) or (
                 not self.state.quota_on and shape not in ctx.consolidation_failed
