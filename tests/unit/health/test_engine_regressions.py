@@ -378,3 +378,32 @@ def test_after_a_restart_what_waits_for_a_reset_waits_for_a_boot_the_node_had_no
     assert [v.state for v in got if v.node == "n1"] == (
         [HealthState.RECOVERING, HealthState.HEALTHY] if released else []
     )
+
+
+def test_a_fatal_xid_the_breaker_held_back_leaves_nothing_waiting_for_a_reset() -> None:
+    """The breaker keeps the GPU healthy (an alert, not a quarantine): a later quarantine for another reason must
+    recover by probation as usual, not wait for a reboot that the first fault never asked for."""
+    e = engine()
+    booted(e, NODES, 0, 10, "boot-a")
+    for node in ("n2", "n3", "n1"):  # the third node would put more than half the fleet in quarantine
+        e.observe(as_batch(GpuXidEvent(node=node, gpu_index=0, uuid=f"{node}-0", xid=74, observed_at=10.0)), 10.0)
+    entity = e.entities[("n1", 0)]
+    assert (entity.state, entity.awaiting_reset) == (HealthState.HEALTHY, False)
+    later = 10.0 + CFG.breaker_window_s + 1
+    (v,) = e.observe(msgspec.structs.replace(batch("n1", later, ecc_dbe_volatile=1), boot_id="boot-a"), later)
+    assert (v.state, v.awaiting_reset) == (HealthState.QUARANTINED, False)
+    got = booted(e, ("n1",), int(later) + 1, int(later) + 1 + 3 * int(CFG.probation_s), "boot-a")
+    assert [v.state for v in got if v.gpu_index == 0] == [HealthState.RECOVERING, HealthState.HEALTHY]
+
+
+def test_an_operator_release_accepts_a_node_without_the_gpu_its_agent_cannot_read() -> None:
+    e = HealthEngine(config=CFG)
+    readable = devices(7, {})
+    count, parents = physical_gpus(readable)
+    e.set_inventory("n1", count, 0.0, parents, unreadable=1)
+    assert node_rules(e.observe(device_batch("n1", 1.0, readable), 1.0), "n1") == [
+        (HealthState.QUARANTINED, "gpu-count-drop")
+    ]
+    (v,) = e.command(HealthCommand(node="n1", gpu_index=None, command="release"), 2.0)
+    assert v.state == HealthState.HEALTHY
+    assert e.observe(device_batch("n1", 3.0, readable), 3.0) == [], "the node is taken with the GPUs it has"

@@ -41,11 +41,10 @@ Arguments: root, name, key, given. */}}
 {{- $value | default (randAlphaNum 32) -}}
 {{- end -}}
 
-{{/* Pod annotations that change with what a pod reads only at start: the passwords given in values (a generated
-one never changes) and the health rules and quota seed. A change restarts the pods instead of leaving a server
-and its clients on different passwords until each happens to restart. */}}
-{{- define "chamber.checksums" -}}
-checksum/bus-auth: {{ toJson (list .Values.nats.auth .Values.valkey.auth .Values.valkey.password) | sha256sum | trunc 16 | quote }}
+{{/* The pod annotation that changes with the configuration the health and quota services read only at start
+(their rules and seed), so an edit restarts them. Passwords are left out on purpose: any hash of one, on a pod
+anyone may read, is a verifier for an offline guess; after changing a password, restart the pods (docs). */}}
+{{- define "chamber.configChecksum" -}}
 checksum/config: {{ toJson (list .Values.health.rules .Values.quota.config) | sha256sum | trunc 16 | quote }}
 {{- end -}}
 

@@ -101,8 +101,8 @@ class Health:
         devices, not the GPUs, and must not look like a lost GPU)."""
         self.inventory[inv.node.name] = [g.index for g in inv.node.gpus]
         gpus, parents = physical_gpus(inv.node.gpus)
-        gpus += inv.node.unreadable_gpus  # GPUs its agent could not read at start: they count as missing
-        self.engine.set_inventory(inv.node.name, gpus, self.ctx.clock.now(), parents)
+        # GPUs its agent could not read at start count as missing (until an operator's release accepts the rest).
+        self.engine.set_inventory(inv.node.name, gpus, self.ctx.clock.now(), parents, inv.node.unreadable_gpus)
 
     async def on_telemetry(self, event: NodeTelemetryColumns | NodeTelemetry | GpuXidEvent) -> None:
         event = as_telemetry(event)

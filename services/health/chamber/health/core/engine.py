@@ -67,6 +67,8 @@ class Finding:
     reason: str = ""
     action: str = ""
     evidence: dict[str, float] = field(default_factory=dict)
+    needs_reset: bool = False
+    """A quarantine it makes waits for a reboot or an operator (`Rule.needs_reset`)."""
 
 
 @dataclass
@@ -126,13 +128,16 @@ class HealthEngine:
 
     # ---- inputs ---------------------------------------------------------------------------------------------
 
-    def set_inventory(self, node: str, gpus: int, now: float, parents: Mapping[str, str] | None = None) -> None:
-        """`gpus`: the node's physical GPUs; `parents`: its MIG instances' physical GPUs (see `physical_gpus`).
+    def set_inventory(
+        self, node: str, gpus: int, now: float, parents: Mapping[str, str] | None = None, unreadable: int = 0
+    ) -> None:
+        """`gpus`: the node's physical GPUs its agent reads; `parents`: its MIG instances' physical GPUs (see
+        `physical_gpus`); `unreadable`: GPUs the node has that its agent could not read at start.
 
         The expected count only grows: an agent back from a reboot without a GPU reports the smaller inventory
-        itself, and that is the fault gpu-count-drop is for."""
+        itself, and that is the fault gpu-count-drop is for. An operator's release accepts the readable ones."""
         self.node_gpus[node] = gpus
-        self.expected_gpus[node] = max(gpus, self.expected_gpus.get(node, 0))
+        self.expected_gpus[node] = max(gpus + unreadable, self.expected_gpus.get(node, 0))
         self.parents[node] = dict(parents or {})
         self.last_seen.setdefault(node, (now, 0.0))
 
@@ -313,11 +318,10 @@ class HealthEngine:
         if entity.held and rule.severity == Severity.FATAL:
             reason += f"; {len(entity.fatal_events)} fatal events in 24 h: out until an operator releases it"
         elif rule.needs_reset:
-            entity.awaiting_reset, entity.boot_id = True, self.boots.get(entity.node, "")
             reason += "; out until the node reboots or an operator releases it"
         action = "rma" if entity.held and rule.action else rule.action
         return self._move(entity, HealthState.QUARANTINED, now, Finding(rule.severity.value, rule.name, reason, action,
-                                                                        evidence))  # fmt: skip
+                                                                        evidence, rule.needs_reset))  # fmt: skip
 
     def _move(
         self, entity: Entity, state: HealthState, now: float, finding: Finding, *, force: bool = False
@@ -337,6 +341,9 @@ class HealthEngine:
             return []
         entity.state = state
         entity.since = now
+        # Only a quarantine really made (not one the breaker held back) waits for a reset; leaving it ends that.
+        entity.awaiting_reset = state == HealthState.QUARANTINED and finding.needs_reset
+        entity.boot_id = self.boots.get(entity.node, "") if entity.awaiting_reset else ""
         if state == HealthState.HEALTHY:
             self.unwell.discard((entity.node, entity.gpu))
         else:
