@@ -13,7 +13,9 @@ from chamber.common.urls import redact
         ("redis://:s3cret@valkey:6379/0", "redis://:***@valkey:6379/0"),
         ("nats://[::1]:4222", "nats://[::1]:4222"),
         ("nats://u:p@[::1]:4222", "nats://u:***@[::1]:4222"),
-        ("nats://token@nats:4222", "nats://token@nats:4222"),
+        ("nats://s3cr3ttoken@nats:4222", "nats://***@nats:4222"),  # a NATS token is the user part
+        ("redis://user@valkey:6379", "redis://user@valkey:6379"),
+        ("nats://u:p@nats:99999", "***"),  # an impossible port: hidden whole, not an error
     ],
 )
 def test_redact(url: str, shown: str) -> None:

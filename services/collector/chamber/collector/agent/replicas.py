@@ -90,18 +90,20 @@ class ReplicaStore:
     def directory(self, job_id: str, attempt: int, replica: int) -> Path:
         return self.root / job_id / str(attempt) / str(replica)
 
-    def save(self, directory: Path, state: ReplicaState) -> None:
-        """Atomically and durably: the file is on disk before it replaces the old one (a power loss must not
-        leave an empty state file, which would make the agent forget a running replica)."""
+    def save(self, directory: Path, state: ReplicaState, *, durable: bool = True) -> None:
+        """Atomically, and durably unless told otherwise: the file is on disk before it replaces the old one (a
+        power loss must not leave an empty state file, which would make the agent forget a running replica)."""
         directory.mkdir(parents=True, exist_ok=True)
         tmp = directory / f".{STATE}.tmp"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "wb") as f:
             f.write(_encoder.encode(state))
-            f.flush()
-            os.fsync(f.fileno())
+            if durable:
+                f.flush()
+                os.fsync(f.fileno())
         os.replace(tmp, directory / STATE)
-        fsync_directory(directory)
+        if durable:
+            fsync_directory(directory)
 
     def load_all(self) -> list[tuple[Path, ReplicaState]]:
         found = []

@@ -267,13 +267,15 @@ class NodeRunner:
         state = replica.state
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.config.group_exit_s
-        while group_alive(state.shim_pid, state.shim_start, state.marker):
+        # Off the event loop (a scan reads every process's environment; one stuck in the driver could block a read)
+        # and a little apart: heartbeats and lease touches must not wait on it.
+        while await asyncio.to_thread(group_alive, state.shim_pid, state.shim_start, state.marker):
             if loop.time() >= deadline:
                 log.error("agent.replica_group_survived", job_id=state.job_id, attempt=state.attempt,
                           replica=state.replica, pgid=state.shim_pid, waited_s=self.config.group_exit_s)  # fmt: skip
                 break
-            await asyncio.sleep(0.05)
-            self._kill_leftovers(replica)
+            await asyncio.sleep(0.2)
+            await asyncio.to_thread(self._kill_leftovers, replica)
         self._ended(replica)
 
     def _read_started(self, replica: Replica) -> None:
@@ -348,8 +350,11 @@ class NodeRunner:
             self.store.remove(r.directory)
             del self.replicas[key]
 
-    def save(self, replica: Replica) -> None:
+    def save(self, replica: Replica, *, durable: bool = True) -> None:
+        """`durable=False` for what may be lost to a power cut (which reports went out: they are sent again, and
+        JetStream drops the repeats), so that fsync, which can take long under heavy checkpoint writes, is not in
+        the event loop's way for each one."""
         try:
-            self.store.save(replica.directory, replica.state)
+            self.store.save(replica.directory, replica.state, durable=durable)
         except OSError as exc:
             log.error("agent.state_write_failed", directory=str(replica.directory), error=str(exc))

@@ -128,7 +128,7 @@ class AgentServer:
                         log.warning("agent.report_failed", job_id=s.job_id, what=what, error=str(exc))
                         return
                     s.reported.append(what)
-                    self.runner.save(replica)
+                    self.runner.save(replica, durable=False)  # lost to a power cut: sent again, deduplicated
 
     async def _beat(self) -> None:
         while not self._stop.is_set():
