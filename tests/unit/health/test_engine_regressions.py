@@ -407,3 +407,16 @@ def test_an_operator_release_accepts_a_node_without_the_gpu_its_agent_cannot_rea
     (v,) = e.command(HealthCommand(node="n1", gpu_index=None, command="release"), 2.0)
     assert v.state == HealthState.HEALTHY
     assert e.observe(device_batch("n1", 3.0, readable), 3.0) == [], "the node is taken with the GPUs it has"
+
+
+def test_a_reboot_seen_just_before_a_restart_still_starts_the_probation() -> None:
+    """The reboot was noticed (no verdict yet: the probation had not passed) and then health restarted: the restored
+    verdict still waits for a reset, and the node's last sample, read at start, is already from the new boot."""
+    first = engine()
+    booted(first, NODES, 0, 10, "boot-a")
+    (v,) = first.observe(as_batch(GpuXidEvent(node="n1", gpu_index=0, uuid="n1-0", xid=74, observed_at=10.0)), 10.0)
+    second = engine()
+    second.heard_before(msgspec.structs.replace(batch("n1", 40.0), boot_id="boot-b"), 50.0)
+    second.restore(v)
+    got = booted(second, NODES, 50, 50 + 3 * int(CFG.probation_s), "boot-b")
+    assert [v.state for v in got if v.node == "n1"] == [HealthState.RECOVERING, HealthState.HEALTHY]

@@ -224,7 +224,10 @@ class HealthEngine:
                 self._hold_clean_time(entity, now)
                 continue
             if entity.awaiting_reset:
-                continue  # clean samples prove nothing until a reset
+                boot = self.boots.get(entity.node, "")
+                if not (entity.boot_id and boot and boot != entity.boot_id):
+                    continue  # clean samples prove nothing until a reset
+                entity.awaiting_reset, entity.last_bad = False, now  # rebooted (seen before a restart, say)
             verdicts += self._progress(entity, now)
         return verdicts
 
