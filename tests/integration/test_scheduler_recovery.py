@@ -209,6 +209,41 @@ async def test_a_launch_deadline_that_could_not_be_reported_is_tried_again(
     await s.close()
 
 
+async def test_a_launch_that_failed_is_tried_again_not_left_to_the_deadline(
+    settings: Settings, bus: Bus, fleet: None, ledger: Ledger
+) -> None:
+    """The executor's launch raised (NATS restarting as it published the job's start): the job used to stay placed
+    and never started until its launch deadline (5 minutes by default), holding its GPUs. The next pass of the
+    scheduler's loop launches it again."""
+    import asyncio
+
+    from chamber.common.subjects import JOBS
+
+    s = await _scheduler(settings, bus, ledger)
+    s.executor.launch = _once(s.executor.launch, exc=BusError("nats: connection closed"))  # type: ignore[method-assign]
+    await s.on_events([_submit("x")])
+    for _ in range(100):
+        if not s._executing:
+            break
+        await asyncio.sleep(0.02)
+    assert await bus.last_message(JOBS, bus.names.job_lifecycle("x")) is None, "the launch failed"
+    stop = asyncio.Event()
+    loop = asyncio.create_task(s.run(stop))
+    try:
+        subject = bus.names.job_lifecycle("x")
+        for _ in range(150):
+            if await bus.last_message(JOBS, subject) is not None:
+                break
+            await asyncio.sleep(0.05)
+        started = await bus.last_message(JOBS, subject)
+        assert started is not None, "launched again: its start was reported"
+        assert b"JobStarted" in started or b'"started_at"' in started
+    finally:
+        stop.set()
+        await loop
+        await s.close()
+
+
 async def test_a_deposed_leader_does_not_rebuild_a_wiped_ledger(
     settings: Settings, bus: Bus, fleet: None, ledger: Ledger
 ) -> None:

@@ -149,6 +149,9 @@ class Scheduler:
         self._apply_ms: list[float] = []
         self._placed = 0
         self._reload_needed = False
+        self._relaunch: dict[str, int] = {}
+        """job -> attempt whose launch failed (the executor raised: NATS or the API away) or never ran (the batch
+        that placed it failed after storing it): launched again at the next passes until it goes through."""
         self.consumer: Consumer[Any] | None = None
 
     # ---- start-up ----------------------------------------------------------------------------------------------
@@ -235,6 +238,9 @@ class Scheduler:
         await self._load(records)
         await self._republish_unannounced(records)
         self._reload_needed = False
+        for record in self.control.records.values():  # the failed batch may have placed some and launched none
+            if holds_gpus(record) and record.state != JobState.RUNNING and not record.stopping:
+                self._relaunch[record.id] = record.attempt
 
     async def _load(self, records: Sequence[JobRecord]) -> None:
         """Build the decision state from scratch from the records, the inventory, the ledger and the quota."""
@@ -417,6 +423,7 @@ class Scheduler:
                     full = now - self._last_cycle >= interval
                     await self._pass(now, todo, full=full)
                     await self._launch_deadlines(now)
+                    todo.launches.extend(self._relaunches())
             except (LedgerFenced, LeaseLost):
                 raise
             except Exception:
@@ -609,16 +616,35 @@ class Scheduler:
         """Launches and stops, outside the lock and without holding up the next batch."""
         if not todo.launches and not todo.stops:
             return
-        calls = [self.executor.launch(r) for r in todo.launches]
+        launches = list(todo.launches)
+        calls = [self.executor.launch(r) for r in launches]
         calls += [self.executor.stop(r, reason, grace) for r, reason, grace in todo.stops]
-        task = asyncio.create_task(self._gather(calls))
+        task = asyncio.create_task(self._gather(calls, launches))
         self._executing.add(task)
         task.add_done_callback(self._executing.discard)
 
-    async def _gather(self, calls: Sequence[Awaitable[None]]) -> None:
-        for result in await asyncio.gather(*calls, return_exceptions=True):
+    async def _gather(self, calls: Sequence[Awaitable[None]], launches: Sequence[JobRecord] = ()) -> None:
+        for i, result in enumerate(await asyncio.gather(*calls, return_exceptions=True)):
             if isinstance(result, Exception):
                 log.error("scheduler.executor_failed", error=repr(result))
+                if i < len(launches):  # tried again (launches are idempotent) rather than left to the deadline
+                    self._relaunch[launches[i].id] = launches[i].attempt
+
+    def _relaunches(self) -> list[JobRecord]:
+        """The records whose launch is to be tried again now (those still placed and not started)."""
+        due = []
+        for job_id, attempt in list(self._relaunch.items()):
+            record = self.control.records.get(job_id)
+            if (
+                record is None or record.attempt != attempt or not holds_gpus(record)
+                or record.state == JobState.RUNNING or record.stopping
+            ):  # fmt: skip
+                del self._relaunch[job_id]
+                continue
+            due.append(record)
+        for record in due:
+            del self._relaunch[record.id]
+        return due
 
     async def _launch_deadlines(self, now: float) -> None:
         """A placed job that did not start in time gives its GPUs back and waits again (through the bus, so the
