@@ -631,19 +631,13 @@ class Scheduler:
                     self._relaunch[launches[i].id] = launches[i].attempt
 
     def _relaunches(self) -> list[JobRecord]:
-        """The records whose launch is to be tried again now (those still placed and not started)."""
-        due = []
-        for job_id, attempt in list(self._relaunch.items()):
-            record = self.control.records.get(job_id)
-            if (
-                record is None or record.attempt != attempt or not holds_gpus(record)
-                or record.state == JobState.RUNNING or record.stopping
-            ):  # fmt: skip
-                del self._relaunch[job_id]
-                continue
-            due.append(record)
-        for record in due:
-            del self._relaunch[record.id]
+        """The records whose launch is to be tried again now: those still placed and not started."""
+        due = [
+            record for job_id, attempt in self._relaunch.items()
+            if (record := self.control.records.get(job_id)) is not None and record.attempt == attempt
+            and holds_gpus(record) and record.state != JobState.RUNNING and not record.stopping
+        ]  # fmt: skip
+        self._relaunch.clear()
         return due
 
     async def _launch_deadlines(self, now: float) -> None:

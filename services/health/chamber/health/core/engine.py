@@ -173,17 +173,8 @@ class HealthEngine:
         self.arrived[batch.node] = now
         self.unheard.discard(batch.node)
         self.watermark = max(self.watermark, batch.sampled_at)
-        if batch.boot_id and self.boots.get(batch.node) != batch.boot_id:
-            self.boots[batch.node] = batch.boot_id
-            self._rebooted(batch.node, batch.boot_id, now)
-
-    def _rebooted(self, node: str, boot_id: str, now: float) -> None:
-        """The node reports from a new boot: what waited for a reset starts its probation now."""
-        for key in self.unwell:
-            entity = self.entities[key]
-            if key[0] == node and entity.awaiting_reset and entity.boot_id and entity.boot_id != boot_id:
-                entity.awaiting_reset = False
-                entity.last_bad = now
+        if batch.boot_id:
+            self.boots[batch.node] = batch.boot_id  # another than an entity waits in: it was reset (see `tick`)
 
     def _count_drop(self, batch: NodeTelemetry) -> list[tuple[Rule, float]]:
         """gpu-count-drop hits: fewer physical GPUs in the batch than the node has had."""
@@ -227,7 +218,7 @@ class HealthEngine:
                 boot = self.boots.get(entity.node, "")
                 if not (entity.boot_id and boot and boot != entity.boot_id):
                     continue  # clean samples prove nothing until a reset
-                entity.awaiting_reset, entity.last_bad = False, now  # rebooted (seen before a restart, say)
+                entity.awaiting_reset, entity.last_bad = False, now  # the node rebooted: its probation starts
             verdicts += self._progress(entity, now)
         return verdicts
 
