@@ -239,7 +239,7 @@ class Scheduler:
         await self._republish_unannounced(records)
         self._reload_needed = False
         for record in self.control.records.values():  # the failed batch may have placed some and launched none
-            if holds_gpus(record) and record.state != JobState.RUNNING and not record.stopping:
+            if _awaits_start(record):
                 self._relaunch[record.id] = record.attempt
 
     async def _load(self, records: Sequence[JobRecord]) -> None:
@@ -616,10 +616,9 @@ class Scheduler:
         """Launches and stops, outside the lock and without holding up the next batch."""
         if not todo.launches and not todo.stops:
             return
-        launches = list(todo.launches)
-        calls = [self.executor.launch(r) for r in launches]
+        calls = [self.executor.launch(r) for r in todo.launches]
         calls += [self.executor.stop(r, reason, grace) for r, reason, grace in todo.stops]
-        task = asyncio.create_task(self._gather(calls, launches))
+        task = asyncio.create_task(self._gather(calls, todo.launches))
         self._executing.add(task)
         task.add_done_callback(self._executing.discard)
 
@@ -635,7 +634,7 @@ class Scheduler:
         due = [
             record for job_id, attempt in self._relaunch.items()
             if (record := self.control.records.get(job_id)) is not None and record.attempt == attempt
-            and holds_gpus(record) and record.state != JobState.RUNNING and not record.stopping
+            and _awaits_start(record)
         ]  # fmt: skip
         self._relaunch.clear()
         return due
@@ -787,3 +786,8 @@ async def main(ctx: Context, stop: asyncio.Event) -> None:
         await lease.release()
         await bus.close()
         await ledger.close()
+
+
+def _awaits_start(record: JobRecord) -> bool:
+    """Placed, not started and not being stopped: what a launch is for."""
+    return holds_gpus(record) and record.state != JobState.RUNNING and not record.stopping
