@@ -94,8 +94,9 @@ class TeamNamespaces:
     def update(self, config: QuotaConfig) -> None:
         self.allowed = {t.name: frozenset(t.namespaces) for t in config.teams if t.namespaces}
 
-    def refusal(self, team: str, namespace: str) -> str:
-        """Why a workload in `namespace` may not run as `team` (empty: it may)."""
+    def refusal(self, team: str, workload: Obj) -> str:
+        """Why `workload` may not run as `team` (empty: it may)."""
+        namespace = str(meta(workload).get("namespace") or "default")
         allowed = self.allowed.get(team)
         if allowed is None or namespace in allowed:
             return ""
@@ -127,7 +128,7 @@ class Admission:
                     if kind_of(obj) == TRAINJOB and self.runtimes is not None:
                         runtime = await self.runtimes(obj)
                     spec = job_spec(obj, largest_node_gpus=self.largest_node_gpus, runtime=runtime)
-                    refusal = self.teams.refusal(spec.team, str(meta(obj).get("namespace") or "default"))
+                    refusal = self.teams.refusal(spec.team, obj)
                     if refusal:
                         raise Rejection(refusal)
                 except KubeError as exc:  # the runtime could not be read: refuse now rather than guess
@@ -201,7 +202,7 @@ class Intake:
             if kind_of(job) == TRAINJOB:
                 runtime = await self._runtime(job)
             spec = job_spec(job, runtime=runtime)
-            refusal = self.teams.refusal(spec.team, str(meta(job).get("namespace") or "default"))
+            refusal = self.teams.refusal(spec.team, job)
             if refusal:
                 raise Rejection(refusal)
         except KubeError as exc:

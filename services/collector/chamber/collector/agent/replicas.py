@@ -18,6 +18,7 @@ from pathlib import Path
 
 import msgspec
 
+from chamber.collector.agent.atomic import write_atomically
 from chamber.collector.agent.marker import marked, replica_marker, signal_marked, zombie
 from chamber.common.log import get_logger
 
@@ -94,16 +95,7 @@ class ReplicaStore:
         """Atomically, and durably unless told otherwise: the file is on disk before it replaces the old one (a
         power loss must not leave an empty state file, which would make the agent forget a running replica)."""
         directory.mkdir(parents=True, exist_ok=True)
-        tmp = directory / f".{STATE}.tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "wb") as f:
-            f.write(_encoder.encode(state))
-            if durable:
-                f.flush()
-                os.fsync(f.fileno())
-        os.replace(tmp, directory / STATE)
-        if durable:
-            fsync_directory(directory)
+        write_atomically(directory / STATE, _encoder.encode(state), durable=durable)
 
     def load_all(self) -> list[tuple[Path, ReplicaState]]:
         found = []
@@ -123,16 +115,6 @@ class ReplicaStore:
         for parent in (directory.parent, directory.parent.parent):
             with contextlib.suppress(OSError):
                 parent.rmdir()  # only when empty
-
-
-def fsync_directory(directory: Path) -> None:
-    """Make a rename in `directory` durable (where the platform allows opening a directory)."""
-    with contextlib.suppress(OSError):
-        fd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
 
 
 def read_json(path: Path) -> dict[str, object] | None:

@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from chamber.collector.agent.atomic import write_atomically
 from chamber.collector.agent.logfiles import LogWriter
 from chamber.collector.agent.marker import MARKER, signal_marked
 
@@ -35,15 +36,9 @@ POLL_S = 0.25
 
 
 def write_json(path: Path, value: dict[str, Any]) -> None:
-    """Atomically and durably (write a temporary file, fsync it, then rename): a reader sees the old content or the
-    new, never half, and never an empty file after a power loss."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        json.dump(value, f)
-        f.flush()
-        os.fsync(f.fileno())  # on disk before the rename: a power loss leaves the old file or the new, not none
-    os.replace(tmp, path)
+    """Atomically and durably (`write_atomically`): a reader sees the old content or the new, never half, and never
+    an empty file after a power loss."""
+    write_atomically(path, json.dumps(value).encode())
 
 
 def _record(path: Path, value: dict[str, Any]) -> None:
