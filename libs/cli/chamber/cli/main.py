@@ -145,8 +145,18 @@ def _bench_telemetry(args: argparse.Namespace) -> int:
 
     _bench_logging()
 
-    result = run(gpus=args.gpus, rounds=args.rounds, interval_s=args.interval, seconds=args.seconds)
+    result = run(gpus=args.gpus, rounds=args.rounds, interval_s=args.interval, seconds=args.seconds, cpu=_cpu(args.cpu))
     return _emit(result, args.json)
+
+
+def _cpu(choice: str) -> int | None:
+    """`--cpu`: a CPU number, `none`, or `auto` (the first CPU this process may use, when it may use two or more)."""
+    if choice == "none":
+        return None
+    if choice != "auto":
+        return int(choice)
+    allowed = sorted(os.sched_getaffinity(0))
+    return allowed[0] if len(allowed) > 1 else None
 
 
 def _bench_health(args: argparse.Namespace) -> int:
@@ -267,9 +277,13 @@ def build_parser() -> argparse.ArgumentParser:
     quota.set_defaults(func=_bench_quota)
     tele = bench.add_parser("telemetry", help="node batches through real NATS into the fleet-metrics aggregator")
     tele.add_argument("--gpus", type=int, default=100_000)
-    tele.add_argument("--rounds", type=int, default=5, help="batches per node in the throughput phase")
+    tele.add_argument("--rounds", type=int, default=20, help="batches per node in the throughput phase")
     tele.add_argument("--interval", type=float, default=1.0, help="seconds between a node's batches (lag phase)")
     tele.add_argument("--seconds", type=float, default=15.0, help="length of the lag phase")
+    tele.add_argument(
+        "--cpu", default="auto", help="pin the aggregator to this one CPU and the load generator to the others "
+        "(auto: the first CPU when there are two or more; none: no pinning)",
+    )  # fmt: skip
     tele.add_argument("--json", action="store_true", help="one line of JSON")
     tele.set_defaults(func=_bench_telemetry)
     hb = bench.add_parser("health", help="fault detection to quarantine, on the real health service")

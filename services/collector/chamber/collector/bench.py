@@ -3,10 +3,12 @@
 The aggregator runs as in production: its tick publishing a snapshot every `metrics_interval_s`, an inventory
 of `gpus / 8` nodes, 90% of the GPUs held by running jobs (job records in the KV, claims in the ledger) and 1%
 cordoned. A separate load-generator process (`chamber.collector.loadgen`) plays the node agents, one distinct
-node name per 8 GPUs.
+node name per 8 GPUs. The aggregator runs on uvloop with the service's garbage-collector settings, as the collector
+service does, and with `cpu` set it is pinned to that one CPU and the load generator to the others, so
+`samples_per_s` is what one core ingests (NATS is not pinned: it may take some of that core too).
 
-- `samples_per_s`: GPU samples ingested per second while every node sends `rounds` batches as fast as the
-  server takes them; `samples_per_cpu_s`: the same per second of the aggregator process's CPU time (what one
+- `samples_per_s`: GPU samples ingested per second (wall clock) while every node sends `rounds` batches as fast as
+  the server takes them; `samples_per_cpu_s`: the same per second of the aggregator process's CPU time (what one
   dedicated core would do, whatever else the machine runs);
 - `snapshot_ms_p50` / `_p99`: building one fleet snapshot over all GPUs, during both phases (`snapshot_cpu_ms_p99`:
   its CPU time);
@@ -15,6 +17,8 @@ node name per 8 GPUs.
 """
 
 import asyncio
+import gc
+import os
 import statistics
 import subprocess
 import sys
@@ -41,16 +45,30 @@ from chamber.common.contracts import (
 )
 from chamber.common.jobstore import JobStore
 from chamber.common.ledger import Claim
-from chamber.common.runtime import Context, make_context
+from chamber.common.runtime import GC_THRESHOLDS, Context, loop_factory, make_context
 from chamber.common.settings import Settings
 
 ALLOCATED_SHARE = 0.9
 CORDONED_SHARE = 0.01
 TEAMS = 50
+FLOOD_POLL_S = 0.02
 
 
-def _loadgen(*args: object) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, "-m", "chamber.collector.loadgen", *map(str, args)])
+def _loadgen(cpus: set[int] | None, *args: object) -> subprocess.Popen[bytes]:
+    proc = subprocess.Popen([sys.executable, "-m", "chamber.collector.loadgen", *map(str, args)])
+    if cpus:
+        os.sched_setaffinity(proc.pid, cpus)
+    return proc
+
+
+def _pinned(cpu: int | None) -> tuple[set[int], set[int] | None]:
+    """The aggregator's CPUs and the load generator's: `cpu` alone and every other allowed one, or no pinning."""
+    allowed = os.sched_getaffinity(0)
+    if cpu is None:
+        return allowed, None
+    if cpu not in allowed or len(allowed) < 2:
+        raise ValueError(f"cpu {cpu}: pinning needs that CPU and another one; this process may use {sorted(allowed)}")
+    return {cpu}, allowed - {cpu}
 
 
 async def _populate(ctx: Context, bus: Bus, nodes: int) -> int:
@@ -92,14 +110,16 @@ async def _ready(agg: Aggregator, nodes: int, jobs: int, timeout_s: float = 120)
         await asyncio.sleep(0.1)
 
 
-async def _flood(agg: Aggregator, settings: Settings, prefix: str, nodes: int, rounds: int) -> dict[str, float]:
+async def _flood(
+    agg: Aggregator, settings: Settings, prefix: str, nodes: int, rounds: int, *, cpus: set[int] | None
+) -> dict[str, float]:
     expected = agg.metrics.samples + nodes * rounds * GPUS_PER_NODE
-    proc = _loadgen("flood", settings.nats_url, prefix, nodes, rounds)
+    proc = _loadgen(cpus, "flood", settings.nats_url, prefix, nodes, rounds)
     first: tuple[float, float, int] | None = None
     last = (time.perf_counter(), time.process_time(), agg.metrics.samples)
     idle_since = time.monotonic()
     while agg.metrics.samples < expected:
-        await asyncio.sleep(0.005)
+        await asyncio.sleep(FLOOD_POLL_S)
         samples = agg.metrics.samples
         if samples != last[2]:
             if first is None:
@@ -121,11 +141,18 @@ async def _flood(agg: Aggregator, settings: Settings, prefix: str, nodes: int, r
 
 
 async def _steady(
-    agg: Aggregator, settings: Settings, prefix: str, nodes: int, *, interval_s: float, seconds: float
+    agg: Aggregator,
+    settings: Settings,
+    prefix: str,
+    nodes: int,
+    *,
+    interval_s: float,
+    seconds: float,
+    cpus: set[int] | None,
 ) -> dict[str, float]:
     agg.metrics.take_reported()
     agg.lag.reset()
-    proc = _loadgen("steady", settings.nats_url, prefix, nodes, interval_s, seconds)
+    proc = _loadgen(cpus, "steady", settings.nats_url, prefix, nodes, interval_s, seconds)
     await asyncio.to_thread(proc.wait, seconds + 120)
     await asyncio.sleep(2 * settings.metrics_interval_s)
     return {
@@ -136,7 +163,21 @@ async def _steady(
     }
 
 
-async def _bench(settings: Settings, gpus: int, rounds: int, interval_s: float, seconds: float) -> dict[str, float]:
+async def _bench(
+    settings: Settings, gpus: int, rounds: int, interval_s: float, seconds: float, *, cpu: int | None
+) -> dict[str, float]:
+    own, loadgen_cpus = _pinned(cpu)
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, own)  # the aggregator (this process) on its own core; restored at the end
+    try:
+        return await _measure(settings, gpus, rounds, interval_s, seconds, loadgen_cpus=loadgen_cpus)
+    finally:
+        os.sched_setaffinity(0, before)
+
+
+async def _measure(
+    settings: Settings, gpus: int, rounds: int, interval_s: float, seconds: float, *, loadgen_cpus: set[int] | None
+) -> dict[str, float]:
     ctx = make_context(settings, "bench")
     bus = await Bus.connect(settings.nats_url, ctx.names, "bench")
     await bus.ensure_streams()
@@ -149,9 +190,11 @@ async def _bench(settings: Settings, gpus: int, rounds: int, interval_s: float, 
         await _ready(agg, nodes, jobs)
         stop = asyncio.Event()
         runner = asyncio.create_task(agg.run(stop))
-        result: dict[str, float] = {"gpus": nodes * GPUS_PER_NODE, "nodes": nodes, "jobs": jobs}
-        result.update(await _flood(agg, settings, prefix, nodes, rounds))
-        result.update(await _steady(agg, settings, prefix, nodes, interval_s=interval_s, seconds=seconds))
+        result: dict[str, float] = {"gpus": nodes * GPUS_PER_NODE, "nodes": nodes, "jobs": jobs,
+                                    "aggregator_cpus": len(os.sched_getaffinity(0))}  # fmt: skip
+        result.update(await _flood(agg, settings, prefix, nodes, rounds, cpus=loadgen_cpus))
+        result.update(await _steady(agg, settings, prefix, nodes, interval_s=interval_s, seconds=seconds,
+                                    cpus=loadgen_cpus))  # fmt: skip
         stop.set()
         await runner
         snaps, cpu = sorted(agg.snapshot_ms), sorted(agg.snapshot_cpu_ms)
@@ -173,7 +216,9 @@ async def _bench(settings: Settings, gpus: int, rounds: int, interval_s: float, 
         await bus.close()
 
 
-def run(*, gpus: int = 100_000, rounds: int = 5, interval_s: float = 1.0, seconds: float = 15.0) -> dict[str, float]:
+def run(
+    *, gpus: int = 100_000, rounds: int = 20, interval_s: float = 1.0, seconds: float = 15.0, cpu: int | None = None
+) -> dict[str, float]:
     from chamber.cli.infra import resolve
 
     infra = resolve()
@@ -185,10 +230,16 @@ def run(*, gpus: int = 100_000, rounds: int = 5, interval_s: float = 1.0, second
 
         async def go() -> dict[str, float]:
             try:
-                return await _bench(settings, gpus, rounds, interval_s, seconds)
+                return await _bench(settings, gpus, rounds, interval_s, seconds, cpu=cpu)
             finally:
                 await delete_namespace(settings.nats_url, settings.redis_url, settings.namespace)
 
-        return asyncio.run(go())
+        thresholds = gc.get_threshold()
+        gc.set_threshold(*GC_THRESHOLDS)  # the aggregator as the collector service runs it: its GC settings, uvloop
+        try:
+            with asyncio.Runner(loop_factory=loop_factory()) as runner:
+                return runner.run(go())
+        finally:
+            gc.set_threshold(*thresholds)
     finally:
         infra.stop()
