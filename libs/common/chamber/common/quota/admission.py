@@ -28,6 +28,10 @@ class QuotaUsage:
         self.idle: dict[tuple[str, str], int] = {}
         self.borrowed: dict[tuple[str, str], int] = {}
         self.excess: dict[str, int] = {}
+        self._of: dict[tuple[str, str], tuple[tuple[str, str], TeamQuota]] = {}
+        """(team, pool) -> its (pool, cohort) and quota: the book does not change under a `QuotaUsage`, and the
+        scheduler asks `borrowable` a million times a contended minute."""
+        self._unassigned: dict[str, int] = {}
         for team, pool in book.quotas:
             self._contribute(team, pool, 0, +1)
         for (team, pool), n in (usage or {}).items():
@@ -51,9 +55,14 @@ class QuotaUsage:
     def __len__(self) -> int:
         return len(self.used)
 
+    def _cohort_and_quota(self, team: str, pool: str) -> tuple[tuple[str, str], TeamQuota]:
+        found = self._of.get((team, pool))
+        if found is None:
+            found = self._of[(team, pool)] = ((pool, self.book.cohort_of(team)), self.book.quota(team, pool))
+        return found
+
     def _contribute(self, team: str, pool: str, used: int, sign: int) -> None:
-        q = self.book.quota(team, pool)
-        cohort = (pool, self.book.cohort_of(team))
+        cohort, q = self._cohort_and_quota(team, pool)
         before = self._excess(cohort)
         self.idle[cohort] = self.idle.get(cohort, 0) + sign * lendable(q, used)
         self.borrowed[cohort] = self.borrowed.get(cohort, 0) + sign * max(0, used - q.nominal)
@@ -79,10 +88,14 @@ class QuotaUsage:
         The team's own idle nominal is not in it: a job's first GPUs fill that idle part (they are not borrowed),
         so counting it again here would lend the team its own guarantee a second time, taking the GPUs from
         another cohort's guarantee or from a cohort-mate beyond its lending limit."""
-        cohort = (pool, self.book.cohort_of(team))
-        spill = self.excess.get(pool, 0) - self._excess(cohort)
-        others_idle = self.idle.get(cohort, 0) - lendable(self.book.quota(team, pool), self.used.get((team, pool), 0))
-        return max(0, others_idle + self.book.unassigned(pool) - self.borrowed.get(cohort, 0) - spill)
+        cohort, q = self._cohort_and_quota(team, pool)
+        idle, borrowed = self.idle.get(cohort, 0), self.borrowed.get(cohort, 0)
+        spill = self.excess.get(pool, 0) - max(0, borrowed - idle)  # what other cohorts borrow past their lenders
+        unassigned = self._unassigned.get(pool)
+        if unassigned is None:
+            unassigned = self._unassigned[pool] = self.book.unassigned(pool)
+        others_idle = idle - lendable(q, self.used.get((team, pool), 0))
+        return max(0, others_idle + unassigned - borrowed - spill)
 
 
 def lendable(quota: TeamQuota, used: int) -> int:

@@ -385,8 +385,13 @@ class SchedulingState:
 
     def preemptible_below(self, team: str, pool: str, priority: int) -> int:
         """GPUs the team holds in `pool` with preemptible jobs of lower priority than `priority`."""
-        counts = self.preemptible_usage.get((team, pool), {})
-        return sum(n for p, n in counts.items() if p < priority)
+        counts = self.preemptible_usage.get((team, pool))
+        total = 0
+        if counts:
+            for p, n in counts.items():  # a handful of priorities: a plain loop, not sum() over a generator
+                if p < priority:
+                    total += n
+        return total
 
     def quota_nominal(self, team: str, pool: str) -> int:
         return self.quota.quota(team, pool).nominal if self.quota is not None else 0
