@@ -74,6 +74,9 @@ class RunnerConfig:
     """How long the exit of a replica whose shim is gone waits for the rest of its process group to die."""
 
 
+BEFORE_START = "stopped before it started"
+
+
 @dataclass
 class Replica:
     directory: Path
@@ -200,7 +203,8 @@ class NodeRunner:
     def _tombstone(self, req: StopReplicas, index: int, order: StopOrder) -> None:
         state = ReplicaState(
             job_id=req.job_id, attempt=req.attempt, replica=index, replicas=0, gpus=[], stop=order,
-            never_started=True, ending=Ending(exited_at=order.requested_at, message="stopped before it started"),
+            never_started=True,
+            ending=Ending(exited_at=order.requested_at, message=": ".join(filter(None, (BEFORE_START, req.reason)))),
         )  # fmt: skip
         replica = Replica(self.store.directory(req.job_id, req.attempt, index), state)
         self.replicas[state.key] = replica

@@ -97,6 +97,8 @@ class Gang:
     """The scheduler's stop: (reason, grace)."""
     started_at: float | None = None
     """When `JobStarted` was published (or the record says it started)."""
+    accepted: set[str] = field(default_factory=set)
+    """Nodes whose agent accepted the launch of this attempt's replicas there."""
     done: bool = False
     interrupted: bool = False
     """A replica ended without anyone here asking (lost, or fenced by its agent): the rest are being stopped."""

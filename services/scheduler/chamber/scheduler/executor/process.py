@@ -10,6 +10,11 @@ Nothing may keep GPUs that the ledger has given away:
   lost, the rest of each gang is stopped, and the job is `JobStopped(interrupted=True)`, so it is requeued; the
   replicas of a cut-off agent stop themselves before that (their dead-man switch, see the agent's shim);
 - an agent's heartbeat lists the replicas it runs: one of an attempt this executor does not hold is stopped;
+- a replica its agent accepted (or reported started) that the agent's heartbeats have left out for
+  `CHAMBER_AGENT_TIMEOUT_S` (an agent restarted without its state) is asked to stop: the agent, which has no record
+  of it, records it as stopped and reports it ended, so the job is `JobStopped(interrupted=True)` and requeued
+  instead of running forever as far as the scheduler knows (a replica that ended is not asked: its agent keeps
+  its record, and a stop for it changes nothing);
 - an attempt the scheduler has moved on from (its record changed attempt or released its GPUs: a launch
   deadline, a cancel) is stopped.
 
@@ -56,6 +61,7 @@ log = get_logger(__name__)
 REQUEST_TIMEOUT_S = 2.0
 WATCH_S = 0.25
 UNKNOWN_RESEND_S = 5.0
+FORGOTTEN = "its node agent no longer knew of it (restarted without its state?)"
 
 
 class ProcessExecutor:
@@ -75,6 +81,10 @@ class ProcessExecutor:
         self._unknown: dict[tuple[str, str, int, int], float] = {}
         self._publishing: dict[str, asyncio.Future[None]] = {}
         self._launching: set[tuple[str, str]] = set()
+        self._by_node: dict[str, set[str]] = {}
+        """node -> the jobs whose gang has a replica there (pruned as heartbeats come in)."""
+        self._missing: dict[tuple[str, int, int], float] = {}
+        """(job, attempt, replica) -> since when its agent's heartbeats leave it out."""
         self._watchdog: asyncio.Task[None] | None = None
 
     # ---- the seam -----------------------------------------------------------------------------------------------
@@ -153,6 +163,8 @@ class ProcessExecutor:
             gpus=[[g.index for g in group] for group in groups], grace_s=record.spec.checkpoint_grace_s,
         )  # fmt: skip
         self.gangs[record.id] = gang
+        for node in set(gang.nodes):
+            self._by_node.setdefault(node, set()).add(record.id)
         return gang
 
     async def _start(self, since: float | None) -> None:
@@ -221,6 +233,7 @@ class ProcessExecutor:
 
     def _launched(self, gang: Gang, node: str, reply: AgentReply | None) -> bool:
         if reply is not None and reply.ok:
+            gang.accepted.add(node)
             return True
         if self.gangs.get(gang.job_id) is not gang or gang.done:
             return False
@@ -355,10 +368,42 @@ class ProcessExecutor:
             log.warning("process_executor.unknown_replica", node=status.node, job_id=running.job_id,
                         attempt=running.attempt, replica=running.replica)  # fmt: skip
             self._spawn(self._stop_unknown(status.node, running.job_id, running.attempt, running.replica))
+        self._judge_forgotten(status, now)
 
-    async def _stop_unknown(self, node: str, job_id: str, attempt: int, replica: int) -> None:
-        req = StopReplicas(job_id=job_id, attempt=attempt, grace_s=0.0, reason="no longer holds its GPUs",
-                           replicas=[replica])  # fmt: skip
+    def _judge_forgotten(self, status: AgentStatus, now: float) -> None:
+        """Replicas of this node that its agent should list (it accepted their launch, or they started) but has
+        left out of every heartbeat for `timeout_s` are asked to stop (see the module's docstring)."""
+        jobs = self._by_node.get(status.node)
+        if not jobs:
+            return
+        listed = {(r.job_id, r.attempt, r.replica) for r in status.replicas}
+        for job_id in list(jobs):
+            gang = self.gangs.get(job_id)
+            if gang is None or status.node not in gang.live_nodes():
+                jobs.discard(job_id)
+                for key in [k for k in self._missing if k[0] == job_id]:
+                    del self._missing[key]
+                continue
+            if (job_id, status.node) in self._launching:
+                continue
+            for replica in gang.on_node(status.node):
+                key = (job_id, gang.attempt, replica)
+                expected = replica in gang.started or status.node in gang.accepted
+                if replica in gang.ends or not expected or key in listed:
+                    self._missing.pop(key, None)
+                    continue
+                since = self._missing.setdefault(key, now)
+                if now - since < self.timeout_s:
+                    continue
+                del self._missing[key]  # asked again after another `timeout_s` if nothing comes of it
+                log.warning("process_executor.forgotten_replica", node=status.node, job_id=job_id,
+                            attempt=gang.attempt, replica=replica, missing_s=round(now - since, 1))  # fmt: skip
+                self._spawn(self._stop_unknown(status.node, job_id, gang.attempt, replica, FORGOTTEN))
+
+    async def _stop_unknown(
+        self, node: str, job_id: str, attempt: int, replica: int, reason: str = "no longer holds its GPUs"
+    ) -> None:
+        req = StopReplicas(job_id=job_id, attempt=attempt, grace_s=0.0, reason=reason, replicas=[replica])
         with contextlib.suppress(nats.errors.Error, TimeoutError):
             await self.bus.nc.request(
                 self.bus.names.agent_request(node, "stop"), encode(req), timeout=REQUEST_TIMEOUT_S
