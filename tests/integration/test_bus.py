@@ -276,3 +276,19 @@ async def test_a_range_is_read_to_its_end_and_the_end_lookup_sees_what_is_left(b
     assert not await _left(bus.js, stream, everything, seqs[30], seqs[33], latest_only=True), "all superseded"
     latest = await bus.read_latest(JOBS, everything, Decoder(JobEvent))
     assert sorted(e.requested_at for e in latest) == [35, 36, 37, 38, 39]
+
+
+async def test_connecting_to_an_unreachable_server_fails_within_the_timeout_with_the_reason() -> None:
+    """nats-py retries a first connection forever when reconnecting is allowed: the bus bounds the wait."""
+    import asyncio
+
+    from chamber.cli.infra import free_port
+    from chamber.common.bus.errors import BusUnavailable
+    from chamber.common.subjects import Names
+
+    url = f"nats://127.0.0.1:{free_port()}"
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    with pytest.raises(BusUnavailable, match=f"cannot reach NATS at {url} within 1 s"):
+        await asyncio.wait_for(Bus.connect(url, Names("unreachable"), "test", timeout_s=1.0), 10)
+    assert loop.time() - started < 5

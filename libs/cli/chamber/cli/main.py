@@ -19,11 +19,16 @@ SERVICE_MODULES = {
 
 
 def _service(args: argparse.Namespace) -> int:
+    from chamber.common.bus import BusUnavailable
     from chamber.common.runtime import run_service
 
     settings = Settings.from_env()
     module = importlib.import_module(SERVICE_MODULES[args.name])
-    run_service(args.name, module.main, settings)
+    try:
+        run_service(args.name, module.main, settings)
+    except BusUnavailable as exc:  # NATS unreachable at start: exit with the reason, to be restarted
+        print(f"chamber: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -34,6 +34,7 @@ log = get_logger(__name__)
 
 MSG_ID = "Nats-Msg-Id"
 DEDUP_WINDOW_S = 120.0
+RECONNECT_WAIT_S = 0.5
 
 
 class Bus:
@@ -54,32 +55,39 @@ class Bus:
     async def connect(
         cls, url: str, names: Names, service: str, *, timeout_s: float = 30.0, replicas: int = 1
     ) -> "Bus":
-        """Connect, retrying with backoff until `timeout_s`; afterwards nats-py reconnects by itself forever."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout_s
-        delay = 0.1
-        while True:
-            try:
-                nc = await nats.connect(
+        """Connect, retrying until `timeout_s` (then `BusUnavailable` with the last error); afterwards nats-py
+        reconnects by itself forever. nats-py retries a first connection forever too when reconnecting is allowed,
+        so the wait is bounded here, and the half-made client closed."""
+        last: list[Exception] = []
+
+        async def on_error(exc: Exception) -> None:
+            last[:] = [exc]
+            await _log_error(exc)
+
+        nc = Client()
+        try:
+            await asyncio.wait_for(
+                nc.connect(
                     url,
                     name=f"chamber-{service}",
                     connect_timeout=2,
                     allow_reconnect=True,
                     max_reconnect_attempts=-1,
-                    reconnect_time_wait=0.5,
-                    error_cb=_log_error,
+                    reconnect_time_wait=RECONNECT_WAIT_S,  # type: ignore[arg-type]  # a float works (seconds)
+                    error_cb=on_error,
                     disconnected_cb=_log_disconnected,
                     reconnected_cb=_log_reconnected,
-                )
-                bus = cls(nc, names, service)
-                bus.replicas = replicas
-                return bus
-            except (OSError, nats.errors.Error) as exc:
-                if loop.time() + delay > deadline:
-                    raise BusUnavailable(f"cannot reach NATS at {redact(url)}: {exc}") from exc
-                log.warning("nats.connect_retry", url=redact(url), error=str(exc), retry_in_s=delay)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 2.0)
+                ),
+                timeout=timeout_s,
+            )
+        except (TimeoutError, OSError, nats.errors.Error) as exc:
+            with contextlib.suppress(Exception):
+                await nc.close()
+            cause = last[0] if last else exc
+            raise BusUnavailable(f"cannot reach NATS at {redact(url)} within {timeout_s:g} s: {cause}") from exc
+        bus = cls(nc, names, service)
+        bus.replicas = replicas
+        return bus
 
     async def ensure_streams(self, specs: tuple[StreamSpec, ...] = STREAMS) -> None:
         """Create each stream, or update it to the declared configuration; safe to call from every service."""
