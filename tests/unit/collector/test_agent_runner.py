@@ -4,6 +4,7 @@ kill -9) takes its command with it before the replica is reported exited, and a 
 
 import asyncio
 import contextlib
+import dataclasses
 import os
 import signal
 from collections.abc import Callable, Iterator
@@ -250,5 +251,27 @@ async def test_a_stop_right_after_the_launch_stops_the_command_not_the_shim(
         reports = [r for what, r in pending_reports("n1", replica.state) if what == "exited"]
         assert isinstance(reports[0], ReplicaExited)
         assert reports[0].stop_requested
+    finally:
+        await runner.close()
+
+
+async def test_gpus_are_named_by_their_own_index_when_one_is_missing(tmp_path: Path, leftovers: list[int]) -> None:
+    """A GPU unreadable at the agent's start keeps its index, so the node's GPUs are 0, 2 and 3: a replica placed
+    on GPU 2 sees GPU 2's UUID, and GPU 1 is refused."""
+    gpus = [GpuDevice(index=i, uuid=f"GPU-{i}", model="H100") for i in (0, 2, 3)]
+    runner = NodeRunner(SystemClock(), dataclasses.replace(config(tmp_path), gpus=gpus))
+    try:
+        missing = LaunchReplicas(job_id="j0", attempt=1, replicas=1, command=["true"],
+                                 assignments=[ReplicaAssignment(replica=0, gpus=[1])])  # fmt: skip
+        refused = runner.launch(missing)
+        assert not refused.ok
+        assert "no GPU [1]" in refused.error
+        req = LaunchReplicas(job_id="j1", attempt=1, replicas=1, command=["true"],
+                             assignments=[ReplicaAssignment(replica=0, gpus=[2, 3])])  # fmt: skip
+        assert runner.launch(req).ok
+        replica = runner.replicas[KEY]
+        leftovers.append(replica.state.shim_pid)
+        assert replica.state.visible_devices == "GPU-2,GPU-3"
+        await until(lambda: not replica.live)
     finally:
         await runner.close()

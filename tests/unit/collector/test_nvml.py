@@ -219,11 +219,33 @@ def test_a_gpu_lost_before_the_agent_starts_is_left_out_and_the_node_is_served(e
         source = _node(fake)
     (inv,) = source.inventory(0.0)
     assert [g.uuid for g in inv.node.gpus] == ["GPU-fake-0", "GPU-fake-2", "GPU-fake-3"]
-    assert [g.index for g in inv.node.gpus] == [0, 1, 2], "the ledger's slots are the readable devices"
+    assert [g.index for g in inv.node.gpus] == [0, 2, 3], (
+        "every other GPU keeps its index: the ledger's claims, the replicas' records and health's history are keyed "
+        "by it (they named GPU 3 with index 2 when indices were positions among the readable GPUs)"
+    )
     assert inv.node.unreadable_gpus == 1, "health counts it as missing (gpu-count-drop)"
     assert [(e["event"], e["device"]) for e in logs if e["log_level"] == "error"] == [("nvml.gpu_unreadable", 1)]
     (batch,) = source.sample(1.0, {})
     assert [g.uuid for g in batch.gpus] == ["GPU-fake-0", "GPU-fake-2", "GPU-fake-3"]
+    assert [g.index for g in batch.gpus] == [0, 2, 3]
+
+
+@pytest.mark.timeout(10)
+async def test_an_xid_after_an_unreadable_gpu_names_the_gpu_by_its_own_index() -> None:
+    fake = FakeNvml([H100 | {"procs": []} for _ in range(3)])
+    fake.fail(0, pynvml.NVML_ERROR_GPU_IS_LOST)
+    reader = NvmlReader(fake)
+    seen: list[tuple[int, int]] = []
+    watcher = XidWatcher(fake, reader.physical, lambda i, x: seen.append((i, x)), wait_ms=50,
+                         resolve=reader.xid_targets)  # fmt: skip
+    assert watcher.start(asyncio.get_running_loop()), "the unreadable GPU is not registered for events"
+    fake.inject_xid(2, 79)
+    for _ in range(100):
+        if seen:
+            break
+        await asyncio.sleep(0.01)
+    watcher.stop()
+    assert seen == [(2, 79)]
 
 
 def test_an_unexpected_nvml_error_costs_one_gpu_its_sample_not_the_agent() -> None:

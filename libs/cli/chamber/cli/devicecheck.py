@@ -92,7 +92,7 @@ def read_nvml(module: str) -> dict[str, Any]:
     try:
         gpus = [msgspec.to_builtins(d) for d in reader.devices()]
         time.sleep(1.0)  # GPM activity is measured between two snapshots: this one and the one taken at start
-        samples = [msgspec.to_builtins(reader.sample(i)) for i in range(len(reader.entries))]
+        samples = [msgspec.to_builtins(reader.sample(i)) for i in reader.present]
         driver = ""
         with contextlib.suppress(Exception):
             raw = nvml.nvmlSystemGetDriverVersion()

@@ -129,11 +129,11 @@ class NodeRunner:
     # ---- requests (idempotent) --------------------------------------------------------------------------------
 
     def launch(self, req: LaunchReplicas) -> AgentReply:
-        gpus = self.config.gpus
+        gpus = {g.index for g in self.config.gpus}
         if not req.command:
             return AgentReply(ok=False, error="nothing to run: the job has no command")
         for a in req.assignments:
-            bad = [i for i in a.gpus if not 0 <= i < len(gpus)]
+            bad = [i for i in a.gpus if i not in gpus]
             if bad:
                 return AgentReply(ok=False, error=f"replica {a.replica}: no GPU {bad} on {self.node}")
         addr, port = req.master_addr, req.master_port
@@ -175,7 +175,8 @@ class NodeRunner:
     def _start_replica(self, req: LaunchReplicas, index: int, gpus: list[int], addr: str, port: int) -> None:
         now = self.clock.now()
         directory = self.store.directory(req.job_id, req.attempt, index)
-        visible = ",".join(self.config.gpus[i].uuid for i in gpus)
+        uuids = {g.index: g.uuid for g in self.config.gpus}
+        visible = ",".join(uuids[i] for i in gpus)
         state = ReplicaState(
             job_id=req.job_id, attempt=req.attempt, replica=index, replicas=req.replicas, gpus=list(gpus),
             visible_devices=visible, master_addr=addr, master_port=port, spawned_at=now,

@@ -60,13 +60,14 @@ class NvmlReader:
         nvml.nvmlInit()
         self.unreadable: list[int] = []
         """NVML indices of the GPUs that could not be read at start (see `_readable`): left out of everything."""
-        self.physical = [h for i in range(nvml.nvmlDeviceGetCount()) if (h := self._readable(i)) is not None]
+        self.physical: list[Any | None] = [self._readable(i) for i in range(nvml.nvmlDeviceGetCount())]
+        """Per NVML index, its handle (None: unreadable, its place kept so that no other GPU takes its index)."""
         self.unsupported: set[tuple[int, str]] = set()
         self._links: dict[int, list[int]] = {}
         """Device index -> its physical GPU's NVLink links, learnt at the first read NVML answered for all links."""
         self.entries = self._enumerate()
         self.handles = [e.handle for e in self.entries]
-        self._gpm = [self._gpm_supported(h) for h in self.physical]
+        self._gpm = [h is not None and self._gpm_supported(h) for h in self.physical]
         for i in range(len(self.entries)):
             self._gpm_snapshot(i)  # the first interval starts now
 
@@ -74,7 +75,9 @@ class NvmlReader:
         """GPU `index`'s handle, if NVML can tell what it is (its UUID, name and MIG mode). A GPU that fell off the
         bus before the agent started answers nothing: it is left out, logged, and counted (`unreadable`), so the
         node is still served with the GPUs it has, and health sees one missing, instead of an agent that dies at
-        every start and takes the node's jobs with it."""
+        every start and takes the node's jobs with it. It keeps its index (a placeholder device): the other GPUs
+        keep theirs, which the ledger's claims, the replicas' records and health's history are keyed by (a GPU
+        that was split into MIG instances holds one index then: how many it had cannot be read)."""
         n = self.nvml
         try:
             handle = n.nvmlDeviceGetHandleByIndex(index)
@@ -102,6 +105,9 @@ class NvmlReader:
         n = self.nvml
         out: list[Device] = []
         for i, h in enumerate(self.physical):
+            if h is None:
+                out.append(Device(None, i))  # unreadable: keeps its index, read never
+                continue
             mode = self._try(i, "mig_mode", partial(n.nvmlDeviceGetMigMode, h))
             if not mode or mode[0] != n.NVML_DEVICE_MIG_ENABLE:
                 out.append(Device(h, i))
@@ -132,10 +138,16 @@ class NvmlReader:
                 log.warning("nvml.read_failed", field=what, device=index, error=str(exc))
             return None
 
+    @property
+    def present(self) -> list[int]:
+        """The device indices that can be read (every one but the placeholders of unreadable GPUs)."""
+        return [i for i, e in enumerate(self.entries) if e.handle is not None]
+
     def devices(self) -> list[GpuDevice]:
         n = self.nvml
         out = []
-        for i, e in enumerate(self.entries):
+        for i in self.present:
+            e = self.entries[i]
             mem = self._try(i, "memory", partial(n.nvmlDeviceGetMemoryInfo, e.handle))
             name = _text(n.nvmlDeviceGetName(e.handle))
             out.append(
@@ -412,7 +424,7 @@ class NvmlSource:
 
     def sample(self, now: float, allocation: Mapping[str, str]) -> list[NodeTelemetry]:
         attribution = self.assigned() if self.assigned is not None else None
-        read = (self._read(i) for i in range(len(self.reader.entries)))
+        read = (self._read(i) for i in self.reader.present)
         gpus = [self._attributed(sample, attribution) for sample in read if sample is not None]
         mismatches = list(attribution.mismatches) if attribution is not None else []
         return [
@@ -448,7 +460,7 @@ class NvmlSource:
             return
         self._failing[index] = code
         lost = code == self.reader.nvml.NVML_ERROR_GPU_IS_LOST
-        uuid = self.node.gpus[index].uuid if index < len(self.node.gpus) else ""
+        uuid = next((g.uuid for g in self.node.gpus if g.index == index), "")
         event = "nvml.gpu_lost" if lost else "nvml.sample_failed"
         log.error(event, node=self.node.name, gpu=index, uuid=uuid, error=str(exc))
 

@@ -47,6 +47,8 @@ class XidWatcher:
         try:
             self._set = n.nvmlEventSetCreate()
             for i, h in enumerate(self.handles):
+                if h is None:
+                    continue  # an unreadable GPU (see `NvmlReader.physical`)
                 n.nvmlDeviceRegisterEvents(h, n.nvmlEventTypeXidCriticalError, self._set)
                 self._index[device_key(h)] = i
         except n.NVMLError as exc:
