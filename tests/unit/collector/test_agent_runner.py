@@ -275,3 +275,37 @@ async def test_gpus_are_named_by_their_own_index_when_one_is_missing(tmp_path: P
         await until(lambda: not replica.live)
     finally:
         await runner.close()
+
+
+async def test_a_stop_does_not_wait_on_the_scan_for_the_replicas_processes(
+    tmp_path: Path, leftovers: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The scan of every process's environment (for a replica's processes outside its group) can block on a
+    process stuck in the driver: it runs off the event loop, so the agent's heartbeats and requests go on, and the
+    signals still go out."""
+    import time
+
+    from chamber.collector.agent import runner as runner_module
+    from chamber.common.contracts import StopReplicas
+
+    real = runner_module.signal_marked
+    scanned = []
+
+    def stuck_scan(marker: str, sig: int, outside_group: int = 0) -> None:
+        time.sleep(1.0)  # a read of /proc/<pid>/environ waiting on a process in the driver
+        real(marker, sig, outside_group)
+        scanned.append(sig)
+
+    monkeypatch.setattr(runner_module, "signal_marked", stuck_scan)
+    runner = NodeRunner(SystemClock(), config(tmp_path))
+    try:
+        replica, child = await started_sleeper(runner, tmp_path, leftovers)
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        runner.stop(StopReplicas(job_id="j1", attempt=1, grace_s=0.0, reason="preempted"))
+        assert loop.time() - started < 0.5, "the request was answered without waiting on the scan"
+        await until(lambda: replica.state.ending is not None, 15)
+        await until(lambda: scanned == [signal.SIGKILL], 5)
+        assert not alive(child, "")
+    finally:
+        await runner.close()

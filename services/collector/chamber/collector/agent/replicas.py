@@ -174,13 +174,6 @@ def signal_group(pgid: int, sig: int) -> None:
         os.killpg(pgid, sig)
 
 
-def signal_replica(pgid: int, marker: str, sig: int) -> None:
-    """`sig` to the shim's group and to every process of the replica outside it."""
-    signal_group(pgid, sig)
-    if marker:
-        signal_marked(marker, sig, outside_group=pgid)
-
-
 def kill_group(pgid: int, start: str, marker: str = "") -> None:
     """SIGKILL what is left of the process group of a shim that is gone (`pgid` is the shim's pid), and every
     process carrying the replica's `marker`. The group is left alone when that pid now runs another process

@@ -21,6 +21,7 @@ import contextlib
 import os
 import signal
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,7 +29,7 @@ import msgspec
 
 from chamber.collector.agent.launching import free_port, replica_environment, write_launch
 from chamber.collector.agent.logfiles import read_log
-from chamber.collector.agent.marker import marker_of
+from chamber.collector.agent.marker import marker_of, signal_marked
 from chamber.collector.agent.replicas import (
     Ending,
     ReplicaState,
@@ -39,7 +40,7 @@ from chamber.collector.agent.replicas import (
     kill_group,
     process_start,
     read_json,
-    signal_replica,
+    signal_group,
     spawn_shim,
     wait_exit,
 )
@@ -97,6 +98,10 @@ class NodeRunner:
         self.store = ReplicaStore(config.root)
         self.replicas: dict[tuple[str, int, int], Replica] = {}
         self.on_change = on_change
+        self._scans = ThreadPoolExecutor(max_workers=1, thread_name_prefix="agent-marker-scan")
+        """Signals to a replica's processes outside its group, found by a scan of every process's environment: off
+        the event loop (a read of a process stuck in the driver can block, and heartbeats must go on), in order
+        (one worker: a SIGTERM is never sent after the SIGKILL that followed it)."""
 
     async def close(self) -> None:
         """Stop watching; the replicas keep running (a restarted agent adopts them)."""
@@ -106,6 +111,7 @@ class NodeRunner:
             if replica.watch is not None:
                 replica.watch.cancel()
         await asyncio.gather(*(r.watch for r in self.replicas.values() if r.watch), return_exceptions=True)
+        self._scans.shutdown(wait=False)  # what is queued is still sent
 
     def live(self) -> list[Replica]:
         return [r for r in self.replicas.values() if r.live]
@@ -226,7 +232,7 @@ class NodeRunner:
             self._kill(replica)
             return
         if current is None:  # a repeated, shorter order only moves the kill earlier: one SIGTERM per stop
-            signal_replica(replica.state.shim_pid, replica.state.marker, signal.SIGTERM)
+            self._signal(replica, signal.SIGTERM)
         self._arm_kill(replica)
 
     def _arm_kill(self, replica: Replica) -> None:
@@ -242,7 +248,14 @@ class NodeRunner:
             return
         replica.state.stop.killed = True
         self.save(replica)
-        signal_replica(replica.state.shim_pid, replica.state.marker, signal.SIGKILL)
+        self._signal(replica, signal.SIGKILL)
+
+    def _signal(self, replica: Replica, sig: int) -> None:
+        """`sig` to the shim's process group at once, and to the replica's processes outside it (see `_scans`)."""
+        pgid, marker = replica.state.shim_pid, replica.state.marker
+        signal_group(pgid, sig)
+        if marker:
+            self._scans.submit(signal_marked, marker, sig, pgid)
 
     # ---- watching ---------------------------------------------------------------------------------------------
 
@@ -264,8 +277,8 @@ class NodeRunner:
 
     def _kill_leftovers(self, replica: Replica) -> None:
         """The shim is gone: its group goes too (the shim itself ends by killing it; one that died without that
-        leaves the command running, unsupervised, on the replica's GPUs)."""
-        kill_group(replica.state.shim_pid, replica.state.shim_start, replica.state.marker)
+        leaves the command running, unsupervised, on the replica's GPUs). Off the event loop (see `_scans`)."""
+        self._scans.submit(kill_group, replica.state.shim_pid, replica.state.shim_start, replica.state.marker)
 
     async def _settle(self, replica: Replica) -> None:
         """Once the shim's group is gone (or `group_exit_s` passed): the replica ended."""
@@ -280,7 +293,7 @@ class NodeRunner:
                           replica=state.replica, pgid=state.shim_pid, waited_s=self.config.group_exit_s)  # fmt: skip
                 break
             await asyncio.sleep(0.2)
-            await asyncio.to_thread(self._kill_leftovers, replica)
+            await asyncio.to_thread(kill_group, state.shim_pid, state.shim_start, state.marker)
         self._ended(replica)
 
     def _read_started(self, replica: Replica) -> None:
