@@ -87,9 +87,9 @@ def test_every_manifest_of_every_variant_is_valid_kubernetes(version: str) -> No
 def test_the_default_install_runs_everything_with_a_standby_scheduler() -> None:
     docs = render({})
     assert kinds(docs) == {
-        "ClusterRole": 6, "ClusterRoleBinding": 6, "DaemonSet": 1, "Deployment": 5, "Job": 1,
-        "MutatingWebhookConfiguration": 1, "PodDisruptionBudget": 1, "Role": 1, "RoleBinding": 1, "Secret": 2,
-        "Service": 6, "ServiceAccount": 7, "StatefulSet": 2, "ValidatingWebhookConfiguration": 1,
+        "ClusterRole": 7, "ClusterRoleBinding": 7, "CronJob": 1, "DaemonSet": 1, "Deployment": 5, "Job": 1,
+        "MutatingWebhookConfiguration": 1, "PodDisruptionBudget": 1, "Role": 2, "RoleBinding": 2, "Secret": 2,
+        "Service": 6, "ServiceAccount": 8, "StatefulSet": 2, "ValidatingWebhookConfiguration": 1,
     }  # fmt: skip
     by_name = {(d["kind"], d["metadata"]["name"]): d for d in docs}
     scheduler = by_name[("Deployment", "chamber-scheduler")]
@@ -121,6 +121,11 @@ def test_the_default_install_runs_everything_with_a_standby_scheduler() -> None:
     assert "chamber-node-agent" not in {d["metadata"]["name"] for d in without if d["kind"] == "ClusterRole"}
     hook = by_name[("Job", "chamber-webhook-cert")]
     assert "pre-install" in hook["metadata"]["annotations"]["helm.sh/hook"]
+    renew = by_name[("CronJob", "chamber-webhook-cert-renew")]
+    assert renew["spec"]["schedule"] == "17 3 * * *", "renewed 30 days before it expires, upgraded or not"
+    renew_pod = renew["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+    assert renew_pod["containers"][0]["args"] == hook["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "helm.sh/hook" not in (renew["metadata"].get("annotations") or {}), "it lives with the release"
     webhook = by_name[("MutatingWebhookConfiguration", "chamber")]["webhooks"][0]
     assert webhook["clientConfig"]["service"]["name"] == "chamber-webhooks"
     assert webhook["objectSelector"]["matchExpressions"][0]["key"] == "chamber.io/team"
@@ -144,9 +149,13 @@ def test_rbac_is_least_privilege() -> None:
     assert not creates, "no service creates Jobs, nodes or secrets"
     webhooks = ["mutatingwebhookconfigurations", "validatingwebhookconfigurations"]
     expected = {"apiGroups": ["admissionregistration.k8s.io"], "resourceNames": ["chamber"], "verbs": ["get", "patch"]}
-    assert roles["chamber-webhook-cert"] == [dict(expected, resources=webhooks)], (
-        "the certificate hook may touch Chamber's webhook configurations and nothing else"
-    )
+    for name in ("chamber-webhook-cert", "chamber-webhook-cert-renew"):
+        assert roles[name] == [dict(expected, resources=webhooks)], (
+            "the certificate hook and its daily run may touch Chamber's webhook configurations and nothing else"
+        )
+    renew = next(d for d in render({}) if d["kind"] == "Role" and d["metadata"]["name"] == "chamber-webhook-cert-renew")
+    secret = {"apiGroups": [""], "resources": ["secrets"], "resourceNames": ["chamber-webhook-tls"]}
+    assert renew["rules"] == [dict(secret, verbs=["get", "update"])], "the webhooks' Secret only, never a new one"
 
 
 def test_variants_switch_parts_on_and_off() -> None:
@@ -168,6 +177,7 @@ def test_variants_switch_parts_on_and_off() -> None:
     assert observed["ServiceMonitor"] == 1
     assert observed["Certificate"] == 1
     assert "Job" not in observed, "cert-manager issues the certificate: no hook Job"
+    assert "CronJob" not in observed, "and cert-manager renews it"
     dashboard = next(
         d for d in render(VARIANTS["cert-manager-and-observability"]) if d["metadata"]["name"] == "chamber-dashboard"
     )

@@ -207,3 +207,45 @@ async def test_the_webhook_certificate_hook_issues_once_and_injects_the_ca(clust
         config = await kube.get(kind, "chamber")
         assert {h["clientConfig"]["caBundle"] for h in config["webhooks"]} == {secret["data"]["ca.crt"]}
     await kube.close()
+
+
+async def test_a_renewed_webhook_certificate_is_trusted_before_it_is_served_and_the_old_one_meanwhile(
+    cluster: Running,
+) -> None:
+    """The renewal (the daily CronJob, or an upgrade's hook) puts the new CA into the configurations before the
+    Secret changes, next to the old CA: the gateway serves the old certificate until its mounted Secret is updated
+    and reloaded, and with failurePolicy Fail an admission it could not answer would refuse a labelled Job."""
+    import base64
+    import datetime
+
+    from cryptography import x509
+
+    from chamber.cli.kubesim.cluster import webhook_configurations
+    from chamber.cli.webhook_cert import MUTATING, SECRETS, VALIDATING, dns_names, ensure, issue
+
+    for rkey, obj in webhook_configurations("https://unused"):
+        cluster.api.create(rkey, obj)
+    kube = KubeClient.connect(cluster.url)
+    args = ("chamber", "chamber-webhooks", "chamber-webhook-tls", "chamber")
+    assert (await ensure(kube, *args)).startswith("certificate issued")
+    due = issue(dns_names("chamber-webhooks", "chamber"), datetime.datetime.now(datetime.UTC), days=10)
+    secret = await kube.get(SECRETS, "chamber-webhook-tls", "chamber")
+    secret["data"] = {k: base64.b64encode(v).decode() for k, v in due.items()}
+    await kube.request("PUT", SECRETS.path("chamber", "chamber-webhook-tls"), body=secret)
+
+    renewed = await ensure(kube, *args)
+    assert renewed.startswith("certificate issued"), "10 days left: renewed"
+    new_ca = base64.b64decode((await kube.get(SECRETS, "chamber-webhook-tls", "chamber"))["data"]["ca.crt"])
+
+    async def trusted() -> list[list[x509.Certificate]]:
+        bundles = []
+        for kind in (MUTATING, VALIDATING):
+            for hook in (await kube.get(kind, "chamber"))["webhooks"]:
+                bundles.append(x509.load_pem_x509_certificates(base64.b64decode(hook["clientConfig"]["caBundle"])))
+        return bundles
+
+    expected = [x509.load_pem_x509_certificate(new_ca), x509.load_pem_x509_certificate(due["ca.crt"])]
+    assert all(bundle == expected for bundle in await trusted()), "the new CA first, and the old one still"
+    assert (await ensure(kube, *args)).startswith("certificate kept")
+    assert all(bundle == expected for bundle in await trusted()), "a later run keeps both until the next renewal"
+    await kube.close()

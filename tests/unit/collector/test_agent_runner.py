@@ -285,10 +285,9 @@ async def test_a_stop_does_not_wait_on_the_scan_for_the_replicas_processes(
     signals still go out."""
     import time
 
-    from chamber.collector.agent import runner as runner_module
+    from chamber.collector.agent.marker import signal_marked as real
     from chamber.common.contracts import StopReplicas
 
-    real = runner_module.signal_marked
     scanned = []
 
     def stuck_scan(marker: str, sig: int, outside_group: int = 0) -> None:
@@ -296,7 +295,7 @@ async def test_a_stop_does_not_wait_on_the_scan_for_the_replicas_processes(
         real(marker, sig, outside_group)
         scanned.append(sig)
 
-    monkeypatch.setattr(runner_module, "signal_marked", stuck_scan)
+    monkeypatch.setattr("chamber.collector.agent.runner.signal_marked", stuck_scan)
     runner = NodeRunner(SystemClock(), config(tmp_path))
     try:
         replica, child = await started_sleeper(runner, tmp_path, leftovers)

@@ -79,6 +79,11 @@ def still_good(secret: dict[str, Any], names: list[str], now: datetime.datetime)
 
 
 async def ensure(client: KubeClient, namespace: str, service: str, secret: str, webhook: str) -> str:
+    """Issue the certificate when there is none or it is due (`still_good`), and put its CA into the webhook
+    configurations. A renewal puts the new CA into them before the Secret changes, next to the old one: the
+    gateway serves the old certificate until the kubelet updates its mounted Secret and it reloads it (a minute or
+    so), and with `failurePolicy: Fail` an admission it could not answer would refuse a labelled Job. The CA before
+    the current one stays trusted until the next renewal (`ca_bundle`)."""
     now = datetime.datetime.now(tz=datetime.UTC)
     names = dns_names(service, namespace)
     try:
@@ -86,29 +91,52 @@ async def ensure(client: KubeClient, namespace: str, service: str, secret: str, 
     except KubeNotFound:
         current = None
     if current is not None and still_good(current, names, now):
-        ca_b64 = str(current["data"]["ca.crt"])
-        outcome = "kept"
+        patched = await _set_ca(client, webhook, base64.b64decode(current["data"]["ca.crt"]), now)
+        return f"certificate kept in {namespace}/{secret}; caBundle set on {patched} webhook configuration(s)"
+    pem = issue(names, now)
+    data = {k: base64.b64encode(v).decode() for k, v in pem.items()}
+    body = {"apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/tls",
+            "metadata": {"name": secret, "namespace": namespace}, "data": data}  # fmt: skip
+    old = (current or {}).get("data") or {}
+    previous = base64.b64decode(old["ca.crt"]) if "ca.crt" in old else b""
+    patched = await _set_ca(client, webhook, pem["ca.crt"], now, previous)  # trusted before it is served
+    if current is None:
+        await client.create(SECRETS, body, namespace)
     else:
-        pem = issue(names, now)
-        data = {k: base64.b64encode(v).decode() for k, v in pem.items()}
-        body = {"apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/tls",
-                "metadata": {"name": secret, "namespace": namespace}, "data": data}  # fmt: skip
-        if current is None:
-            await client.create(SECRETS, body, namespace)
-        else:
-            await client.request("PUT", SECRETS.path(namespace, secret), body=body)
-        ca_b64 = data["ca.crt"]
-        outcome = "issued"
+        await client.request("PUT", SECRETS.path(namespace, secret), body=body)
+    return f"certificate issued in {namespace}/{secret}; caBundle set on {patched} webhook configuration(s)"
+
+
+async def _set_ca(client: KubeClient, webhook: str, ca: bytes, now: datetime.datetime, previous: bytes = b"") -> int:
+    """Put `ca_bundle` into every webhook of both configurations; how many configurations exist (before install,
+    none yet: the post-install run patches them)."""
     patched = 0
     for kind in (MUTATING, VALIDATING):
         try:
             config = await client.get(kind, webhook)
         except KubeNotFound:
-            continue  # before install: the configurations do not exist yet; the post-install run patches them
-        hooks = [dict(h, clientConfig=dict(h.get("clientConfig") or {}, caBundle=ca_b64)) for h in config["webhooks"]]
-        await client.patch(kind, webhook, {"webhooks": hooks})
+            continue
+        hooks = config["webhooks"]
+        bundled = base64.b64decode((hooks[0].get("clientConfig") or {}).get("caBundle") or "") if hooks else b""
+        value = base64.b64encode(ca_bundle(ca, previous + bundled, now)).decode()
+        with_ca = [dict(h, clientConfig=dict(h.get("clientConfig") or {}, caBundle=value)) for h in hooks]
+        await client.patch(kind, webhook, {"webhooks": with_ca})
         patched += 1
-    return f"certificate {outcome} in {namespace}/{secret}; caBundle set on {patched} webhook configuration(s)"
+    return patched
+
+
+def ca_bundle(ca: bytes, others: bytes, now: datetime.datetime) -> bytes:
+    """`ca` first, then the first other CA in `others` (PEM, in order) that differs from it and is still valid:
+    at most two, so an old CA is trusted for one renewal more, never for ever."""
+    try:
+        current = x509.load_pem_x509_certificate(ca)
+        candidates = x509.load_pem_x509_certificates(others) if others.strip() else []
+    except ValueError:
+        return ca
+    for cert in candidates:
+        if cert != current and cert.not_valid_after_utc > now:
+            return ca + cert.public_bytes(serialization.Encoding.PEM)
+    return ca
 
 
 def run(namespace: str, service: str, secret: str, webhook: str, api: str = "in-cluster") -> str:
