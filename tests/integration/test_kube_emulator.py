@@ -249,3 +249,17 @@ async def test_a_renewed_webhook_certificate_is_trusted_before_it_is_served_and_
     assert (await ensure(kube, *args)).startswith("certificate kept")
     assert all(bundle == expected for bundle in await trusted()), "a later run keeps both until the next renewal"
     await kube.close()
+
+
+def test_a_malformed_block_in_the_ca_bundle_does_not_drop_the_ca_still_served() -> None:
+    import datetime
+
+    from chamber.cli.webhook_cert import ca_bundle, issue
+
+    now = datetime.datetime.now(datetime.UTC)
+    names = ["chamber-webhooks", "chamber-webhooks.chamber", "chamber-webhooks.chamber.svc"]
+    old, new = issue(names, now)["ca.crt"], issue(names, now)["ca.crt"]
+    garbage = b"-----BEGIN CERTIFICATE-----\nbm90IGEgY2VydGlmaWNhdGU=\n-----END CERTIFICATE-----\n"
+    assert ca_bundle(new, garbage + old, now) == new + old
+    assert ca_bundle(new, new + old, now) == new + old, "the current CA is not counted twice"
+    assert ca_bundle(new, b"", now) == new

@@ -228,6 +228,9 @@ def test_a_gpu_lost_before_the_agent_starts_is_left_out_and_the_node_is_served(e
     (batch,) = source.sample(1.0, {})
     assert [g.uuid for g in batch.gpus] == ["GPU-fake-0", "GPU-fake-2", "GPU-fake-3"]
     assert [g.index for g in batch.gpus] == [0, 2, 3]
+    assert [(e.gpu_index, e.uuid) for e in (source.xid_event(i, 79, 1.0) for i in (2, 3))] == [
+        (2, "GPU-fake-2"), (3, "GPU-fake-3"),
+    ], "an XID carries its own GPU's UUID"  # fmt: skip
 
 
 @pytest.mark.timeout(10)

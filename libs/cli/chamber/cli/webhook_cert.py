@@ -9,6 +9,7 @@ same service and is valid for more than 30 more days is kept, so an upgrade does
 import asyncio
 import base64
 import datetime
+import re
 from typing import Any
 
 from cryptography import x509
@@ -23,6 +24,7 @@ SECRETS = Resource("", "v1", "secrets", "Secret")
 MUTATING = Resource("admissionregistration.k8s.io", "v1", "mutatingwebhookconfigurations", "", namespaced=False)
 VALIDATING = Resource("admissionregistration.k8s.io", "v1", "validatingwebhookconfigurations", "", namespaced=False)
 RENEW_BEFORE = datetime.timedelta(days=30)
+PEM_BLOCK = re.compile(rb"-----BEGIN CERTIFICATE-----.+?-----END CERTIFICATE-----\n?", re.DOTALL)
 
 
 def dns_names(service: str, namespace: str) -> list[str]:
@@ -126,14 +128,15 @@ async def _set_ca(client: KubeClient, webhook: str, ca: bytes, now: datetime.dat
 
 
 def ca_bundle(ca: bytes, others: bytes, now: datetime.datetime) -> bytes:
-    """`ca` first, then the first other CA in `others` (PEM, in order) that differs from it and is still valid:
-    at most two, so an old CA is trusted for one renewal more, never for ever."""
-    try:
-        current = x509.load_pem_x509_certificate(ca)
-        candidates = x509.load_pem_x509_certificates(others) if others.strip() else []
-    except ValueError:
-        return ca
-    for cert in candidates:
+    """`ca` first, then the first other CA in `others` (PEM blocks, in order; one that does not parse is skipped)
+    that differs from it and is still valid: at most two, so an old CA is trusted for one renewal more, never for
+    ever."""
+    current = x509.load_pem_x509_certificate(ca)
+    for block in PEM_BLOCK.findall(others):
+        try:
+            cert = x509.load_pem_x509_certificate(block)
+        except ValueError:
+            continue
         if cert != current and cert.not_valid_after_utc > now:
             return ca + cert.public_bytes(serialization.Encoding.PEM)
     return ca

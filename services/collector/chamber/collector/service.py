@@ -24,7 +24,7 @@ from chamber.collector.core.simfleet import FleetShape, PoolShape, SimulatedFlee
 from chamber.collector.core.source import TelemetryOnly, TelemetrySource
 from chamber.common.bus import Bus, PublishError
 from chamber.common.codec import DecodeError, Decoder
-from chamber.common.contracts import FaultInjection, GpuXidEvent, Node, Pool, TopologyLabels, to_columns
+from chamber.common.contracts import FaultInjection, Node, Pool, TopologyLabels, to_columns
 from chamber.common.jobstore import JobStore
 from chamber.common.ledger import Ledger, LedgerUnavailable
 from chamber.common.log import get_logger
@@ -129,13 +129,11 @@ async def _agent(ctx: Context, bus: Bus, stop: asyncio.Event) -> None:
     assignments = _assignments(ctx, node, [g.uuid for g in source.node.gpus])
     if assignments is not None:
         source.assigned = lambda: assignments.latest
-    uuids = [g.uuid for g in source.node.gpus]
     published: TelemetrySource = TelemetryOnly(source) if s.inventory_source == "kubernetes" else source
     pending: set[asyncio.Task[object]] = set()
 
     def on_xid(index: int, xid: int) -> None:
-        event = GpuXidEvent(node=node, gpu_index=index, uuid=uuids[index] if 0 <= index < len(uuids) else "",
-                            xid=xid, observed_at=ctx.clock.now())  # fmt: skip
+        event = source.xid_event(index, xid, ctx.clock.now())
         task = asyncio.ensure_future(bus.publish(bus.names.telemetry(node), event))
         pending.add(task)
         task.add_done_callback(pending.discard)

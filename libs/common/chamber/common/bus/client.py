@@ -85,6 +85,10 @@ class Bus:
                 await nc.close()
             cause = last[0] if last else exc
             raise BusUnavailable(f"cannot reach NATS at {redact(url)} within {timeout_s:g} s: {cause}") from exc
+        except BaseException:  # cancelled while connecting: no half-made client left behind
+            with contextlib.suppress(Exception):
+                await asyncio.shield(nc.close())
+            raise
         bus = cls(nc, names, service)
         bus.replicas = replicas
         return bus

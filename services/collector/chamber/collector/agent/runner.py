@@ -19,10 +19,12 @@ sends the reports it implies.
 import asyncio
 import contextlib
 import os
+import queue
 import signal
+import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import msgspec
@@ -98,10 +100,12 @@ class NodeRunner:
         self.store = ReplicaStore(config.root)
         self.replicas: dict[tuple[str, int, int], Replica] = {}
         self.on_change = on_change
-        self._scans = ThreadPoolExecutor(max_workers=1, thread_name_prefix="agent-marker-scan")
+        self._scans: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
         """Signals to a replica's processes outside its group, found by a scan of every process's environment: off
         the event loop (a read of a process stuck in the driver can block, and heartbeats must go on), in order
-        (one worker: a SIGTERM is never sent after the SIGKILL that followed it)."""
+        (one thread: a SIGTERM is never sent after the SIGKILL that followed it), on a daemon thread (a stuck scan
+        must not hold up the agent's exit; a restarted agent sends a recorded kill again)."""
+        threading.Thread(target=self._scan, name="agent-marker-scan", daemon=True).start()
 
     async def close(self) -> None:
         """Stop watching; the replicas keep running (a restarted agent adopts them)."""
@@ -111,7 +115,14 @@ class NodeRunner:
             if replica.watch is not None:
                 replica.watch.cancel()
         await asyncio.gather(*(r.watch for r in self.replicas.values() if r.watch), return_exceptions=True)
-        self._scans.shutdown(wait=False)  # what is queued is still sent
+        self._scans.put(None)  # what is queued is still sent, then the thread ends
+
+    def _scan(self) -> None:
+        while (work := self._scans.get()) is not None:
+            try:
+                work()
+            except Exception:
+                log.exception("agent.signal_failed")
 
     def live(self) -> list[Replica]:
         return [r for r in self.replicas.values() if r.live]
@@ -255,7 +266,7 @@ class NodeRunner:
         pgid, marker = replica.state.shim_pid, replica.state.marker
         signal_group(pgid, sig)
         if marker:
-            self._scans.submit(signal_marked, marker, sig, pgid)
+            self._scans.put(partial(signal_marked, marker, sig, pgid))
 
     # ---- watching ---------------------------------------------------------------------------------------------
 
@@ -277,8 +288,12 @@ class NodeRunner:
 
     def _kill_leftovers(self, replica: Replica) -> None:
         """The shim is gone: its group goes too (the shim itself ends by killing it; one that died without that
-        leaves the command running, unsupervised, on the replica's GPUs). Off the event loop (see `_scans`)."""
-        self._scans.submit(kill_group, replica.state.shim_pid, replica.state.shim_start, replica.state.marker)
+        leaves the command running, unsupervised, at once (the shim is not reaped yet, so its pid is not reused),
+        and whatever carries the replica's marker outside it, off the event loop (see `_scans`)."""
+        state = replica.state
+        kill_group(state.shim_pid, state.shim_start)
+        if state.marker:
+            self._scans.put(partial(signal_marked, state.marker, signal.SIGKILL))
 
     async def _settle(self, replica: Replica) -> None:
         """Once the shim's group is gone (or `group_exit_s` passed): the replica ended."""

@@ -27,6 +27,7 @@ from chamber.common.contracts import (
     GpuDevice,
     GpuProcess,
     GpuSample,
+    GpuXidEvent,
     Node,
     NodeInventory,
     NodeTelemetry,
@@ -418,6 +419,11 @@ class NvmlSource:
         self._unallocated: dict[int, int] = {}
         self._failing: dict[int, int | None] = {}
         """Device index -> the NVML error its last sample failed with, so a failing GPU is logged once."""
+
+    def xid_event(self, index: int, xid: int, at: float) -> GpuXidEvent:
+        """An XID on device `index`, with that GPU's UUID (found by its index: an unreadable GPU leaves a gap)."""
+        uuid = next((g.uuid for g in self.node.gpus if g.index == index), "")
+        return GpuXidEvent(node=self.node.name, gpu_index=index, uuid=uuid, xid=xid, observed_at=at)
 
     def inventory(self, now: float) -> list[NodeInventory]:
         return [NodeInventory(node=self.node, pool=self.pool, observed_at=now)]

@@ -83,8 +83,8 @@ class ProcessExecutor:
         self._launching: set[tuple[str, str]] = set()
         self._by_node: dict[str, set[str]] = {}
         """node -> the jobs whose gang has a replica there (pruned as heartbeats come in)."""
-        self._missing: dict[tuple[str, int, int], float] = {}
-        """(job, attempt, replica) -> since when its agent's heartbeats leave it out."""
+        self._missing: dict[tuple[str, int, int], tuple[str, float]] = {}
+        """(job, attempt, replica) -> (its node, since when that node's agent's heartbeats leave it out)."""
         self._watchdog: asyncio.Task[None] | None = None
 
     # ---- the seam -----------------------------------------------------------------------------------------------
@@ -381,7 +381,7 @@ class ProcessExecutor:
             gang = self.gangs.get(job_id)
             if gang is None or status.node not in gang.live_nodes():
                 jobs.discard(job_id)
-                for key in [k for k in self._missing if k[0] == job_id]:
+                for key in [k for k, (node, _) in self._missing.items() if k[0] == job_id and node == status.node]:
                     del self._missing[key]
                 continue
             if (job_id, status.node) in self._launching:
@@ -392,7 +392,7 @@ class ProcessExecutor:
                 if replica in gang.ends or not expected or key in listed:
                     self._missing.pop(key, None)
                     continue
-                since = self._missing.setdefault(key, now)
+                since = self._missing.setdefault(key, (status.node, now))[1]
                 if now - since < self.timeout_s:
                     continue
                 del self._missing[key]  # asked again after another `timeout_s` if nothing comes of it
@@ -444,3 +444,4 @@ class ProcessExecutor:
                     if now - max(self.seen.get(node, self.since), self.since) > self.timeout_s:
                         log.warning("process_executor.agent_lost", node=node, job_id=gang.job_id)
                         self._act(gang, gang.node_lost(node, now))
+                        self._by_node.get(node, set()).discard(gang.job_id)  # nothing left of it there to judge
