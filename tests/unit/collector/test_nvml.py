@@ -151,18 +151,23 @@ def test_processes_that_no_job_on_the_gpu_owns_are_counted() -> None:
 @pytest.mark.timeout(10)
 async def test_an_xid_on_a_mig_instance_is_pushed_for_that_instance() -> None:
     fake = FakeNvml([H100, H100_MIG])
+    assert await xids_seen(fake, 1, 48, gpu_instance=1) == [(1, 48)]
+
+
+async def xids_seen(fake: FakeNvml, gpu: int, xid: int, gpu_instance: int = 0xFFFFFFFF) -> list[tuple[int, int]]:
+    """Inject an XID on physical GPU `gpu` and return what a watcher over the reader's GPUs pushed for it."""
     reader = NvmlReader(fake)
     seen: list[tuple[int, int]] = []
     watcher = XidWatcher(fake, reader.physical, lambda i, x: seen.append((i, x)), wait_ms=50,
                          resolve=reader.xid_targets)  # fmt: skip
     assert watcher.start(asyncio.get_running_loop())
-    fake.inject_xid(1, 48, gpu_instance=1)
+    fake.inject_xid(gpu, xid, gpu_instance=gpu_instance)
     for _ in range(100):
         if seen:
             break
         await asyncio.sleep(0.01)
     watcher.stop()
-    assert seen == [(1, 48)]
+    return seen
 
 
 def _real_pynvml_devices(n: int) -> tuple[list[Any], list[Any]]:
@@ -236,19 +241,8 @@ def test_a_gpu_lost_before_the_agent_starts_is_left_out_and_the_node_is_served(e
 @pytest.mark.timeout(10)
 async def test_an_xid_after_an_unreadable_gpu_names_the_gpu_by_its_own_index() -> None:
     fake = FakeNvml([H100 | {"procs": []} for _ in range(3)])
-    fake.fail(0, pynvml.NVML_ERROR_GPU_IS_LOST)
-    reader = NvmlReader(fake)
-    seen: list[tuple[int, int]] = []
-    watcher = XidWatcher(fake, reader.physical, lambda i, x: seen.append((i, x)), wait_ms=50,
-                         resolve=reader.xid_targets)  # fmt: skip
-    assert watcher.start(asyncio.get_running_loop()), "the unreadable GPU is not registered for events"
-    fake.inject_xid(2, 79)
-    for _ in range(100):
-        if seen:
-            break
-        await asyncio.sleep(0.01)
-    watcher.stop()
-    assert seen == [(2, 79)]
+    fake.fail(0, pynvml.NVML_ERROR_GPU_IS_LOST)  # not registered for events: the watcher still starts
+    assert await xids_seen(fake, 2, 79) == [(2, 79)]
 
 
 def test_an_unexpected_nvml_error_costs_one_gpu_its_sample_not_the_agent() -> None:
