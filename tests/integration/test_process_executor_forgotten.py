@@ -100,8 +100,8 @@ async def test_a_replica_its_agent_no_longer_lists_is_stopped_and_the_job_requeu
     await agent.start()
     executor = ProcessExecutor(bus, SystemClock(), msgspec.structs.replace(settings, agent_timeout_s=TIMEOUT_S))
     try:
+        launched = time.monotonic()  # before the agent accepts: no heartbeat can leave it out earlier than this
         await executor.launch(gang_record())
-        launched = time.monotonic()
         agent.listed = [0]  # replica 1 was accepted, then forgotten
         for replica in (0, 1):
             await agent.report(ReplicaStarted(node=NODE, job_id="j", attempt=1, replica=replica, pid=100 + replica,
