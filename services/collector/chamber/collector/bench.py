@@ -17,6 +17,7 @@ service does, and with `cpu` set it is pinned to that one CPU and the load gener
 """
 
 import asyncio
+import contextlib
 import gc
 import os
 import statistics
@@ -24,6 +25,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Iterator
 
 import msgspec
 
@@ -61,14 +63,21 @@ def _loadgen(cpus: set[int] | None, *args: object) -> subprocess.Popen[bytes]:
     return proc
 
 
-def _pinned(cpu: int | None) -> tuple[set[int], set[int] | None]:
-    """The aggregator's CPUs and the load generator's: `cpu` alone and every other allowed one, or no pinning."""
+@contextlib.contextmanager
+def _pinned(cpu: int | None) -> Iterator[set[int] | None]:
+    """This process (the aggregator) on `cpu` alone until the end; yields the CPUs for the load generator (every
+    other allowed one), or None with `cpu` None (no pinning)."""
     allowed = os.sched_getaffinity(0)
     if cpu is None:
-        return allowed, None
+        yield None
+        return
     if cpu not in allowed or len(allowed) < 2:
         raise ValueError(f"cpu {cpu}: pinning needs that CPU and another one; this process may use {sorted(allowed)}")
-    return {cpu}, allowed - {cpu}
+    os.sched_setaffinity(0, {cpu})
+    try:
+        yield allowed - {cpu}
+    finally:
+        os.sched_setaffinity(0, allowed)
 
 
 async def _populate(ctx: Context, bus: Bus, nodes: int) -> int:
@@ -164,18 +173,6 @@ async def _steady(
 
 
 async def _bench(
-    settings: Settings, gpus: int, rounds: int, interval_s: float, seconds: float, *, cpu: int | None
-) -> dict[str, float]:
-    own, loadgen_cpus = _pinned(cpu)
-    before = os.sched_getaffinity(0)
-    os.sched_setaffinity(0, own)  # the aggregator (this process) on its own core; restored at the end
-    try:
-        return await _measure(settings, gpus, rounds, interval_s, seconds, loadgen_cpus=loadgen_cpus)
-    finally:
-        os.sched_setaffinity(0, before)
-
-
-async def _measure(
     settings: Settings, gpus: int, rounds: int, interval_s: float, seconds: float, *, loadgen_cpus: set[int] | None
 ) -> dict[str, float]:
     ctx = make_context(settings, "bench")
@@ -230,7 +227,8 @@ def run(
 
         async def go() -> dict[str, float]:
             try:
-                return await _bench(settings, gpus, rounds, interval_s, seconds, cpu=cpu)
+                with _pinned(cpu) as loadgen_cpus:
+                    return await _bench(settings, gpus, rounds, interval_s, seconds, loadgen_cpus=loadgen_cpus)
             finally:
                 await delete_namespace(settings.nats_url, settings.redis_url, settings.namespace)
 

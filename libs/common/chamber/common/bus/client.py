@@ -80,15 +80,13 @@ class Bus:
                 ),
                 timeout=timeout_s,
             )
-        except (TimeoutError, OSError, nats.errors.Error) as exc:
-            with contextlib.suppress(Exception):
-                await nc.close()
-            cause = last[0] if last else exc
-            raise BusUnavailable(f"cannot reach NATS at {redact(url)} within {timeout_s:g} s: {cause}") from exc
-        except BaseException:  # cancelled while connecting: no half-made client left behind
+        except BaseException as exc:  # a timeout, a refusal, or cancelled: no half-made client left behind
             with contextlib.suppress(Exception):
                 await asyncio.shield(nc.close())
-            raise
+            if not isinstance(exc, TimeoutError | OSError | nats.errors.Error):
+                raise
+            cause = last[0] if last else exc
+            raise BusUnavailable(f"cannot reach NATS at {redact(url)} within {timeout_s:g} s: {cause}") from exc
         bus = cls(nc, names, service)
         bus.replicas = replicas
         return bus
