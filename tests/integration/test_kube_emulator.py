@@ -251,6 +251,59 @@ async def test_a_renewed_webhook_certificate_is_trusted_before_it_is_served_and_
     await kube.close()
 
 
+async def test_two_renewals_at_once_leave_the_configurations_trusting_the_certificate_the_secret_holds(
+    cluster: Running,
+) -> None:
+    """An upgrade's hook and the daily CronJob may renew at the same moment. The one that writes the Secret second
+    must not overwrite the first one's certificate after the first put its own CA into the configurations (they
+    would then trust a certificate nobody serves, and every labelled Job would be refused until the next run)."""
+    import base64
+    import datetime
+    from typing import Any
+
+    from cryptography import x509
+
+    from chamber.cli.kubesim.cluster import webhook_configurations
+    from chamber.cli.webhook_cert import MUTATING, SECRETS, VALIDATING, dns_names, ensure, issue
+
+    for rkey, obj in webhook_configurations("https://unused"):
+        cluster.api.create(rkey, obj)
+    kube = KubeClient.connect(cluster.url)
+    rival = KubeClient.connect(cluster.url)
+    args = ("chamber", "chamber-webhooks", "chamber-webhook-tls", "chamber")
+    await ensure(kube, *args)
+    due = issue(dns_names("chamber-webhooks", "chamber"), datetime.datetime.now(datetime.UTC), days=10)
+    secret = await kube.get(SECRETS, "chamber-webhook-tls", "chamber")
+    secret["data"] = {k: base64.b64encode(v).decode() for k, v in due.items()}
+    await kube.request("PUT", SECRETS.path("chamber", "chamber-webhook-tls"), body=secret)
+
+    class Racing:
+        """The Kubernetes client of a run that another run overtakes: just before it writes the Secret, the
+        other one renews from start to end."""
+
+        raced = False
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(kube, name)
+
+        async def request(self, method: str, path: str, **kwargs: Any) -> Any:
+            if method == "PUT" and "/secrets/" in path and not self.raced:
+                self.raced = True
+                assert (await ensure(rival, *args)).startswith("certificate issued")
+            return await kube.request(method, path, **kwargs)
+
+    outcome = await ensure(Racing(), *args)  # type: ignore[arg-type]
+    assert outcome.startswith("certificate kept"), "it lost the race and keeps what the other run wrote"
+    held = base64.b64decode((await kube.get(SECRETS, "chamber-webhook-tls", "chamber"))["data"]["ca.crt"])
+    expected = [x509.load_pem_x509_certificate(held), x509.load_pem_x509_certificate(due["ca.crt"])]
+    for kind in (MUTATING, VALIDATING):
+        for hook in (await kube.get(kind, "chamber"))["webhooks"]:
+            bundle = x509.load_pem_x509_certificates(base64.b64decode(hook["clientConfig"]["caBundle"]))
+            assert bundle == expected, "the CA of the certificate the Secret holds, then the one served before"
+    await kube.close()
+    await rival.close()
+
+
 def test_a_malformed_block_in_the_ca_bundle_does_not_drop_the_ca_still_served() -> None:
     import datetime
 

@@ -18,12 +18,13 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from chamber.common.kube.client import KubeClient, Resource
-from chamber.common.kube.errors import KubeNotFound
+from chamber.common.kube.errors import KubeConflict, KubeNotFound
 
 SECRETS = Resource("", "v1", "secrets", "Secret")
 MUTATING = Resource("admissionregistration.k8s.io", "v1", "mutatingwebhookconfigurations", "", namespaced=False)
 VALIDATING = Resource("admissionregistration.k8s.io", "v1", "validatingwebhookconfigurations", "", namespaced=False)
 RENEW_BEFORE = datetime.timedelta(days=30)
+WRITE_ATTEMPTS = 5
 PEM_BLOCK = re.compile(rb"-----BEGIN CERTIFICATE-----.+?-----END CERTIFICATE-----\n?", re.DOTALL)
 
 
@@ -85,28 +86,43 @@ async def ensure(client: KubeClient, namespace: str, service: str, secret: str, 
     configurations. A renewal puts the new CA into them before the Secret changes, next to the old one: the
     gateway serves the old certificate until the kubelet updates its mounted Secret and it reloads it (a minute or
     so), and with `failurePolicy: Fail` an admission it could not answer would refuse a labelled Job. The CA before
-    the current one stays trusted until the next renewal (`ca_bundle`)."""
+    the current one stays trusted until the next renewal (`ca_bundle`).
+
+    Two runs may renew at once (an upgrade's hook and the daily CronJob). The Secret is written only if it is
+    still the one read (its `resourceVersion`; a create fails if one appeared); the run that loses reads the
+    winner's certificate and puts its CA first, with the CA served before next to it, so the configurations end
+    up trusting the certificate the Secret holds, whichever run wrote it last."""
     now = datetime.datetime.now(tz=datetime.UTC)
     names = dns_names(service, namespace)
-    try:
-        current: dict[str, Any] | None = await client.get(SECRETS, secret, namespace)
-    except KubeNotFound:
-        current = None
-    if current is not None and still_good(current, names, now):
-        patched = await _set_ca(client, webhook, base64.b64decode(current["data"]["ca.crt"]), now)
-        return f"certificate kept in {namespace}/{secret}; caBundle set on {patched} webhook configuration(s)"
-    pem = issue(names, now)
-    data = {k: base64.b64encode(v).decode() for k, v in pem.items()}
-    body = {"apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/tls",
-            "metadata": {"name": secret, "namespace": namespace}, "data": data}  # fmt: skip
-    old = (current or {}).get("data") or {}
-    previous = base64.b64decode(old["ca.crt"]) if "ca.crt" in old else b""
-    patched = await _set_ca(client, webhook, pem["ca.crt"], now, previous)  # trusted before it is served
-    if current is None:
-        await client.create(SECRETS, body, namespace)
-    else:
-        await client.request("PUT", SECRETS.path(namespace, secret), body=body)
-    return f"certificate issued in {namespace}/{secret}; caBundle set on {patched} webhook configuration(s)"
+    served = b""  # the CA found when this run renewed and lost the race: the gateway may still serve it
+    for _ in range(WRITE_ATTEMPTS):
+        try:
+            current: dict[str, Any] | None = await client.get(SECRETS, secret, namespace)
+        except KubeNotFound:
+            current = None
+        if current is not None and still_good(current, names, now):
+            ca = base64.b64decode(current["data"]["ca.crt"])
+            patched = await _set_ca(client, webhook, ca, now, served)
+            return f"certificate kept in {namespace}/{secret}; caBundle set on {patched} webhook configuration(s)"
+        pem = issue(names, now)
+        data = {k: base64.b64encode(v).decode() for k, v in pem.items()}
+        metadata = {"name": secret, "namespace": namespace}
+        if current is not None:
+            metadata["resourceVersion"] = current["metadata"]["resourceVersion"]
+        body = {"apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/tls", "metadata": metadata, "data": data}
+        old = (current or {}).get("data") or {}
+        previous = base64.b64decode(old["ca.crt"]) if "ca.crt" in old else b""
+        patched = await _set_ca(client, webhook, pem["ca.crt"], now, previous)  # trusted before it is served
+        try:
+            if current is None:
+                await client.create(SECRETS, body, namespace)
+            else:
+                await client.request("PUT", SECRETS.path(namespace, secret), body=body)
+        except KubeConflict:
+            served = served or previous
+            continue  # another run wrote the Secret since it was read: its certificate is the one to trust
+        return f"certificate issued in {namespace}/{secret}; caBundle set on {patched} webhook configuration(s)"
+    raise KubeConflict(f"{namespace}/{secret} changed under every one of {WRITE_ATTEMPTS} attempts to write it")
 
 
 async def _set_ca(client: KubeClient, webhook: str, ca: bytes, now: datetime.datetime, previous: bytes = b"") -> int:
