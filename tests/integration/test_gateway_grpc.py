@@ -131,6 +131,9 @@ async def test_jobs_fleet_and_teams_with_the_same_tokens_and_checks(
     assert ("grpc chamber.v1.Jobs/Submit", "denied") in grpc_calls
     assert ("grpc chamber.v1.Jobs/Submit", "ok") in grpc_calls
     assert ("grpc chamber.v1.Jobs/Cancel", "ok") in grpc_calls
+    refusals = {(r["status"], r["outcome"]) for r in records if r["action"] == "grpc chamber.v1.Jobs/Submit"}
+    assert (422, "rejected") in refusals, "a job that can never run is audited as HTTP would answer it, not as 500"
+    assert all(status < 500 for status, _ in refusals)
 
 
 async def test_watch_streams_job_changes(channel: tuple[grpc.aio.Channel, Settings], settings: Settings) -> None:

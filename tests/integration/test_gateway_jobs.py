@@ -113,6 +113,10 @@ async def test_jobs_that_can_never_run_are_refused_at_submit(
         ("POST", "/v1/jobs", {**JOB, "team": "ml\n"}),
         ("PUT", "/v1/teams/ml", {"org": "acme", "quotas": [{"pool": "default", "nominal": 3_000_000_000}]}),
         ("PUT", "/v1/pools/p9", {"gpu_model": "H100", "cost_per_gpu_hour": float("inf")}),
+        ("PUT", "/v1/pools/p9", {"gpu_model": "H100", "cost_per_gpu_hour": 1e308}),
+        ("PATCH", "/v1/pools/default", {"cost_per_gpu_hour": 1e308}),
+        ("PUT", "/v1/teams/ml", {"org": "acme", "budget": {"gpu_hours": 5e-324, "mode": "block-all"}}),
+        ("PATCH", "/v1/teams/ml", {"budget": {"money": 1e300}}),
     ],
     ids=[
         "gpus-as-string",
@@ -135,6 +139,10 @@ async def test_jobs_that_can_never_run_are_refused_at_submit(
         "job-team-newline",
         "nominal-beyond-int32",
         "cost-infinite",
+        "cost-overflowing",
+        "cost-overflowing-patch",
+        "budget-subnormal",
+        "budget-huge",
     ],
 )
 async def test_bad_input_is_a_clear_400_and_changes_nothing(
@@ -192,6 +200,13 @@ async def test_deep_or_huge_bodies_are_refused(client: AsyncTestClient[Any]) -> 
     huge = json.dumps({**JOB, "name": "x" * 2_000_000}).encode()
     resp = await client.post("/v1/jobs", content=huge, headers={"content-type": "application/json"})
     assert resp.status_code == 413, resp.text
+    # Under the body limit, but a spec this large would not fit the job's record (NATS carries 1 MiB at most):
+    # refused at once, not acknowledged and then never run.
+    wide = {**JOB, "duration_s": None, "command": ["/bin/true", *["x" * 60_000] * 5]}
+    resp = await client.post("/v1/jobs", json=wide)
+    assert resp.status_code == 413, resp.text
+    assert resp.json()["code"] == "job-too-large"
+    assert (await client.get("/v1/jobs")).json() == [], "nothing written"
     assert (await client.post("/v1/jobs", content=b"\xff\xfe")).status_code == 400
     assert (await client.post("/v1/jobs")).status_code == 400, "no body"
 
@@ -213,6 +228,27 @@ async def test_an_idempotency_key_makes_a_retry_return_the_same_job(client: Asyn
     assert (await client.post("/v1/jobs", json=JOB, headers={"Idempotency-Key": "has space"})).status_code == 400
     jobs = await client.get("/v1/jobs")
     assert jobs.status_code == 200
+
+
+async def test_a_retry_gets_its_job_even_if_it_could_no_longer_be_accepted(
+    client: AsyncTestClient[Any], settings: Settings
+) -> None:
+    """Accepted while the fleet was unknown, the same request with the same key gets the same job after the fleet
+    says it can never run: a client that retries a submit whose answer it lost must not be told it failed (it
+    would submit again under a new key), while a new request is refused."""
+    gang = {**JOB, "replicas": 1024}
+    key = {"Idempotency-Key": "before-the-fleet-was-known"}
+    first = await client.post("/v1/jobs", json=gang, headers=key)
+    assert first.status_code == 201, first.text
+    async with running(settings, ("collector", collector.main)):
+        await _inventory(client)
+        assert (await client.post("/v1/jobs", json=gang)).status_code == 422, "a new request is refused"
+        retry = await client.post("/v1/jobs", json=gang, headers=key)
+        assert retry.status_code == 201, retry.text
+        assert retry.json()["id"] == first.json()["id"]
+        assert retry.headers["idempotent-replayed"] == "true"
+        fresh = await client.post("/v1/jobs", json=gang, headers={"Idempotency-Key": "after"})
+        assert fresh.status_code == 422, "a new key is a new request"
 
 
 async def test_the_timeline_tells_who_preempted_whom(client: AsyncTestClient[Any], settings: Settings) -> None:
@@ -305,8 +341,17 @@ async def test_put_replaces_patch_changes_delete_removes(client: AsyncTestClient
         assert patched.status_code == 200, patched.text
         config = patched.json()["config"]
         assert (config["weight"], config["quotas"][0]["nominal"]) == (2, 8), "PATCH keeps what it does not name"
+        fenced = await client.patch("/v1/teams/ml", json={"namespaces": ["ml", "ml-dev"]})
+        assert fenced.json()["config"]["namespaces"] == ["ml", "ml-dev"], "namespaces are set through the API"
+        assert (await client.patch("/v1/teams/ml", json={"weight": 3})).json()["config"]["namespaces"] == [
+            "ml", "ml-dev"
+        ], "and a PATCH that does not name them keeps them"  # fmt: skip
+        kept = await client.put("/v1/teams/ml", json={**body, "namespaces": ["ml"]})
+        assert kept.json()["config"]["namespaces"] == ["ml"]
+        assert (await client.patch("/v1/teams/ml", json={"namespaces": ["ML"]})).status_code == 400
         replaced = (await client.put("/v1/teams/ml", json={"org": "acme"})).json()["config"]
         assert (replaced["weight"], replaced["quotas"]) == (1, []), "PUT replaces the whole team"
+        assert replaced["namespaces"] == [], "its namespaces too"
         assert (await client.patch("/v1/teams/nobody", json={"weight": 2})).status_code == 404
         assert (await client.patch("/v1/pools/gpus", json={"cost_per_gpu_hour": 3.5})).json()["config"][
             "cost_per_gpu_hour"

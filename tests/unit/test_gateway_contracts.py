@@ -39,3 +39,19 @@ def test_grpc_messages_carry_the_same_fields_as_the_http_views() -> None:
     assert proto_fields(pb.Job) == fields(JobView)
     assert proto_fields(pb.FleetSummary) == fields(FleetView)
     assert proto_fields(pb.Node) == fields(NodeView)
+
+
+def test_a_request_fingerprint_ignores_the_order_of_mappings_only() -> None:
+    """An idempotent retry whose `env` keys come in another order (a gRPC client's map fields may) is the same
+    request; a different value is not. A spec whose keys came sorted keeps the fingerprint it had before."""
+    import hashlib
+
+    from chamber.gateway.jobs import request_fingerprint
+
+    def spec(env: dict[str, str]) -> JobSpec:
+        return JobSpec(name="a", team="t", gpus_per_replica=1, command=["/bin/true"], env=env)
+
+    assert request_fingerprint(spec({"A": "1", "B": "2"})) == request_fingerprint(spec({"B": "2", "A": "1"}))
+    assert request_fingerprint(spec({"A": "1", "B": "2"})) != request_fingerprint(spec({"A": "1", "B": "3"}))
+    sorted_spec = spec({"A": "1", "B": "2"})
+    assert request_fingerprint(sorted_spec) == hashlib.sha256(msgspec.json.encode(sorted_spec)).hexdigest()

@@ -17,8 +17,9 @@ import nats.errors
 import nats.js.errors
 
 from chamber.common.bus import PublishError
-from chamber.common.codec import Decoder
+from chamber.common.codec import Decoder, encode
 from chamber.common.contracts import (
+    MAX_SPEC_BYTES,
     TERMINAL_STATES,
     JobCancelRequested,
     JobEvent,
@@ -34,7 +35,16 @@ from chamber.gateway.core.authz import Principal, team_denial
 from chamber.gateway.core.requests import SubmitJobRequest
 from chamber.gateway.core.timeline import TimelineEntry, timeline
 from chamber.gateway.core.views import JobView, job_view, submitted_view
-from chamber.gateway.errors import BadRequest, Conflict, FieldProblem, Forbidden, NotFound, Unavailable, Unprocessable
+from chamber.gateway.errors import (
+    BadRequest,
+    Conflict,
+    FieldProblem,
+    Forbidden,
+    NotFound,
+    PayloadTooLarge,
+    Unavailable,
+    Unprocessable,
+)
 from chamber.gateway.state import GatewayState
 
 JOB_ID = re.compile(r"[A-Za-z0-9_-]{1,128}")
@@ -55,6 +65,15 @@ class _Binding(msgspec.Struct, kw_only=True):
 
 
 _binding = msgspec.json.Decoder(_Binding)
+_canonical = msgspec.json.Encoder(order="deterministic")
+"""A request's fingerprint for its idempotency key: the same job whatever order its `env` keys came in (a gRPC
+client's map fields may come in any order). Mappings are sorted, fields keep their order: a spec whose keys came
+sorted has the fingerprint it had before, so a retry across an upgrade still finds its job."""
+
+
+def request_fingerprint(spec: JobSpec) -> str:
+    """What an idempotency key is bound to: the spec, whatever order its mappings came in (`_canonical`)."""
+    return hashlib.sha256(_canonical.encode(spec)).hexdigest()
 
 
 def new_job_id(now: float) -> str:
@@ -68,8 +87,16 @@ def check_job_id(job_id: str) -> None:
 
 
 def admit(gw: GatewayState, who: Principal, body: SubmitJobRequest) -> JobSpec:
-    """The spec to publish, or the reason it is refused (403 another team's, 422 it can never run)."""
+    """The spec to publish, or the reason the request is refused whatever the fleet (403 another team's, 413 too
+    large to carry, 400 a workload it may not name); whether it can ever run on this fleet is `check_fits`."""
     spec = body.to_spec()
+    size = len(encode(spec))
+    if size > MAX_SPEC_BYTES:
+        raise PayloadTooLarge(
+            f"the job's spec is {size} bytes encoded, over the {MAX_SPEC_BYTES} a job may have (a large command "
+            "line or environment belongs in a file the job reads)",
+            code="job-too-large",
+        )
     why = team_denial(who, spec.team)
     if why is not None:
         raise Forbidden(why, code="not-your-team")
@@ -81,6 +108,12 @@ def admit(gw: GatewayState, who: Principal, body: SubmitJobRequest) -> JobSpec:
     workload = workload_problem(spec, gw.ctx.settings.executor)
     if workload is not None:
         raise BadRequest(workload, code="bad-workload")
+    return spec
+
+
+def check_fits(gw: GatewayState, spec: JobSpec) -> None:
+    """422 when the job can never run on this fleet under these quotas (asked only of a new request: a retry of
+    one already accepted gets its job, whatever changed since)."""
     problems = gw.never_fits(spec)
     if problems:
         raise Unprocessable(
@@ -88,7 +121,15 @@ def admit(gw: GatewayState, who: Principal, body: SubmitJobRequest) -> JobSpec:
             code=problems[0].code,
             errors=[FieldProblem(field=f"$.{p.field}", message=p.message) for p in problems],
         )
-    return spec
+
+
+async def _bound(gw: GatewayState, key: str) -> _Binding | None:
+    """The job an idempotency key was used for, if it was."""
+    try:
+        entry = await gw.idempotency.get(key)
+    except (nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError):
+        return None
+    return _binding.decode(entry.value or b"") if entry.value else None
 
 
 async def _publish_submit(gw: GatewayState, job_id: str, spec: JobSpec, now: float) -> None:
@@ -108,6 +149,7 @@ async def submit(
     gw.require_bus()
     now = gw.clock.now()
     if idempotency_key is None:
+        check_fits(gw, spec)
         job_id = new_job_id(now)
         await _publish_submit(gw, job_id, spec, now)
         return submitted_view(job_id, spec, now), False
@@ -115,16 +157,20 @@ async def submit(
         raise BadRequest("Idempotency-Key must be 1-255 visible ASCII characters", code="bad-idempotency-key",
                          errors=[FieldProblem(field="Idempotency-Key", message="1-255 visible ASCII")])  # fmt: skip
     key = hashlib.sha256(f"{who.id}\n{idempotency_key}".encode()).hexdigest()
-    fingerprint = hashlib.sha256(msgspec.json.encode(spec)).hexdigest()
+    fingerprint = request_fingerprint(spec)
     binding = _Binding(job_id=new_job_id(now), fingerprint=fingerprint, submitted_at=now, spec=spec)
     try:
-        try:
-            await gw.idempotency.create(key, msgspec.json.encode(binding))
-            fresh = True
-        except nats.js.errors.KeyWrongLastSequenceError:
-            entry = await gw.idempotency.get(key)
-            binding = _binding.decode(entry.value or b"")
-            fresh = False
+        known = await _bound(gw, key)
+        if known is None:
+            check_fits(gw, spec)
+            try:
+                await gw.idempotency.create(key, msgspec.json.encode(binding))
+            except nats.js.errors.KeyWrongLastSequenceError:  # the same request, at the same moment
+                known = await _bound(gw, key)
+                if known is None:
+                    raise Unavailable("the idempotency key changed while it was checked; retry") from None
+        fresh = known is None
+        binding = known or binding
     except (nats.errors.Error, msgspec.DecodeError) as exc:
         raise Unavailable(f"cannot check the idempotency key: {exc}") from exc
     if binding.fingerprint != fingerprint:

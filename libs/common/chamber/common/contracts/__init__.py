@@ -25,6 +25,7 @@ from chamber.common.contracts.decisions import Decision, JobPlaced, JobStateChan
 from chamber.common.contracts.health import GpuHealthVerdict, HealthCommand, HealthState
 from chamber.common.contracts.inventory import GpuDevice, MigSlices, Node, NodeInventory, Pool, TopologyLabels
 from chamber.common.contracts.jobs import (
+    MAX_SPEC_BYTES,
     TERMINAL_STATES,
     GpuRef,
     JobCancelRequested,
@@ -75,6 +76,7 @@ from chamber.common.contracts.telemetry import (
 )
 
 __all__ = [
+    "MAX_SPEC_BYTES",
     "SCHEMA_VERSION",
     "AuditRecord",
     "TERMINAL_STATES",

@@ -42,6 +42,11 @@ EnvName = Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
 which name is wrong (a decoder cannot point at a dictionary key)."""
 Argv = Annotated[list[Annotated[str, msgspec.Meta(max_length=65536)]], msgspec.Meta(min_length=1, max_length=4096)]
 EnvVars = Annotated[dict[EnvName, Annotated[str, msgspec.Meta(max_length=65536)]], msgspec.Meta(max_length=1024)]
+MAX_SPEC_BYTES = 256 * 1024
+"""A job's spec, encoded, is at most this large (the gateway refuses a larger one with 413). The limits of each
+field above allow far more in sum, but the spec travels inside messages NATS caps at 1 MiB (the submit event,
+the job record in the KV with its placement, the launch request to a node agent): a spec that fits a submit but
+not the record was acknowledged and then could never be written, so the job never ran."""
 WorkingDir = Annotated[str, msgspec.Meta(min_length=1, max_length=4096)]
 Image = Annotated[str, msgspec.Meta(min_length=1, max_length=1024)]
 

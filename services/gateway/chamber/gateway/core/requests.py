@@ -10,7 +10,7 @@ from typing import Annotated, Literal
 import msgspec
 
 from chamber.common.contracts import BudgetSpec, FaultInjection, JobSpec, PoolConfig, TeamConfig, TeamQuota, Topology
-from chamber.common.contracts.quota import Gpus, Name
+from chamber.common.contracts.quota import Gpus, KubeNamespace, Name, Price
 from chamber.gateway.core.authz import Role
 
 Priority = Literal["inference", "train", "research", "best-effort"]
@@ -50,6 +50,7 @@ class TeamBody(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     weight: Annotated[float, msgspec.Meta(gt=0, le=1000)] = 1.0
     quotas: list[TeamQuotaBody] = msgspec.field(default_factory=list)
     budget: BudgetBody | None = None
+    namespaces: list[KubeNamespace] = msgspec.field(default_factory=list)
 
     def to_config(self, name: str) -> TeamConfig:
         return msgspec.convert({**msgspec.to_builtins(self), "name": name}, TeamConfig)
@@ -63,6 +64,7 @@ class TeamPatch(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     weight: Annotated[float, msgspec.Meta(gt=0, le=1000)] | msgspec.UnsetType = msgspec.UNSET
     quotas: list[TeamQuotaBody] | msgspec.UnsetType = msgspec.UNSET
     budget: BudgetBody | msgspec.UnsetType | None = msgspec.UNSET
+    namespaces: list[KubeNamespace] | msgspec.UnsetType = msgspec.UNSET
 
     def apply(self, team: TeamConfig) -> TeamConfig:
         changes = {k: v for k, v in msgspec.structs.asdict(self).items() if v is not msgspec.UNSET}
@@ -74,7 +76,7 @@ class PoolBody(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
 
     gpu_model: Annotated[str, msgspec.Meta(min_length=1, max_length=64)]
     cluster: Annotated[str, msgspec.Meta(min_length=1, max_length=64)] = "local"
-    cost_per_gpu_hour: Annotated[float, msgspec.Meta(ge=0)] = 0.0
+    cost_per_gpu_hour: Price = 0.0
     capacity: Gpus | None = None
 
     def to_config(self, name: str) -> PoolConfig:
@@ -84,7 +86,7 @@ class PoolBody(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
 class PoolPatch(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     gpu_model: Annotated[str, msgspec.Meta(min_length=1, max_length=64)] | msgspec.UnsetType = msgspec.UNSET
     cluster: Annotated[str, msgspec.Meta(min_length=1, max_length=64)] | msgspec.UnsetType = msgspec.UNSET
-    cost_per_gpu_hour: Annotated[float, msgspec.Meta(ge=0)] | msgspec.UnsetType = msgspec.UNSET
+    cost_per_gpu_hour: Price | msgspec.UnsetType = msgspec.UNSET
     capacity: Gpus | msgspec.UnsetType | None = msgspec.UNSET
 
     def apply(self, pool: PoolConfig) -> PoolConfig:

@@ -60,12 +60,6 @@ def _ref(gpu: Any) -> Any:
     return {"node": gpu[0], "index": gpu[1]} if isinstance(gpu, list) else gpu
 
 
-def _http_status(code: grpc.StatusCode) -> int:
-    return {grpc.StatusCode.OK: 200, grpc.StatusCode.INVALID_ARGUMENT: 400, grpc.StatusCode.UNAUTHENTICATED: 401,
-            grpc.StatusCode.PERMISSION_DENIED: 403, grpc.StatusCode.NOT_FOUND: 404,
-            grpc.StatusCode.UNAVAILABLE: 503}.get(code, 500)  # fmt: skip
-
-
 class Calls:
     """Authentication, authorization, error mapping and audit, shared by every method."""
 
@@ -96,28 +90,27 @@ class Calls:
         audit: str = "",
     ) -> M:
         who: Principal | None = None
-        code, detail = grpc.StatusCode.OK, ""
+        code, status, detail = grpc.StatusCode.OK, 200, ""  # status: what HTTP answers the same outcome with
         result: M | None = None
         try:
             who = self.principal(context, permission)
             result = await call(who)
             detail = getattr(result, "id", "")
         except ApiError as exc:
-            code, detail = getattr(grpc.StatusCode, exc.grpc_code), exc.detail
+            code, status, detail = getattr(grpc.StatusCode, exc.grpc_code), exc.status, exc.detail
         except (BusError, LedgerUnavailable, redis.exceptions.RedisError, nats.errors.Error, TimeoutError) as exc:
-            code, detail = grpc.StatusCode.UNAVAILABLE, f"a dependency is unreachable: {exc}"
+            code, status, detail = grpc.StatusCode.UNAVAILABLE, 503, f"a dependency is unreachable: {exc}"
         except Exception as exc:
             log.exception("grpc.unexpected", error=repr(exc))
-            code, detail = grpc.StatusCode.INTERNAL, "internal error; it was logged"
+            code, status, detail = grpc.StatusCode.INTERNAL, 500, "internal error; it was logged"
         if audit:
-            await self._audit(audit, who, code, detail)
+            await self._audit(audit, who, status, detail)
         if code != grpc.StatusCode.OK or result is None:
             await context.abort(code, detail)
             raise AssertionError("abort raises")
         return result
 
-    async def _audit(self, method: str, who: Principal | None, code: grpc.StatusCode, detail: str) -> None:
-        status = _http_status(code)
+    async def _audit(self, method: str, who: Principal | None, status: int, detail: str) -> None:
         outcome = (
             "ok" if status < 400 else "denied" if status in (401, 403) else "rejected" if status < 500 else "error"
         )
