@@ -18,6 +18,7 @@ from chamber.common.clock import SystemClock
 from chamber.common.codec import Decoder
 from chamber.common.contracts import GpuRef, JobEvent, JobRecord, JobState, Placement
 from chamber.common.kube.client import JOBS, NODES, PODS, KubeClient
+from chamber.common.kube.errors import KubeUnavailable
 from chamber.common.kube.workloads import job_spec
 from chamber.common.settings import Settings
 from chamber.scheduler.executor.kubernetes import KubernetesExecutor
@@ -139,6 +140,35 @@ async def test_a_stop_ends_when_the_running_pods_are_gone_though_a_finished_one_
             await ex.launch(second)
             await until(lambda: "JobStarted" in r.kinds(), "JobStarted of the relaunch without replica 0")
             assert "JobLaunchFailed" not in r.kinds()
+        finally:
+            await ex.close()
+
+
+async def test_a_stop_the_api_refused_is_tried_again_and_reported_only_once_the_job_is_suspended(
+    settings: Settings, bus: Bus
+) -> None:
+    """The suspend of a preempted Job meets a throttled or overloaded API server. Reporting the stop anyway (after
+    the pods' grace) would free GPUs its pods still run on; the suspend is tried again until it takes."""
+    async with rig(settings, bus) as r:
+        client = KubeClient.connect(r.run.url)
+        ex = KubernetesExecutor(r.bus, SystemClock(), client, start_timeout_s=8.0)
+        refused: list[str] = []
+        patch = client.patch
+
+        async def overloaded(res: Any, name: str, body: Any, namespace: str | None = None, **kw: Any) -> Any:
+            if res is JOBS and body.get("spec", {}).get("suspend") is True and len(refused) < 3:
+                refused.append(name)
+                raise KubeUnavailable("injected: the API server is overloaded", status=503)
+            return await patch(res, name, body, namespace, **kw)
+
+        client.patch = overloaded  # type: ignore[method-assign]
+        try:
+            await launched(r, ex)
+            await ex.stop(r.running(), "preempted", grace_s=1.0)
+            await until(lambda: "JobStopped" in r.kinds(), "JobStopped once the suspend took", within=20)
+            assert len(refused) == 3, "refused three times, then taken"
+            assert (await r.kc.get(JOBS, "j", "default"))["spec"]["suspend"] is True
+            assert not [p for p in await r.pods() if p["status"].get("phase") == "Running"], "no pod runs on"
         finally:
             await ex.close()
 

@@ -101,7 +101,12 @@ class Attempt:
     stopping: str = ""
     """Why it is being stopped; empty while it is not."""
     stopping_since: float = 0.0
-    """When the stop began (its bound is the pods' grace period plus `STOP_MARGIN_S` from then)."""
+    """When the stop took hold (its bound is the pods' grace period plus `STOP_MARGIN_S` from then)."""
+    halted: bool = False
+    """The API took the stop: the workload is suspended (deleted, for a cancel) and, unless graceful, its pods are
+    being deleted at once. Until then its pods may run on, so a stop is never taken as done by its clock alone."""
+    deleting: bool = False
+    """The stop deletes the workload (a cancel) instead of suspending it."""
     failing: str = ""
     """Set when the stop undoes a launch: once the pods are gone, JobLaunchFailed with this reason is reported."""
     graceful: bool = True
@@ -228,12 +233,23 @@ class KubernetesExecutor:
             attempt.stopping_since = self.clock.now()
         attempt.stopping = reason or "stopped"
         attempt.graceful = grace_s > 0
+        attempt.deleting = attempt.deleting or record.cancel_requested
         ref = record.spec.workload
         if ref is None or ref.kind not in RESOURCES:
             await self._stopped(attempt)
             return
+        await self._halt(attempt)
+        await self._progress(attempt)
+
+    async def _halt(self, attempt: Attempt) -> None:
+        """Suspend the attempt's workload (delete it, for a cancel) and, unless the stop is graceful, delete its
+        pods at once. A refusal (throttled, unavailable, timed out) is tried again every second by `_deadlines`:
+        the stop is not taken as done while the workload may still run, and its clock starts when this succeeds."""
+        ref = attempt.record.spec.workload
+        if ref is None or ref.kind not in RESOURCES:
+            return
         try:
-            if record.cancel_requested:
+            if attempt.deleting:
                 await self.client.delete(RESOURCES[ref.kind], ref.name, ref.namespace, propagation="Background")
             else:
                 await self._suspend(attempt)
@@ -244,8 +260,11 @@ class KubernetesExecutor:
         except KubeNotFound:
             pass  # the workload is gone already: its pods are being deleted; the stop ends when they are gone
         except KubeError as exc:
-            log.warning("kube_executor.stop_failed", job_id=record.id, error=str(exc))
-        await self._progress(attempt)
+            log.warning("kube_executor.stop_failed", job_id=attempt.record.id, error=str(exc), retry_in_s=1)
+            return
+        if not attempt.halted:
+            attempt.halted = True
+            attempt.stopping_since = self.clock.now()
 
     async def resync(self, records: Iterable[JobRecord]) -> None:
         await self._ensure_started()
@@ -366,8 +385,7 @@ class KubernetesExecutor:
         attempt.stopping_since = self.clock.now()
         attempt.graceful = False
         attempt.interrupted = True
-        with contextlib.suppress(KubeError):
-            await self._suspend(attempt)
+        await self._halt(attempt)
 
     # ---- moving an attempt along --------------------------------------------------------------------------------
 
@@ -438,8 +456,7 @@ class KubernetesExecutor:
     async def _undo(self, attempt: Attempt, reason: str) -> None:
         """Suspend the Job again; the launch is reported failed once its pods are gone (or the stop's bound)."""
         self._begin_undo(attempt, reason)
-        with contextlib.suppress(KubeError):
-            await self._suspend(attempt)
+        await self._halt(attempt)
         await self._progress(attempt)
 
     def _begin_undo(self, attempt: Attempt, reason: str) -> None:
@@ -464,7 +481,9 @@ class KubernetesExecutor:
                 if attempt.done:
                     continue
                 if attempt.stopping:
-                    if now - attempt.stopping_since > _grace_of(attempt) + STOP_MARGIN_S:
+                    if not attempt.halted:
+                        await self._halt(attempt)
+                    elif now - attempt.stopping_since > _grace_of(attempt) + STOP_MARGIN_S:
                         log.warning("kube_executor.stop_unconfirmed", job_id=attempt.record.id,
                                     pods=[meta(p)["name"] for p in attempt.pods.values() if _holding(p)])  # fmt: skip
                         await self._stopped(attempt)
