@@ -161,7 +161,7 @@ async def test_a_stop_the_api_refused_is_tried_again_and_reported_only_once_the_
                 raise KubeUnavailable("injected: the API server is overloaded", status=503)
             return await patch(res, name, body, namespace, **kw)
 
-        client.patch = overloaded  # type: ignore[method-assign]
+        client.patch = overloaded  # type: ignore[method-assign,assignment]
         try:
             await launched(r, ex)
             await ex.stop(r.running(), "preempted", grace_s=1.0)
