@@ -9,6 +9,7 @@ from chamber.common.contracts import (
     JobCancelRequested,
     JobEvent,
     JobFinished,
+    JobLaunchFailed,
     JobRecord,
     JobStarted,
     JobState,
@@ -99,6 +100,19 @@ CASES = [
         release=1,
     ),
     Case("events about unknown jobs are ignored", None, JobStarted(job_id="j1", attempt=1, started_at=NOW), None),
+    Case(
+        "a failed launch releases the GPUs of a placed job, which waits again",
+        placed,
+        JobLaunchFailed(job_id="j1", attempt=1, failed_at=NOW, reason="image pull"),
+        JobState.PENDING,
+        release=1,
+    ),
+    Case(
+        "a launch failure reported after the attempt started is too late: it runs on, holding its GPUs",
+        running,
+        JobLaunchFailed(job_id="j1", attempt=1, failed_at=NOW, reason="not running within 300 s"),
+        None,
+    ),
 ]
 
 

@@ -82,6 +82,10 @@ def apply_event(record: JobRecord | None, event: JobEvent, now: float) -> Transi
         )  # fmt: skip
         return Transition(done, record.state, release_attempt=record.attempt)
     if isinstance(event, JobLaunchFailed):
+        if record.state == JobState.RUNNING:
+            # The attempt started after all: the scheduler's launch deadline fired as its start was on the way.
+            # Taking the failure would release GPUs the job runs on, and nothing would stop it.
+            return None
         return _launch_failed(record, event, now)
     return _stopped(record, event, now)
 

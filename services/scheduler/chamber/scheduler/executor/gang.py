@@ -187,7 +187,7 @@ class Gang:
         job, attempt, started = self.job_id, self.attempt, self.started_at
         failures = sorted((e.at, r) for r, e in ends.items() if e.failed)
         lost = sorted({e.node for e in ends.values() if e.lost})
-        if self.launch_error:
+        if self.launch_error and started is None:  # once it started, the attempt ends as a stop (requeued)
             return [Publish(JobLaunchFailed(job_id=job, attempt=attempt, failed_at=at, reason=self.launch_error),
                             "launch-failed")]  # fmt: skip
         if failures:
