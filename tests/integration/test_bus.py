@@ -148,6 +148,51 @@ async def test_a_message_is_acked_only_after_the_handler_succeeds(bus: Bus) -> N
     assert seen == ["j1", "j1"], "redelivered after the failure"
 
 
+async def test_messages_wait_out_a_dependency_outage_however_many_deliveries_it_takes(bus: Bus) -> None:
+    """A handler failing because a dependency is down (the ledger unreachable) fails for every message, however
+    often each is delivered: none is dead-lettered, and all are applied once it is back. A handler failing for a
+    message's own sake is still given up on after `max_attempts`."""
+
+    class Down(Exception):
+        pass
+
+    down = True
+    calls: list[str] = []
+    applied: list[str] = []
+
+    async def handler(event: JobCancelRequested) -> None:
+        calls.append(event.job_id)
+        if event.job_id == "poison":
+            raise RuntimeError("this message can never be applied")
+        if down:
+            raise Down("the ledger is unreachable")
+        applied.append(event.job_id)
+
+    async def batch_handler(events: list[JobCancelRequested]) -> None:
+        for event in events:
+            await handler(event)
+
+    consumer = bus.consumer(
+        stream=JOBS, durable="t", filter_subjects=[bus.names.subject("jobs.>")], decoder=Decoder(JobEvent),
+        handler=handler, batch_handler=batch_handler, max_attempts=2, outage=(Down,),
+    )  # fmt: skip
+    await consumer.start()
+    for job in ("a", "b", "c"):
+        await bus.publish(bus.names.job_cancel(job), JobCancelRequested(job_id=job, requested_at=1.0))
+    await eventually(lambda: calls.count("a") >= 4, what="delivered twice as often as max_attempts", within=15)
+    down = False
+    await eventually(lambda: sorted(applied) == ["a", "b", "c"], what="all applied once it is back", within=15)
+    await bus.publish(bus.names.job_cancel("poison"), JobCancelRequested(job_id="poison", requested_at=1.0))
+
+    async def dead_lettered() -> int:
+        return int((await bus.js.stream_info(bus.names.stream(DEADLETTER))).state.messages)
+
+    await eventually(lambda: calls.count("poison") == 2, what="the poison message tried max_attempts times")
+    await eventually(dead_lettered, what="the poison message dead-lettered")
+    assert await dead_lettered() == 1, "only the poison message"
+    assert consumer.processed == 3
+
+
 async def test_garbage_is_dead_lettered_and_the_consumer_goes_on(bus: Bus) -> None:
     handled: list[str] = []
 

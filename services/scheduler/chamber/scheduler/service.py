@@ -25,7 +25,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from chamber.common.bus import Bus, BusError, Consumer
+from chamber.common.bus import Bus, BusError, BusUnavailable, Consumer
 from chamber.common.codec import DecodeError, Decoder, encode
 from chamber.common.contracts import (
     TERMINAL_STATES,
@@ -46,7 +46,7 @@ from chamber.common.contracts import (
 )
 from chamber.common.jobstore import JobStore, StaleWrite, Write
 from chamber.common.lease import Lease, LeaseLost, identity
-from chamber.common.ledger import Claim, Ledger, LedgerFenced, LedgerNotReady
+from chamber.common.ledger import Claim, Ledger, LedgerFenced, LedgerNotReady, LedgerUnavailable
 from chamber.common.log import get_logger
 from chamber.common.quota import QuotaBook
 from chamber.common.quotastore import QuotaStore
@@ -187,6 +187,7 @@ class Scheduler:
             batch_handler=self.on_events,
             recheck_handler=self.on_events_again,
             batch=256,
+            outage=(LedgerUnavailable, BusUnavailable),
         )
         await consumer.start()
         log.info(

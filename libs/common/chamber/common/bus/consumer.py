@@ -2,7 +2,9 @@
 
 A message that does not decode is dead-lettered and terminated (it would never decode on redelivery). A handler
 that raises gets the message redelivered with backoff; after `max_attempts` it is dead-lettered rather than
-retried forever, so one poison message cannot stall a service.
+retried forever, so one poison message cannot stall a service. Except when what it raised says a dependency is
+down (`outage`, e.g. the ledger unreachable): then no message is at fault, and every one is redelivered until the
+dependency is back, however long that takes (a minute without Redis dead-lettered every job event of that minute).
 
 With a batch handler, everything one fetch returned is applied in one call (the scheduler coalesces a burst of
 submissions into one decision pass), then each message is acked; if the batch fails, its messages are retried
@@ -40,6 +42,8 @@ if TYPE_CHECKING:
 log = get_logger(__name__)
 
 T = TypeVar("T")
+OUTAGE_RETRY_S = 5.0
+"""While a dependency is down, its messages are redelivered at most this long apart."""
 EventHandler = Callable[[T], Awaitable[None]]
 BatchHandler = Callable[[list[T]], Awaitable[None]]
 
@@ -59,6 +63,7 @@ class Consumer(Generic[T]):
         batch: int,
         ack_wait_s: float,
         max_attempts: int,
+        outage: tuple[type[BaseException], ...] = (),
     ) -> None:
         self.bus = bus
         self.stream = stream
@@ -71,6 +76,7 @@ class Consumer(Generic[T]):
         self.batch = batch
         self.ack_wait_s = ack_wait_s
         self.max_attempts = max_attempts
+        self.outage = outage
         self._task: asyncio.Task[None] | None = None
         self._puller: Puller | None = None
         self._stopping = asyncio.Event()
@@ -175,6 +181,9 @@ class Consumer(Generic[T]):
             handle = self.recheck_handler  # the whole batch, so events about one job stay in order
         try:
             await handle([event for _, event in decoded])
+        except self.outage as exc:
+            await self._wait_out([msg for msg, _ in decoded], exc)
+            return
         except Exception as exc:
             log.warning("consumer.batch_failed", durable=self.durable, size=len(decoded), error=repr(exc))
             for msg, event in decoded:
@@ -204,6 +213,9 @@ class Consumer(Generic[T]):
                 await self.recheck_handler([event])
             else:
                 await self.handler(event)
+        except self.outage as exc:
+            await self._wait_out([msg], exc)
+            return
         except Exception as exc:
             attempts = msg.metadata.num_delivered or 1
             if attempts >= self.max_attempts:
@@ -216,6 +228,18 @@ class Consumer(Generic[T]):
             return
         self.processed += 1
         await _settle(msg.ack())
+
+    async def _wait_out(self, msgs: list[Msg], exc: BaseException) -> None:
+        """A dependency is down: redeliver the messages later (never dead-letter them: none is at fault) and pause
+        before fetching more, which would fail the same way."""
+        attempts = max((msg.metadata.num_delivered or 1) for msg in msgs)
+        delay = min(0.2 * 2**attempts, OUTAGE_RETRY_S)
+        log.warning("consumer.dependency_down", durable=self.durable, messages=len(msgs), error=repr(exc),
+                    retry_in_s=delay)  # fmt: skip
+        for msg in msgs:
+            await _settle(msg.nak(delay=delay))
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stopping.wait(), timeout=delay)
 
 
 def _redelivered(msg: Msg) -> bool:
