@@ -173,6 +173,58 @@ async def test_the_reflector_relists_after_410_and_reports_what_changed_meanwhil
     await kube.close()
 
 
+async def test_a_reflector_whose_sync_handler_fails_lists_again_and_goes_on_following(cluster: Running) -> None:
+    """The intake publishes from its `on_synced`; NATS away at that moment used to end the reflector's task
+    silently, and that kind of workload was never followed again."""
+    kube = KubeClient.connect(cluster.url)
+    syncs: list[int] = []
+    seen: list[str] = []
+
+    async def on_synced(objects: dict[str, Any]) -> None:
+        syncs.append(len(objects))
+        if len(syncs) == 1:
+            raise RuntimeError("injected: the bus is away")
+
+    async def on_event(kind: str, obj: dict[str, Any]) -> None:
+        seen.append(obj["metadata"]["name"])
+
+    stop = asyncio.Event()
+    reflector = Reflector(kube, PODS, on_event, namespace="default", on_synced=on_synced)
+    task = asyncio.create_task(reflector.run(stop))
+    await eventually(lambda: len(syncs) == 2, what="the sync handler run again after it failed")
+    await kube.create(PODS, pod("after"), "default")
+    await eventually(lambda: "after" in seen, what="still following")
+    assert not task.done()
+    stop.set()
+    await task
+    await kube.close()
+
+
+async def test_an_answer_that_breaks_off_is_the_adapters_error_not_the_librarys() -> None:
+    """The client library returns before the body is read; a body cut short (an API server restarting) raised
+    urllib3's ProtocolError, which nothing following the cluster expected."""
+    import socket
+    import threading
+
+    from chamber.common.kube.errors import KubeUnavailable
+
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+
+    def answer_half() -> None:
+        conn, _ = server.accept()
+        conn.recv(65536)
+        conn.sendall(b'HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{"items": [')
+        conn.close()
+
+    threading.Thread(target=answer_half, daemon=True).start()
+    kube = KubeClient.connect(f"http://127.0.0.1:{port}")
+    with pytest.raises(KubeUnavailable, match="broke off"):
+        await kube.list(PODS, "default")
+    await kube.close()
+    server.close()
+
+
 async def test_the_emulated_kubelet_runs_a_bound_pod_and_nodes_carry_gpu_labels(cluster: Running) -> None:
     kube = KubeClient.connect(cluster.url)
     nodes, _ = await kube.list(NODES)

@@ -169,10 +169,16 @@ class KubeClient:
 
     def _json(self, method: str, path: str, **kwargs: Any) -> Obj:
         resp = self._call(method, path, **kwargs)
-        data = resp.read()
+        try:  # the body is read after the call returned: an answer that breaks off raises only here
+            data = resp.read()
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            raise KubeUnavailable(f"{method} {path}: the answer broke off: {exc}") from exc
         if not 200 <= resp.status < 300:
             raise from_status(resp.status, data)
-        doc: Obj = json.loads(data) if data else {}
+        try:
+            doc: Obj = json.loads(data) if data else {}
+        except ValueError as exc:
+            raise KubeUnavailable(f"{method} {path}: unreadable answer: {exc}") from exc
         return doc
 
     async def request(self, method: str, path: str, **kwargs: Any) -> Obj:

@@ -75,6 +75,13 @@ class Reflector:
                     log.warning("kube.watch_failed", resource=self.name, error=str(exc), retry_s=backoff)
                     await _sleep_or_stop(stop, backoff)
                     backoff = min(backoff * 2, 10.0)
+                except Exception:  # never let a reflector end: its resource would silently no longer be followed
+                    if stop.is_set():
+                        break
+                    log.exception("kube.reflector_failed", resource=self.name, retry_s=backoff)
+                    need_list = True  # from a fresh list, which also runs `on_synced` again
+                    await _sleep_or_stop(stop, backoff)
+                    backoff = min(backoff * 2, 10.0)
         finally:
             stopper.cancel()
             if self._stream is not None:
