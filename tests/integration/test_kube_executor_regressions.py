@@ -173,6 +173,31 @@ async def test_a_stop_the_api_refused_is_tried_again_and_reported_only_once_the_
             await ex.close()
 
 
+async def test_a_running_job_found_suspended_at_resync_is_reported_stopped_once_its_pods_are_gone(
+    settings: Settings, bus: Bus
+) -> None:
+    """The leader suspended a running Job (a pod of its gang was evicted) and died before the pods were gone and the
+    stop reported. The next leader finds the record running and the Job suspended: nothing would ever report the
+    attempt's end, and its GPUs would stay held."""
+    async with rig(settings, bus) as r:
+        first = r.executor()
+        try:
+            await launched(r, first)
+        finally:
+            await first.close()
+        await r.kc.patch(JOBS, "j", {"spec": {"suspend": True}}, "default")
+        r.events.clear()
+        second = r.executor()
+        try:
+            await second.resync([r.running()])
+            await until(lambda: "JobStopped" in r.kinds(), "the stop reported by the next leader", within=15)
+            stopped = next(e for e in r.events if type(e).__name__ == "JobStopped")
+            assert getattr(stopped, "interrupted", False), "an interruption: requeued, its lost work counted"
+            assert not [p for p in await r.pods() if p["status"].get("phase") == "Running"]
+        finally:
+            await second.close()
+
+
 async def test_a_cancel_of_a_deleted_job_is_reported_once_its_terminating_pods_are_gone(
     settings: Settings, bus: Bus
 ) -> None:

@@ -290,8 +290,16 @@ class KubernetesExecutor:
                 outcome = self._cached_outcome(record)
                 if outcome is not None:  # it completed or failed while the scheduler was down
                     await self._finished(attempt, *outcome)
-                else:
-                    await self._progress(attempt)
+                    continue
+                if self._cached_suspended(record):
+                    # Running, yet suspended: only a stop suspends a running workload, so it was being stopped
+                    # (interrupted: a pod evicted or lost) when the last leader went, before the stop was reported.
+                    attempt.stopping = "interrupted while the scheduler was away (its workload is suspended)"
+                    attempt.stopping_since = self.clock.now()
+                    attempt.graceful = False
+                    attempt.interrupted = True
+                    await self._halt(attempt)
+                await self._progress(attempt)
             else:
                 await self.launch(record)
 
@@ -327,18 +335,28 @@ class KubernetesExecutor:
             if pod_attempt(pod) == attempt.record.attempt:
                 attempt.pods[meta(pod)["uid"]] = pod
 
-    def _cached_outcome(self, record: JobRecord) -> tuple[bool, str] | None:
-        """The workload's outcome as the reflector last saw it (None: not finished, or not seen)."""
+    def _cached_workload(self, record: JobRecord) -> Obj | None:
+        """The job's workload as its reflector last saw it (None: not seen)."""
         ref = record.spec.workload
         reflector = (
             self._workloads.get(RESOURCES[ref.kind].plural) if ref is not None and ref.kind in RESOURCES else None
         )
         if ref is None or reflector is None:
             return None
-        for obj in reflector.objects.values():
-            if meta(obj).get("uid") == ref.uid:
-                return job_outcome(obj)
-        return None
+        return next((obj for obj in reflector.objects.values() if meta(obj).get("uid") == ref.uid), None)
+
+    def _cached_outcome(self, record: JobRecord) -> tuple[bool, str] | None:
+        """The workload's outcome as the reflector last saw it (None: not finished, or not seen)."""
+        workload = self._cached_workload(record)
+        return job_outcome(workload) if workload is not None else None
+
+    def _cached_suspended(self, record: JobRecord) -> bool:
+        """Whether the workload is suspended, as its reflector last saw it."""
+        workload = self._cached_workload(record)
+        if workload is None:
+            return False
+        spec = workload.get("spec") or {}
+        return bool((spec.get("runPolicy") or {}).get("suspend") if "runPolicy" in spec else spec.get("suspend"))
 
     async def _on_pod(self, kind: str, pod: Obj) -> None:
         job_id = labels_of(pod).get(L.JOB_ID, "")
