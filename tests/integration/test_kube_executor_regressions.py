@@ -13,7 +13,7 @@ import msgspec
 import pytest
 
 from chamber.cli.kubesim.serve import Running, emulated_cluster
-from chamber.common.bus import Bus
+from chamber.common.bus import Bus, PublishError
 from chamber.common.clock import SystemClock
 from chamber.common.codec import Decoder
 from chamber.common.contracts import GpuRef, JobEvent, JobRecord, JobState, Placement
@@ -196,6 +196,34 @@ async def test_a_running_job_found_suspended_at_resync_is_reported_stopped_once_
             assert not [p for p in await r.pods() if p["status"].get("phase") == "Running"]
         finally:
             await second.close()
+
+
+async def test_a_report_nats_did_not_store_is_published_once_it_is_back_however_long_it_was_away(
+    settings: Settings, bus: Bus
+) -> None:
+    """The start of a launched job cannot be published for 11 s (JetStream away). It is not dropped: a job whose
+    start is never heard of is failed by the launch deadline, and one whose stop is never heard of holds its GPUs
+    until the scheduler restarts."""
+    async with rig(settings, bus) as r:
+        ex = r.executor()
+        publish = bus.publish
+        away_until = time.monotonic() + 11.0
+        refused: list[str] = []
+
+        async def jetstream_away(subject: str, value: Any, **kw: Any) -> Any:
+            if ".jobs.lifecycle." in subject and time.monotonic() < away_until:
+                refused.append(subject)
+                raise PublishError("injected: no JetStream")
+            return await publish(subject, value, **kw)
+
+        bus.publish = jetstream_away  # type: ignore[method-assign,assignment]
+        try:
+            await ex.launch(r.record)
+            await until(lambda: refused, "the start report refused")
+            await until(lambda: "JobStarted" in r.kinds(), "JobStarted once JetStream is back", within=20)
+        finally:
+            bus.publish = publish  # type: ignore[method-assign]
+            await ex.close()
 
 
 async def test_a_cancel_of_a_deleted_job_is_reported_once_its_terminating_pods_are_gone(

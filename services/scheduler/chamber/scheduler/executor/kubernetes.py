@@ -144,6 +144,8 @@ class KubernetesExecutor:
         """job id -> its current attempt."""
         self._stop = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
+        self._unsent: dict[str, tuple[str, Event]] = {}
+        """Reports JetStream did not store (NATS away): message id -> (job, report), published again every second."""
         self._pods: Reflector | None = None
         self._pods_by_job: dict[str, dict[str, Obj]] = {}
         """Chamber's pods as the pod reflector has them, by job (job id -> uid -> pod): a launch or a progress
@@ -494,6 +496,7 @@ class KubernetesExecutor:
         while not self._stop.is_set():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stop.wait(), timeout=1.0)
+            await self._send_unsent()
             now = self.clock.now()
             for attempt in list(self.attempts.values()):
                 if attempt.done:
@@ -546,15 +549,29 @@ class KubernetesExecutor:
             self.attempts.pop(record.id, None)
 
     async def _report(self, record: JobRecord, event: Event, what: str) -> None:
-        """Publish a report until JetStream stores it (the message id makes a repeat harmless)."""
-        for _ in range(20):
-            try:
-                await self.bus.publish(self.bus.names.job_lifecycle(record.id), event,
-                                       msg_id=f"{record.id}:{record.attempt}:{what}")  # fmt: skip
+        """Publish a report until JetStream stores it (the message id makes a repeat harmless): a few tries here,
+        then every second from `_deadlines` for as long as it takes (the attempt is already forgotten: a report
+        dropped would leave its job running or stopping, its GPUs held, until the scheduler restarted)."""
+        msg_id = f"{record.id}:{record.attempt}:{what}"
+        for _ in range(3):
+            if await self._publish_report(record.id, event, msg_id):
                 return
-            except PublishError as exc:
-                log.warning("kube_executor.publish_failed", job_id=record.id, error=str(exc))
-                await asyncio.sleep(0.5)
+            await asyncio.sleep(0.5)
+        self._unsent[msg_id] = (record.id, event)
+
+    async def _publish_report(self, job_id: str, event: Event, msg_id: str) -> bool:
+        try:
+            await self.bus.publish(self.bus.names.job_lifecycle(job_id), event, msg_id=msg_id)
+            return True
+        except PublishError as exc:
+            log.warning("kube_executor.publish_failed", job_id=job_id, error=str(exc))
+            return False
+
+    async def _send_unsent(self) -> None:
+        for msg_id, (job_id, event) in list(self._unsent.items()):
+            if not await self._publish_report(job_id, event, msg_id):
+                return  # NATS is still away: the rest wait for the next round
+            del self._unsent[msg_id]
 
 
 class _NotReady(KubeError):
