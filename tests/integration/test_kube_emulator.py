@@ -200,6 +200,55 @@ async def test_a_reflector_whose_sync_handler_fails_lists_again_and_goes_on_foll
     await kube.close()
 
 
+async def test_the_intake_publishes_a_submit_and_a_cancel_nats_did_not_store_once_it_is_back(
+    cluster: Running, bus: Any, settings: Settings
+) -> None:
+    """A suspended Job that does not change again brings no watch event to retry its submit with; nor does a
+    deleted one for its cancel. JetStream away for longer than the intake's few tries must lose neither."""
+    import time
+
+    from chamber.common.bus import PublishError
+    from chamber.common.clock import SystemClock
+    from chamber.common.jobstore import JobStore
+    from chamber.common.kube.client import JOBS
+    from chamber.common.runtime import Context
+    from chamber.gateway.kube_intake import Intake
+    from tests.support.kube import gpu_job
+
+    kube = KubeClient.connect(cluster.url)
+    published: list[str] = []
+    publish = bus.publish
+    away_until = time.monotonic() + 1e9
+
+    async def jetstream_away(subject: str, value: Any, **kw: Any) -> Any:
+        if time.monotonic() < away_until:
+            raise PublishError("injected: no JetStream")
+        published.append(type(value).__name__)
+        return await publish(subject, value, **kw)
+
+    bus.publish = jetstream_away
+    ctx = Context(settings, "gateway", SystemClock(), bus.names)
+    intake = Intake(ctx, bus, kube, await JobStore.open(bus))
+    stop = asyncio.Event()
+    task = asyncio.create_task(intake.run(stop))
+    try:
+        job = gpu_job("waits")
+        job["metadata"]["labels"]["chamber.io/managed"] = "true"  # as the mutating webhook marks it
+        job["spec"]["suspend"] = True
+        await kube.create(JOBS, job, "default")
+        await eventually(lambda: intake.unsent, what="the submit kept for later", within=15)
+        await kube.delete(JOBS, "waits", "default")
+        await eventually(lambda: len(intake.unsent) == 2, what="the cancel kept for later", within=15)
+        away_until = time.monotonic()
+        await eventually(lambda: not intake.unsent, what="both published once JetStream is back", within=15)
+        assert published == ["JobSubmitted", "JobCancelRequested"]
+    finally:
+        stop.set()
+        await task
+        bus.publish = publish
+        await kube.close()
+
+
 async def test_an_answer_that_breaks_off_is_the_adapters_error_not_the_librarys() -> None:
     """The client library returns before the body is read; a body cut short (an API server restarting) raised
     urllib3's ProtocolError, which nothing following the cluster expected."""

@@ -163,6 +163,10 @@ class _Server(uvicorn.Server):
         yield
 
 
+RETRY_S = 2.0
+"""How often submits and cancels JetStream did not store are published again."""
+
+
 class Intake:
     """Managed Jobs in, job events out."""
 
@@ -176,6 +180,9 @@ class Intake:
         self.client = client
         self.store = store
         self.submitted: set[str] = set()
+        self.unsent: dict[str, tuple[str, Any]] = {}
+        """Submits and cancels JetStream did not store (NATS away): message id -> (subject, event), published again
+        every `RETRY_S` until stored. The Job may not change again for a watch event to bring it back."""
         self.reflectors: list[Reflector] = []
         self.kinds: set[str] = {"Job"}
         """The workload kinds watched (JobSet, PyTorchJob and TrainJob too where their CRDs are installed)."""
@@ -254,6 +261,8 @@ class Intake:
         return {n.strip() for n in raw.split(",") if n.strip()} or None
 
     async def _publish(self, subject: str, event: Any, msg_id: str) -> None:
+        """Publish (the message id makes a repeat harmless); if JetStream does not store it after a few tries, it
+        is kept in `unsent` and published again from `run` until it is."""
         for attempt in range(5):
             try:
                 await self.bus.publish(subject, event, msg_id=msg_id)
@@ -261,7 +270,19 @@ class Intake:
             except BusError as exc:
                 log.warning("kube_intake.publish_failed", subject=subject, error=str(exc), attempt=attempt + 1)
                 await asyncio.sleep(0.2 * 2**attempt)
-        raise BusError(f"could not publish {msg_id}")
+        self.unsent[msg_id] = (subject, event)
+
+    async def _send_unsent(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=RETRY_S)
+            for msg_id, (subject, event) in list(self.unsent.items()):
+                try:
+                    await self.bus.publish(subject, event, msg_id=msg_id)
+                except BusError as exc:
+                    log.warning("kube_intake.publish_failed", subject=subject, error=str(exc), waiting=len(self.unsent))
+                    break  # NATS is still away: the rest wait for the next round
+                del self.unsent[msg_id]
 
     async def run(self, stop: asyncio.Event) -> None:
         namespaces: list[str | None] = [*sorted(self._namespaces() or ())] or [None]
@@ -275,7 +296,7 @@ class Intake:
                       on_synced=self.on_synced, name=f"{res.plural}/{ns or '*'}")
             for res in resources for ns in namespaces
         ]  # fmt: skip
-        await asyncio.gather(*(r.run(stop) for r in self.reflectors))
+        await asyncio.gather(self._send_unsent(stop), *(r.run(stop) for r in self.reflectors))
 
 
 def _ssl(cert_dir: str) -> dict[str, str]:
