@@ -226,6 +226,26 @@ async def test_a_report_nats_did_not_store_is_published_once_it_is_back_however_
             await ex.close()
 
 
+async def test_an_undone_attempt_that_had_started_ends_as_an_interruption_not_a_launch_failure(
+    settings: Settings, bus: Bus
+) -> None:
+    """A running attempt whose replacement pod cannot be bound is undone. The scheduler ignores a launch failure
+    for a running job (the attempt started), so reporting one would leave it running with no pods, its GPUs held:
+    it ends as an interrupted stop, and is requeued."""
+    async with rig(settings, bus) as r:
+        ex = r.executor()
+        try:
+            await launched(r, ex)
+            attempt = ex.attempts[r.record.id]
+            await ex._undo(attempt, "binding failed: injected")  # what a failed bind of a replacement pod does
+            await until(lambda: "JobStopped" in r.kinds(), "the attempt's end reported once its pods are gone")
+            stopped = next(e for e in r.events if type(e).__name__ == "JobStopped")
+            assert getattr(stopped, "interrupted", False)
+            assert "JobLaunchFailed" not in r.kinds()
+        finally:
+            await ex.close()
+
+
 async def test_a_cancel_of_a_deleted_job_is_reported_once_its_terminating_pods_are_gone(
     settings: Settings, bus: Bus
 ) -> None:

@@ -3,6 +3,7 @@ configuration holding one would be stored as null and never decode again (the qu
 the team and pool API would answer 503 for good). Such a file is refused, naming the field."""
 
 import math
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -73,7 +74,14 @@ def test_a_quota_file_is_refused_or_round_trips(tmp_path: Path, path: tuple[str 
         assert str(path[-1]) in refusal, "the refusal names the field"
         assert value != 2.5, "a plain number is accepted"
         return
-    validate(loaded[0])
+    refusal = ""
+    try:
+        validate(loaded[0])
+    except ConfigError as exc:  # finite, but too large to compute with (a price, a budget)
+        refusal = str(exc)
+    if refusal:
+        assert str(path[-1]) in refusal, "the refusal names the field"
+        assert value != 2.5, "a plain number is accepted"
     assert Decoder(QuotaConfig).decode(encode(loaded[0])) == loaded[0]
 
 
@@ -82,3 +90,24 @@ def test_validate_refuses_what_bypassed_the_loader() -> None:
     config = msgspec.structs.replace(QuotaConfig(), usage_half_life_s=math.inf)
     with pytest.raises(ConfigError, match=r"usage_half_life_s: inf is not a finite number"):
         validate(config)
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "words"),
+    [
+        (("pools", 0, "cost_per_gpu_hour"), 1e308, "cost_per_gpu_hour 1e+308 is above 1e+06"),
+        (("teams", 0, "budget", "gpu_hours"), 5e-324, "budget gpu_hours 4.94066e-324 is outside"),
+        (("teams", 0, "budget", "money"), 1e300, "budget money 1e+300 is outside"),
+    ],
+    ids=["price-overflowing", "budget-subnormal", "budget-huge"],
+)
+def test_numbers_that_make_costs_or_budget_shares_infinite_are_refused_in_a_new_configuration(
+    path: tuple[str | int, ...], value: float, words: str
+) -> None:
+    """Finite, but a cost (GPU-hours x price) or a budget share (spent / budget) computed from them is not, and a
+    quota state holding inf no longer decodes anywhere. A new configuration with one is refused; one stored before
+    this bound still decodes (the contract itself does not bound them, so an upgrade does not lose it)."""
+    config = msgspec.convert(with_value(path, value), QuotaConfig)
+    with pytest.raises(ConfigError, match=re.escape(words)):
+        validate(config)
+    assert Decoder(QuotaConfig).decode(encode(config)) == config

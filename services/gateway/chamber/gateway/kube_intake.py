@@ -262,7 +262,11 @@ class Intake:
 
     async def _publish(self, subject: str, event: Any, msg_id: str) -> None:
         """Publish (the message id makes a repeat harmless); if JetStream does not store it after a few tries, it
-        is kept in `unsent` and published again from `run` until it is."""
+        is kept in `unsent` and published again from `run` until it is. While some wait there, a new one waits
+        behind them: a cancel must not reach the scheduler before the submit of its job."""
+        if self.unsent:
+            self.unsent[msg_id] = (subject, event)
+            return
         for attempt in range(5):
             try:
                 await self.bus.publish(subject, event, msg_id=msg_id)

@@ -25,7 +25,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from chamber.common.bus import Bus, BusError, BusUnavailable, Consumer
+from chamber.common.bus import Bus, BusError, Consumer
 from chamber.common.codec import DecodeError, Decoder, encode
 from chamber.common.contracts import (
     TERMINAL_STATES,
@@ -187,7 +187,7 @@ class Scheduler:
             batch_handler=self.on_events,
             recheck_handler=self.on_events_again,
             batch=256,
-            outage=(LedgerUnavailable, BusUnavailable),
+            outage=(LedgerUnavailable,),
         )
         await consumer.start()
         log.info(

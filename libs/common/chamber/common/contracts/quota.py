@@ -18,13 +18,16 @@ MAX_GPUS = 2**31 - 1
 validation keeps the sums published per team (its guarantees over all pools) within it too, which a pool whose
 capacity is not known yet cannot do. Generous on purpose: a stored configuration above it no longer decodes."""
 Gpus = Annotated[int, msgspec.Meta(ge=0, le=MAX_GPUS)]
-Price = Annotated[float, msgspec.Meta(ge=0, le=1e6)]
-"""Per GPU-hour. Bounded above so that costs (GPU-hours x price, summed over every team's history) stay finite:
-an unbounded price made a team's cost overflow to inf, which JSON cannot carry, and the quota state published
-with it no longer decoded anywhere."""
-BudgetAmount = Annotated[float, msgspec.Meta(ge=1e-3, le=1e15)]
-"""GPU-hours or money. Bounded below so that the share used (spent / budget) stays finite: a budget of 5e-324
-made it inf, with the same effect."""
+MAX_PRICE = 1e6
+BUDGET_RANGE = (1e-3, 1e15)
+Price = Annotated[float, msgspec.Meta(ge=0, le=MAX_PRICE)]
+"""Per GPU-hour, as a new configuration may set it (the API's bodies; `validate` for a file). Bounded above so that
+costs (GPU-hours x price, summed over every team's history) stay finite: an unbounded price made a team's cost
+overflow to inf, which JSON cannot carry, and every quota state published after it failed to decode. Not on the
+stored contract: a configuration stored before the bound must still decode."""
+BudgetAmount = Annotated[float, msgspec.Meta(ge=BUDGET_RANGE[0], le=BUDGET_RANGE[1])]
+"""GPU-hours or money, as a new configuration may set them. Bounded below so that the share used (spent / budget)
+stays finite: a budget of 5e-324 made it inf, with the same effect."""
 
 
 class PoolConfig(Contract, frozen=True):
@@ -33,7 +36,7 @@ class PoolConfig(Contract, frozen=True):
     name: Name
     gpu_model: str
     cluster: str = "local"
-    cost_per_gpu_hour: Price = 0.0
+    cost_per_gpu_hour: Annotated[float, msgspec.Meta(ge=0)] = 0.0
     capacity: Gpus | None = None
     """Declared capacity, used until the inventory reports the pool's GPUs."""
 
@@ -49,8 +52,8 @@ class TeamQuota(Contract, frozen=True):
 
 
 class BudgetSpec(Contract, frozen=True):
-    gpu_hours: BudgetAmount | None = None
-    money: BudgetAmount | None = None
+    gpu_hours: Annotated[float, msgspec.Meta(gt=0)] | None = None
+    money: Annotated[float, msgspec.Meta(gt=0)] | None = None
     period: Literal["day", "week", "month"] = "month"
     mode: Literal["warn", "block-preemptible", "block-all"] = "warn"
 

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 import msgspec
 
 from chamber.common.contracts import QuotaConfig, TeamConfig, TeamQuota
-from chamber.common.contracts.quota import MAX_GPUS
+from chamber.common.contracts.quota import BUDGET_RANGE, MAX_GPUS, MAX_PRICE
 
 Usage = Mapping[tuple[str, str], int]
 """(team, pool) -> GPUs in use."""
@@ -99,6 +99,15 @@ def validate(config: QuotaConfig, capacity: Mapping[str, int] | None = None) -> 
                 )
         if team.budget is not None and team.budget.gpu_hours is None and team.budget.money is None:
             problems.append(f"team {team.name}: a budget needs gpu_hours or money")
+        if team.budget is not None:
+            low, high = BUDGET_RANGE
+            for what, amount in (("gpu_hours", team.budget.gpu_hours), ("money", team.budget.money)):
+                if amount is not None and not low <= amount <= high:
+                    problems.append(f"team {team.name}: budget {what} {amount:g} is outside [{low:g}, {high:g}]")
+    for pool_config in config.pools:
+        if pool_config.cost_per_gpu_hour > MAX_PRICE:
+            problems.append(f"pool {pool_config.name}: cost_per_gpu_hour {pool_config.cost_per_gpu_hour:g} is above "
+                            f"{MAX_PRICE:g}")  # fmt: skip
     book = QuotaBook(config, capacity)
     for pool in pools:
         cap = book.capacity.get(pool, 0)

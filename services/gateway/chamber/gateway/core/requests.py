@@ -10,7 +10,7 @@ from typing import Annotated, Literal
 import msgspec
 
 from chamber.common.contracts import BudgetSpec, FaultInjection, JobSpec, PoolConfig, TeamConfig, TeamQuota, Topology
-from chamber.common.contracts.quota import Gpus, KubeNamespace, Name, Price
+from chamber.common.contracts.quota import BudgetAmount, Gpus, KubeNamespace, Name, Price
 from chamber.gateway.core.authz import Role
 
 Priority = Literal["inference", "train", "research", "best-effort"]
@@ -39,7 +39,8 @@ class TeamQuotaBody(TeamQuota, frozen=True, forbid_unknown_fields=True):
 
 
 class BudgetBody(BudgetSpec, frozen=True, forbid_unknown_fields=True):
-    pass
+    gpu_hours: BudgetAmount | None = None
+    money: BudgetAmount | None = None
 
 
 class TeamBody(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

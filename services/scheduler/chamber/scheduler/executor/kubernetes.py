@@ -8,9 +8,11 @@
 - **Reports** (on `jobs.lifecycle.<job>`): `JobStarted` when every replica runs; `JobFinished` when the Job is
   `Complete` or `Failed` (exit code and `OOMKilled` from the pods); `JobStopped` when a stop finished (no pod of
   the attempt left that may hold a GPU: finished pods stay and do not count; bounded by the pods' grace period
-  plus `STOP_MARGIN_S`), or, interrupted, when a pod of a running attempt was evicted or its node failed;
-  `JobLaunchFailed` when the Job is gone, a binding failed, or the attempt was not running within
-  `CHAMBER_KUBE_START_TIMEOUT_S` (the reason names the pods still pending), once the attempt's pods are gone.
+  plus `STOP_MARGIN_S` from when the API took the suspend or delete, which is tried again every second while it
+  refuses), or, interrupted, when a pod of a running attempt was evicted or its node failed, or a replacement pod
+  of a running attempt could not be bound; `JobLaunchFailed` when the Job is gone, a binding failed, or the
+  attempt was not running within `CHAMBER_KUBE_START_TIMEOUT_S` (the reason names the pods still pending), once
+  the attempt's pods are gone.
 - **Stop**: suspend the Job; the Job controller deletes its pods, which get SIGTERM and their
   `terminationGracePeriodSeconds` (the intake made that the job's checkpoint grace). A stop without grace (a
   failed GPU) also deletes the pods at once. A cancel deletes the Job; either way the stop is reported only once
@@ -105,6 +107,8 @@ class Attempt:
     halted: bool = False
     """The API took the stop: the workload is suspended (deleted, for a cancel) and, unless graceful, its pods are
     being deleted at once. Until then its pods may run on, so a stop is never taken as done by its clock alone."""
+    halted_once: bool = False
+    """The stop's clock started (when the API first took it; a later, stronger stop keeps that clock)."""
     deleting: bool = False
     """The stop deletes the workload (a cancel) instead of suspending it."""
     failing: str = ""
@@ -233,6 +237,8 @@ class KubernetesExecutor:
             self._adopt_pods(attempt)
         if not attempt.stopping:
             attempt.stopping_since = self.clock.now()
+        if (record.cancel_requested and not attempt.deleting) or (attempt.graceful and grace_s <= 0):
+            attempt.halted = False  # more to do than the stop the API took (delete it, or its pods at once)
         attempt.stopping = reason or "stopped"
         attempt.graceful = grace_s > 0
         attempt.deleting = attempt.deleting or record.cancel_requested
@@ -266,7 +272,9 @@ class KubernetesExecutor:
             return
         if not attempt.halted:
             attempt.halted = True
-            attempt.stopping_since = self.clock.now()
+            if not attempt.halted_once:
+                attempt.halted_once = True
+                attempt.stopping_since = self.clock.now()
 
     async def resync(self, records: Iterable[JobRecord]) -> None:
         await self._ensure_started()
@@ -480,7 +488,13 @@ class KubernetesExecutor:
         await self._progress(attempt)
 
     def _begin_undo(self, attempt: Attempt, reason: str) -> None:
-        attempt.stopping = attempt.failing = reason
+        """Stop the attempt without grace: a launch that did not come about ends as a launch failure; one that had
+        started (a replacement pod that could not be bound) as an interruption, requeued like any."""
+        attempt.stopping = reason
+        if attempt.started:
+            attempt.interrupted = True
+        else:
+            attempt.failing = reason
         attempt.stopping_since = self.clock.now()
         attempt.graceful = False
 
