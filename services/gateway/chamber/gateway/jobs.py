@@ -129,7 +129,7 @@ async def _bound(gw: GatewayState, key: str) -> _Binding | None:
         entry = await gw.idempotency.get(key)
     except (nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError):
         return None
-    return _binding.decode(entry.value or b"") if entry.value else None
+    return _binding.decode(entry.value) if entry.value else None
 
 
 async def _publish_submit(gw: GatewayState, job_id: str, spec: JobSpec, now: float) -> None:
