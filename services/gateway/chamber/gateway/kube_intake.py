@@ -35,7 +35,8 @@ from litestar import Litestar, get, post
 from litestar.params import JSONBody
 from litestar.status_codes import HTTP_200_OK
 
-from chamber.common.bus import Bus, BusError
+from chamber.common.bus import Bus
+from chamber.common.bus.outbox import Outbox
 from chamber.common.codec import Decoder
 from chamber.common.contracts import TERMINAL_STATES, JobCancelRequested, JobSubmitted, NodeInventory, QuotaConfig
 from chamber.common.jobstore import JobStore
@@ -180,9 +181,9 @@ class Intake:
         self.client = client
         self.store = store
         self.submitted: set[str] = set()
-        self.unsent: dict[str, tuple[str, Any]] = {}
-        """Submits and cancels JetStream did not store (NATS away): message id -> (subject, event), published again
-        every `RETRY_S` until stored. The Job may not change again for a watch event to bring it back."""
+        self.unsent = Outbox(bus, "kube_intake")
+        """Submits and cancels JetStream did not store (NATS away), published again every `RETRY_S` until stored:
+        the Job may not change again for a watch event to bring it back."""
         self.reflectors: list[Reflector] = []
         self.kinds: set[str] = {"Job"}
         """The workload kinds watched (JobSet, PyTorchJob and TrainJob too where their CRDs are installed)."""
@@ -261,32 +262,13 @@ class Intake:
         return {n.strip() for n in raw.split(",") if n.strip()} or None
 
     async def _publish(self, subject: str, event: Any, msg_id: str) -> None:
-        """Publish (the message id makes a repeat harmless); if JetStream does not store it after a few tries, it
-        is kept in `unsent` and published again from `run` until it is. While some wait there, a new one waits
-        behind them: a cancel must not reach the scheduler before the submit of its job."""
-        if self.unsent:
-            self.unsent[msg_id] = (subject, event)
-            return
-        for attempt in range(5):
-            try:
-                await self.bus.publish(subject, event, msg_id=msg_id)
-                return
-            except BusError as exc:
-                log.warning("kube_intake.publish_failed", subject=subject, error=str(exc), attempt=attempt + 1)
-                await asyncio.sleep(0.2 * 2**attempt)
-        self.unsent[msg_id] = (subject, event)
+        await self.unsent.publish(subject, event, msg_id, retry_delays=(0.2, 0.4, 0.8, 1.6, 3.2))
 
     async def _send_unsent(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=RETRY_S)
-            for msg_id, (subject, event) in list(self.unsent.items()):
-                try:
-                    await self.bus.publish(subject, event, msg_id=msg_id)
-                except BusError as exc:
-                    log.warning("kube_intake.publish_failed", subject=subject, error=str(exc), waiting=len(self.unsent))
-                    break  # NATS is still away: the rest wait for the next round
-                del self.unsent[msg_id]
+            await self.unsent.flush()
 
     async def run(self, stop: asyncio.Event) -> None:
         namespaces: list[str | None] = [*sorted(self._namespaces() or ())] or [None]

@@ -40,7 +40,8 @@ import copy
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from chamber.common.bus import Bus, PublishError
+from chamber.common.bus import Bus
+from chamber.common.bus.outbox import Outbox
 from chamber.common.clock import Clock
 from chamber.common.contracts import (
     JobFinished,
@@ -148,8 +149,8 @@ class KubernetesExecutor:
         """job id -> its current attempt."""
         self._stop = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
-        self._unsent: dict[str, tuple[str, Event]] = {}
-        """Reports JetStream did not store (NATS away): message id -> (job, report), published again every second."""
+        self._reports = Outbox(bus, "kube_executor")
+        """Reports JetStream did not store (NATS away), published again every second (`_deadlines`)."""
         self._pods: Reflector | None = None
         self._pods_by_job: dict[str, dict[str, Obj]] = {}
         """Chamber's pods as the pod reflector has them, by job (job id -> uid -> pod): a launch or a progress
@@ -510,7 +511,7 @@ class KubernetesExecutor:
         while not self._stop.is_set():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stop.wait(), timeout=1.0)
-            await self._send_unsent()
+            await self._reports.flush()
             now = self.clock.now()
             for attempt in list(self.attempts.values()):
                 if attempt.done:
@@ -563,29 +564,10 @@ class KubernetesExecutor:
             self.attempts.pop(record.id, None)
 
     async def _report(self, record: JobRecord, event: Event, what: str) -> None:
-        """Publish a report until JetStream stores it (the message id makes a repeat harmless): a few tries here,
-        then every second from `_deadlines` for as long as it takes (the attempt is already forgotten: a report
-        dropped would leave its job running or stopping, its GPUs held, until the scheduler restarted)."""
-        msg_id = f"{record.id}:{record.attempt}:{what}"
-        for _ in range(3):
-            if await self._publish_report(record.id, event, msg_id):
-                return
-            await asyncio.sleep(0.5)
-        self._unsent[msg_id] = (record.id, event)
-
-    async def _publish_report(self, job_id: str, event: Event, msg_id: str) -> bool:
-        try:
-            await self.bus.publish(self.bus.names.job_lifecycle(job_id), event, msg_id=msg_id)
-            return True
-        except PublishError as exc:
-            log.warning("kube_executor.publish_failed", job_id=job_id, error=str(exc))
-            return False
-
-    async def _send_unsent(self) -> None:
-        for msg_id, (job_id, event) in list(self._unsent.items()):
-            if not await self._publish_report(job_id, event, msg_id):
-                return  # NATS is still away: the rest wait for the next round
-            del self._unsent[msg_id]
+        """Publish a report (see `Outbox`): a dropped one would leave its job running or stopping, its GPUs held,
+        until the scheduler restarted (the attempt is already forgotten here)."""
+        await self._reports.publish(self.bus.names.job_lifecycle(record.id), event,
+                                    f"{record.id}:{record.attempt}:{what}", retry_delays=(0.5, 0.5))  # fmt: skip
 
 
 class _NotReady(KubeError):
