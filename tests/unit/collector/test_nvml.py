@@ -95,6 +95,29 @@ def test_gpm_activity_is_read_between_two_snapshots_and_usage_is_the_busiest_uni
     assert all(sample.freed for sample in fake.gpm_samples), "every GPM snapshot is freed"
 
 
+@pytest.mark.parametrize(
+    ("sm", "tensor", "dram", "expected"),
+    [
+        # seen on a real H200: two GPM snapshots taken moments apart give NaN for DRAM bandwidth
+        (0.0, 0.0, float("nan"), (0.0, 0.0, None)),
+        (float("inf"), 10.0, 5.0, (None, 0.1, 0.05)),
+        (100.4, -0.2, 50.0, (1.0, 0.0, 0.5)),  # rounding past the ends is clamped
+    ],
+)
+def test_gpm_figures_that_are_not_percentages_are_dropped_or_clamped(
+    sm: float, tensor: float, dram: float, expected: tuple[float | None, ...]
+) -> None:
+    gpm = {
+        pynvml.NVML_GPM_METRIC_SM_UTIL: sm,
+        pynvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL: tensor,
+        pynvml.NVML_GPM_METRIC_DRAM_BW_UTIL: dram,
+    }
+    s = NvmlReader(FakeNvml([H100 | {"gpm": gpm}])).sample(0)
+    assert (s.sm_activity, s.tensor_activity, s.dram_activity) == expected
+    assert s.usage is not None
+    assert 0.0 <= s.usage <= 100.0, "usage is a percentage, never NaN"
+
+
 def test_a_gpu_at_idle_power_has_zero_usage_whatever_its_counters_say() -> None:
     s = NvmlReader(FakeNvml([H100_IDLE])).sample(0)
     assert s.sm_activity == 0.62

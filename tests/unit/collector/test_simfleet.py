@@ -24,6 +24,26 @@ def test_free_gpus_idle_busy_gpus_work_and_notebooks_hold_idle() -> None:
     assert gpu(fleet, 0, alloc, "node-0001", 0).gpu_util == 0.0
 
 
+def test_busy_gpus_report_the_power_cap_as_real_ones_do_and_health_sees_no_fault() -> None:
+    """A healthy fleet at work sets the SW power cap (an H200 did at 659 of 700 W) and idle GPUs set GPU idle:
+    a minute of it marks no GPU suspect."""
+    from chamber.health.core.engine import HealthEngine
+
+    fleet = SimulatedFleet(SHAPE, seed=1)
+    trainer = next(f"tr{i}" for i in range(100) if __import__("zlib").crc32(f"tr{i}".encode()) % 10 != 0)
+    alloc = {"node-0000/0": trainer, "node-0000/1": trainer, "node-0001/0": trainer}
+    engine = HealthEngine()
+    verdicts = []
+    reasons = set()
+    for t in range(60):
+        batches = fleet.sample(float(t), alloc)
+        reasons |= {g.clock_event_reasons for b in batches for g in b.gpus}
+        for b in batches:
+            verdicts += engine.observe(b, float(t))
+    assert reasons >= {0x01, 0x04}, "GPU idle on free GPUs, the SW power cap on the busiest"
+    assert verdicts == [], "working at the power limit is no fault"
+
+
 def test_pools_have_their_models_and_prices() -> None:
     shape = FleetShape(gpus_per_node=8, pools=(PoolShape("h100", "H100", 2, 4.0), PoolShape("a100", "A100", 3, 1.5)))
     inv = SimulatedFleet(shape).inventory(0)

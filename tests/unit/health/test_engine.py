@@ -132,6 +132,24 @@ def test_windows_are_measured_in_sample_time() -> None:
     assert HealthState.QUARANTINED not in states
 
 
+@pytest.mark.parametrize(
+    ("reasons", "suspect"),
+    [
+        (0x04, False),  # SW power cap: a busy GPU at its power limit (an H200 running bf16 products at 659 W)
+        (0x01 | 0x04, False),  # idle clocks and the power cap
+        (0x80, True),  # HW power brake: the board's power supply asked for slowdown
+        (0x08, True),  # HW slowdown: clocks halved by the hardware
+    ],
+    ids=["sw-power-cap", "idle-and-power-cap", "hw-power-brake", "hw-slowdown"],
+)
+def test_working_at_the_power_limit_is_no_warning_but_hardware_slowdowns_are(reasons: int, suspect: bool) -> None:
+    e = engine()
+    got = []
+    for t in range(10):
+        got += e.observe(batch(float(t), sample(clock_event_reasons=reasons)), float(t))
+    assert [v.state for v in got] == ([HealthState.SUSPECT] if suspect else [])
+
+
 def test_thermal_warnings_mark_suspect_then_clear() -> None:
     e = engine()
     got = []

@@ -3,8 +3,9 @@
 1. NVML: the GPUs it lists (UUIDs, models, MIG profiles), and one sample per GPU with the GPM fields (SM, tensor
    and DRAM activity over one second, the usage derived from them).
 2. The whole system (`chamber up` on embedded NATS and Redis, node agent, process executor): a one-GPU job that
-   runs a small CUDA workload (a matrix product with PyTorch if this Python has it, else `nvidia-smi`, else only
-   its environment) is placed, started and finished; its output shows the `CUDA_VISIBLE_DEVICES` it was given.
+   runs a small CUDA workload (matrix products for 3 s with PyTorch if this Python has it, else `nvidia-smi`, else
+   only its environment) is placed, started and finished; its output shows the `CUDA_VISIBLE_DEVICES` it was
+   given, and the fleet view (the node's NVML telemetry, through the bus) what its GPU did while it ran.
 
 Everything is reported as one JSON document; `ok` says whether all of it worked. With
 `CHAMBER_NVML_MODULE=tests.support.fakenvml:TWO_H100` it runs on any machine against the tests' fake NVML.
@@ -35,15 +36,19 @@ TORCH_WORKLOAD = """
 import json, os, time, torch
 assert torch.cuda.is_available(), "CUDA is not available to PyTorch"
 x = torch.randn(4096, 4096, device="cuda")
+y = x @ x
 torch.cuda.synchronize()
 t = time.perf_counter()
-for _ in range(20):
-    y = x @ x
-torch.cuda.synchronize()
+n = 0
+while time.perf_counter() - t < 3.0:  # long enough for the node's telemetry to see the GPU at work
+    for _ in range(20):
+        y = x @ x
+    torch.cuda.synchronize()
+    n += 20
 dt = time.perf_counter() - t
 print(json.dumps({"CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES"),
     "device_count": torch.cuda.device_count(), "device": torch.cuda.get_device_name(0),
-    "tflops": round(20 * 2 * 4096**3 / dt / 1e12, 1), "checksum": float(y[0, 0])}))
+    "tflops": round(n * 2 * 4096**3 / dt / 1e12, 1), "checksum": float(y[0, 0])}))
 """
 ENV_WORKLOAD = """
 import json, os
@@ -133,7 +138,7 @@ def run(timeout_s: float = 180.0) -> dict[str, Any]:
             up = subprocess.Popen([sys.executable, "-m", "chamber.cli.main", "up"], env=env, stdout=log, stderr=log)
         try:
             result["job"] = _run_job(f"http://127.0.0.1:{port}", kind, command, deadline)
-            result["ok"] = result["job"].get("state") == "succeeded"
+            result["ok"] = result["job"].get("state") == "succeeded" and _seen_at_work(kind, result["job"])
         except Exception as exc:  # report what failed, with the system's log
             result["error"] = f"{type(exc).__name__}: {exc}"
             result["log_tail"] = log_path.read_text(errors="replace")[-4000:]
@@ -144,6 +149,15 @@ def run(timeout_s: float = 180.0) -> dict[str, Any]:
             except subprocess.TimeoutExpired:
                 up.kill()
     return result
+
+
+def _seen_at_work(kind: str, job: dict[str, Any]) -> bool:
+    """A PyTorch workload computes for 3 s: the fleet view must have shown its GPU as the job's, and busy. (The
+    other workloads end too fast for a telemetry interval to see them.)"""
+    if not kind.startswith("pytorch"):
+        return True
+    seen = job["telemetry_while_running"]
+    return bool(seen["held_by_job"]) and (seen["max_util"] or 0.0) > 0.0
 
 
 def _run_job(url: str, kind: str, command: list[str], deadline: float) -> dict[str, Any]:
@@ -157,9 +171,12 @@ def _run_job(url: str, kind: str, command: list[str], deadline: float) -> dict[s
     timeline: list[dict[str, Any]] = []
     view: dict[str, Any] = {}
     placement = None
+    seen = _Seen(job_id)
     while time.monotonic() < deadline:
         view = json.loads(_http(url, "GET", f"/v1/jobs/{job_id}")[1])
         placement = placement or view.get("placement")
+        if view["state"] == "running" and placement:
+            seen.look(url, placement["gpus"])
         moment = {"state": view["state"], "reason": view.get("reason", ""), "after_s": round(time.monotonic() - t0, 2)}
         if not timeline or (timeline[-1]["state"], timeline[-1]["reason"]) != (moment["state"], moment["reason"]):
             timeline.append(moment)
@@ -176,8 +193,40 @@ def _run_job(url: str, kind: str, command: list[str], deadline: float) -> dict[s
     return {
         "id": job_id, "workload": kind, "nodes": nodes, "placement": placement, "state": view.get("state"),
         "reason": view.get("reason"), "timeline": timeline, "events": lifecycle, "cuda_visible_devices": visible,
-        "output": output[-2000:],
+        "telemetry_while_running": seen.report(), "output": output[-2000:],
     }  # fmt: skip
+
+
+class _Seen:
+    """What the fleet view (`GET /v1/fleet/gpus`: the node's NVML telemetry through the bus) showed of the job's
+    GPUs while it ran: whether they were shown as the job's, and the busiest reading."""
+
+    def __init__(self, job_id: str) -> None:
+        self.job_id = job_id
+        self.readings = 0
+        self.held_by_job = False
+        self.max_util: float | None = None
+        self.max_power_w: float | None = None
+
+    def look(self, url: str, gpus: list[list[Any]]) -> None:
+        status, body = _http(url, "GET", "/v1/fleet/gpus")
+        if status != 200:
+            return
+        wanted = {(str(node), int(index)) for node, index in gpus}
+        for node in json.loads(body):
+            for cell in node["gpus"]:
+                if (node["name"], cell["index"]) not in wanted or node.get("sampled_at") is None:
+                    continue
+                self.readings += 1
+                self.held_by_job = self.held_by_job or cell.get("allocated_to") == self.job_id
+                for key, field in (("max_util", "util"), ("max_power_w", "power_w")):
+                    value = cell.get(field)
+                    if value is not None:
+                        setattr(self, key, max(value, getattr(self, key) or 0.0))
+
+    def report(self) -> dict[str, Any]:
+        return {"readings": self.readings, "held_by_job": self.held_by_job, "max_util": self.max_util,
+                "max_power_w": self.max_power_w}  # fmt: skip
 
 
 TOKEN = f"device-check-{secrets.token_hex(16)}"

@@ -24,6 +24,8 @@ MEMORY_MB = {"H100": 81_559, "H200": 143_771, "A100": 81_920, "L40S": 46_068}
 POWER_LIMIT_W = {"H100": 700.0, "H200": 700.0, "A100": 400.0, "L40S": 350.0}
 
 
+GPU_IDLE = 0x01  # NVML clocks-event reason: nothing runs on the GPU
+SW_POWER_CAP = 0x04  # NVML clocks-event reason: clocks held to the power limit
 THERMAL_SLOWDOWN = 0x20  # NVML clocks-event reason: HW thermal slowdown
 FAULTS = ("xid", "dbe", "row_remap_failure", "nvlink_replay", "thermal", "heartbeat_loss")
 
@@ -132,6 +134,7 @@ class SimulatedFleet:
                 slot = f"{node.name}/{gpu.index}"
                 job = allocation.get(slot)
                 util = self._activity(job, now)
+                power = limit * (0.07 + 0.85 * util / 100)
                 sample = GpuSample(
                     index=gpu.index,
                     uuid=gpu.uuid,
@@ -140,9 +143,9 @@ class SimulatedFleet:
                     mem_used_mb=round(gpu.memory_mb * (0.7 if job else 0.0), 1),
                     mem_total_mb=float(gpu.memory_mb),
                     temperature_c=round(32 + util * 0.4 + self.rng.uniform(-1, 1), 1),
-                    power_w=round(limit * (0.07 + 0.85 * util / 100), 1),
+                    power_w=round(power, 1),
                     power_limit_w=limit,
-                    clock_event_reasons=0,
+                    clock_event_reasons=_clock_events(util, power, limit),
                     ecc_dbe_volatile=0,
                     ecc_sbe_volatile=0,
                     remapped_rows_pending=False,
@@ -191,3 +194,11 @@ class SimulatedFleet:
                 changes["temperature_c"] = 95.0
                 changes["clock_event_reasons"] = THERMAL_SLOWDOWN
         return msgspec.structs.replace(sample, **changes) if changes else sample
+
+
+def _clock_events(util: float, power_w: float, limit_w: float) -> int:
+    """The clocks-event reasons a healthy GPU reports, as a real H200 did: GPU idle when nothing runs, the SW power
+    cap when it works near its power limit (which health must not take for a fault)."""
+    if util == 0.0:
+        return GPU_IDLE
+    return SW_POWER_CAP if power_w >= 0.85 * limit_w else 0

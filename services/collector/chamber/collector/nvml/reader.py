@@ -12,6 +12,7 @@ A GPU NVML cannot read at all (fallen off the bus: GPU_IS_LOST) is left out of t
 stop the agent: fewer GPUs than the node's inventory is what health's gpu-count-drop rule looks for.
 """
 
+import math
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -226,7 +227,7 @@ class NvmlReader:
         if got is None:
             return None, None, None
         values = [
-            got.metrics[k].value / 100 if got.metrics[k].nvmlReturn == n.NVML_SUCCESS else None
+            _ratio(got.metrics[k].value) if got.metrics[k].nvmlReturn == n.NVML_SUCCESS else None
             for k in range(len(wanted))
         ]
         return values[0], values[1], values[2]
@@ -512,6 +513,14 @@ def _not_found(nvml: Any) -> int:
 
 def _text(value: str | bytes) -> str:
     return value.decode() if isinstance(value, bytes) else value
+
+
+def _ratio(percent: float) -> float | None:
+    """A GPM percentage as a 0-1 ratio. Two snapshots taken moments apart (a GPU read twice in a row) give NaN on a
+    real H200: no figure rather than one that poisons every mean it enters; rounding past 0-100 is clamped."""
+    if not math.isfinite(percent):
+        return None
+    return min(max(percent / 100, 0.0), 1.0)
 
 
 def _float(value: float | int | None) -> float | None:

@@ -22,7 +22,9 @@ from typing import Literal
 from chamber.common.contracts import GpuSample, GpuXidEvent, NodeTelemetry
 
 THERMAL_MASK = 0x20 | 0x40  # HW thermal slowdown, SW thermal slowdown
-POWER_MASK = 0x04 | 0x80  # SW power cap, HW power brake slowdown
+POWER_MASK = 0x08 | 0x80  # HW slowdown, HW power brake slowdown
+"""Not the SW power cap (0x04): a GPU working at its power limit sets it all the time (an H200 at 659 of 700 W,
+running bf16 matrix products, does), so counting it would mark every busy GPU suspect."""
 
 
 class Severity(StrEnum):
