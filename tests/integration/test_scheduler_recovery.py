@@ -270,3 +270,80 @@ async def test_a_deposed_leader_does_not_rebuild_a_wiped_ledger(
     assert not snap.ready, "A did not rebuild the ledger"
     assert snap.claims == {}
     await a.close()
+
+
+async def test_a_leader_deposed_between_its_claim_and_its_write_launches_nothing(
+    settings: Settings, bus: Bus, fleet: None
+) -> None:
+    """Leader A claims a node for job x, then pauses past its lease before writing x's record. B takes over: it
+    takes the fence, releases A's claim as an orphan and places its own jobs on both nodes. A wakes and writes x as
+    placed: it must then publish and launch nothing (x's GPUs are B's jobs'; it used to launch x onto them), and
+    B, handed x's submission again, must give the stored placement back rather than keep or launch it."""
+    from chamber.common.contracts import JobEvent, JobLaunchFailed
+    from chamber.common.ledger import LedgerFenced
+    from chamber.common.subjects import JOBS
+
+    quota = QuotaStore(await bus.key_value(QUOTA_BUCKET))
+    launched: dict[str, list[str]] = {"a": [], "b": []}
+
+    async def leader(name: str) -> tuple[Scheduler, Ledger]:
+        ctx = make_context(settings, "scheduler")
+        lease = await Lease.open(bus, "scheduler", name, ttl_s=30)
+        assert await lease.try_acquire()
+        led = ctx.ledger()
+        led.token = lease.token
+        executor = SimulatedExecutor(bus, ctx.clock)
+        real_launch = executor.launch
+
+        async def launch(record: JobRecord) -> None:
+            launched[name].append(record.id)
+            await real_launch(record)
+
+        executor.launch = launch  # type: ignore[method-assign]
+        s = Scheduler(ctx, bus, led, await JobStore.open(bus), executor, quota_store=quota, holder=name,
+                      confirm_lead=lease.renew)  # fmt: skip
+        await s.start()
+        assert s.consumer is not None
+        await s.consumer.stop()
+        return s, led
+
+    a, ledger_a = await leader("a")
+    b_side: list[tuple[Scheduler, Ledger]] = []
+    real_write = a.store.write_many
+
+    async def paused_write(writes: Any) -> Any:
+        if not b_side and any(w.record.id == "x" and w.record.placement is not None for w in writes):
+            lease_kv = (await Lease.open(bus, "scheduler", "a", ttl_s=30)).kv
+            await lease_kv.delete("scheduler")  # A's lease ran out while it was paused
+            b_side.append(await leader("b"))
+            await b_side[0][0].on_events([_submit("y1"), _submit("y2")])  # both nodes, x's included
+        return await real_write(writes)
+
+    a.store.write_many = paused_write  # type: ignore[method-assign]
+    with pytest.raises(LedgerFenced):
+        await a.on_events([_submit("x")])
+    b, ledger_b = b_side[0]
+    stored = await _record(b, "x")
+    assert stored is not None
+    assert holds_gpus(stored), "A's late write landed: x is stored as placed"
+    assert "x" not in (await ledger_b.snapshot()).claims
+    assert launched["a"] == [], "A launched nothing after it was deposed"
+    placed = await bus.read_latest(DECISIONS, bus.names.decision_placed("x"), Decoder(Decision))
+    assert placed == [], "A announced no placement of x"
+
+    await b.on_events_again([_submit("x")])  # never acked by A: redelivered to B
+    await b._check_ledger()  # B's next pass compares the ledger with what it took from the store
+    lost = await bus.last_message(JOBS, bus.names.job_lifecycle("x"))
+    assert lost is not None
+    event = Decoder(JobEvent).decode(lost)
+    assert isinstance(event, JobLaunchFailed)
+    await b.on_events([event])
+    x = await _record(b, "x")
+    assert x is not None
+    assert not holds_gpus(x), "x gave the placement back and waits: both nodes are y1's and y2's"
+    assert "x" not in launched["b"]
+    await _claims_match_records(b, ledger_b)
+    await a.close()
+    await b.close()
+    await ledger_a.close()
+    await ledger_b.close()

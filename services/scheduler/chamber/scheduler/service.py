@@ -319,6 +319,7 @@ class Scheduler:
                 log.warning("scheduler.adopt_stored", job_id=job_id, state=record.state.value)
                 self.control.replace(record)
                 self.revisions[job_id] = revision
+                self._adopt(record)
         return [e for e in events if not (isinstance(e, JobSubmitted) and e.job_id in stored)]
 
     def _apply_event(self, event: JobEvent, now: float, todo: _Pending) -> None:
@@ -461,7 +462,10 @@ class Scheduler:
         if decisions:
             self._decide_ms.append((t1 - t0) * 1000)
         releases = [(job, attempt) for job, attempt in todo.releases if job not in todo.conflicts]
-        refused = await self._claim([d for d in decisions if isinstance(d, Place)], releases)
+        places = [d for d in decisions if isinstance(d, Place)]
+        if decisions and not places and not releases and self.ledger.token:
+            await self.ledger.take_fence()  # a deposed leader writes no decision (a preemption) of its own
+        refused = await self._claim(places, releases)
         for decision in decisions:
             if isinstance(decision, Place) and decision.job_id in refused:
                 continue
@@ -476,6 +480,7 @@ class Scheduler:
             elif isinstance(decision, Preempt):
                 todo.stops.append((change.record, decision.reason, decision.grace_s))
         await self._persist(todo)
+        await self._confirm(todo)
         await self._publish(todo)
         if decisions:
             self._apply_ms.append((time.perf_counter() - t1) * 1000)
@@ -507,6 +512,36 @@ class Scheduler:
                 self._check_now()  # the ledger and our state disagree: compare them at the next pass
         self._placed += len(places) - len(refused)
         return refused
+
+    async def _confirm(self, todo: _Pending) -> None:
+        """After the pass's records are written and before anything is published, launched or stopped: its claims
+        are made again (a no-op while they stand), fenced. A leader paused past its lease between its claim and its
+        write is refused here and acts on nothing it wrote: the new leader took the fence before reading the
+        records, so a claim it released as an orphan is never launched on (its record, placed without a claim, is
+        undone by the new leader's launch deadline: see `_adopt`)."""
+        if not self.ledger.token or not (todo.launches or todo.stops):
+            return
+        claims = [
+            Claim(r.id, r.attempt, tuple(g.slot for g in r.placement.gpus))
+            for r in todo.launches
+            if r.placement is not None
+        ]
+        try:
+            if claims:
+                results = await self.ledger.claim_many(claims)
+            else:
+                await self.ledger.take_fence()
+                results = []
+        except LedgerFenced:
+            log.error("scheduler.deposed_mid_pass", launches=len(todo.launches), stops=len(todo.stops))
+            todo.launches, todo.stops, todo.placed, todo.published = [], [], [], []
+            raise
+        lost = {r.claim.job_id for r in results if not r.ok}
+        if lost:  # the ledger lost them under this leader (an operator, a wipe): the launch deadline undoes them
+            log.error("scheduler.claims_lost_before_launch", jobs=sorted(lost)[:5])
+            todo.launches = [r for r in todo.launches if r.id not in lost]
+            todo.placed = [p for p in todo.placed if p.job_id not in lost]
+            self._check_now()
 
     async def _persist(self, todo: _Pending, defer: set[str] | None = None) -> None:
         """Write the pass's records (one wait for all acks), except those in `defer`; they are published later.
@@ -564,6 +599,7 @@ class Scheduler:
                 self.control.adopt(stored[0])
                 if stored[0].id in self.control.records:
                     self.revisions[record.id] = stored[1]
+                    self._adopt(stored[0])
                 continue
             conflicts.add(record.id)
             log.error("scheduler.stale_write", job_id=record.id)
@@ -573,6 +609,7 @@ class Scheduler:
             else:
                 self.control.replace(stored[0])
                 self.revisions[record.id] = stored[1]
+                self._adopt(stored[0])
         if phantoms:
             log.warning("scheduler.duplicate_submission_unplaced", jobs=[job for job, _ in phantoms][:5])
             ids = {job for job, _ in phantoms}
@@ -581,6 +618,16 @@ class Scheduler:
             todo.placed = [p for p in todo.placed if p.job_id not in ids]
             await self.ledger.release_many(phantoms)
         return conflicts
+
+    def _adopt(self, record: JobRecord) -> None:
+        """A record taken from the store that another writer placed (a deposed leader, paused between its claim and
+        its write, whose claim this leader released as an orphan): it is not launched from here, and unless it
+        starts by its launch deadline it gives its placement back and waits again; the ledger is compared with
+        memory at the next pass."""
+        if holds_gpus(record) and record.state != JobState.RUNNING:
+            if self.starting.get(record.id, (None, 0.0))[0] != record.attempt:
+                self.starting[record.id] = (record.attempt, self.ctx.clock.now())
+            self._check_now()
 
     async def _publish(self, todo: _Pending) -> None:
         items: list[tuple[str, bytes, dict[str, str] | None]] = []
@@ -678,11 +725,31 @@ class Scheduler:
         missing = [
             Claim(r.id, r.attempt, tuple(g.slot for g in r.placement.gpus))
             for r in records.values()
-            if holds_gpus(r) and r.id not in snap.claims and r.placement is not None
-        ]
+            if holds_gpus(r) and r.placement is not None
+            and (r.id not in snap.claims or snap.claims[r.id].attempt != r.attempt)  # (that one was an orphan)
+        ]  # fmt: skip
         for result in await self.ledger.claim_many(missing):
-            if not result.ok:
+            if result.ok:
+                self._relaunch[result.claim.job_id] = result.claim.attempt  # if it has not started (idempotent)
+            else:
                 log.error("scheduler.restore_claim_refused", job_id=result.claim.job_id, code=result.code)
+                record = records[result.claim.job_id]
+                if record.state != JobState.RUNNING:
+                    await self._placement_lost(record, f"its GPUs were claimed by another job ({result.detail})")
+
+    async def _placement_lost(self, record: JobRecord, why: str) -> None:
+        """A placed job whose claim is gone and cannot be made again (a deposed leader wrote the placement after
+        this leader released its claim as an orphan; it never launched it): it gives the placement back and waits
+        again, through the bus like a launch deadline. Left to the deadline if the bus refuses."""
+        event = JobLaunchFailed(job_id=record.id, attempt=record.attempt, failed_at=self.ctx.clock.now(), reason=why)
+        try:
+            await self.bus.publish(
+                self.names.job_lifecycle(record.id), event, msg_id=f"{record.id}:{record.attempt}:claim-lost"
+            )
+        except BusError as exc:
+            log.warning("scheduler.placement_lost_unpublished", job_id=record.id, error=str(exc))
+            return
+        self.starting.pop(record.id, None)
 
     async def _rebuild_ledger(self, records: Sequence[JobRecord]) -> None:
         """Replace every claim with those of the records. A Redis that lost everything lost the fence too, so a
