@@ -43,7 +43,7 @@ RUN_TOLERANCE_S = 0.01
 @dataclass(frozen=True)
 class Fault:
     kind: str
-    """`kill`, `nats-restart` or `redis-flush`."""
+    """`kill`, `nats-restart`, `redis-flush` or `pause` (the leading scheduler frozen past its lease)."""
     target: str
     at: float
     """Epoch seconds when the fault began."""
@@ -163,8 +163,25 @@ class Checker:
                     reason=record.reason,
                     attempt=record.attempt,
                     placed=record.placement is not None,
+                    history=self.history(job),
                 )
         return inv
+
+    def history(self, job: str) -> list[str]:
+        """The job's events and decisions in time order, relative to the run's start: what a violation needs."""
+        t0 = self.ev.started_at
+        rows: list[tuple[float, str]] = []
+        for e in self.ev.events:
+            if e.job_id == job:
+                at = next((getattr(e, f) for f in ("submitted_at", "finished_at", "stopped_at", "failed_at",
+                                                    "started_at") if getattr(e, f, None)), 0.0)  # fmt: skip
+                rows.append((at, f"event {type(e).__name__} attempt={getattr(e, 'attempt', '-')}"))
+        for c in self.changes.get(job, []):
+            rows.append((c.at, f"state v{c.record.version} {c.previous or '-'}->{c.record.state.value}"))
+        for (placed_job, attempt), p in self.placed.items():
+            if placed_job == job:
+                rows.append((p.decided_at, f"placed attempt={attempt}"))
+        return [f"{at - t0:8.3f} {what}" for at, what in sorted(rows)]
 
     def finished_exactly_once(self) -> Invariant:
         inv = Invariant(

@@ -7,10 +7,14 @@ steady rate; a submit whose answer was lost may or may not have been stored, so 
 takes the set of jobs from the JOBS stream (every id the API accepted must be there).
 
 Faults, spread evenly over the submit window in a seeded random order: SIGKILL of a random running service,
-a NATS restart (SIGKILL, `nats_down_s` down, start), a Redis FLUSHALL (and SCRIPT FLUSH).
+a NATS restart (SIGKILL, `nats_down_s` down, start), a Redis FLUSHALL (and SCRIPT FLUSH), and (with `pauses`) a
+SIGSTOP of the scheduler that leads, past its lease, then SIGCONT: a standby scheduler runs beside `chamber up`'s
+and takes over while the old leader is frozen wherever it was (between a claim and its record write, say); the
+old one then finds itself deposed and exits, and is started again as a standby.
 """
 
 import asyncio
+import contextlib
 import os
 import random
 import shutil
@@ -23,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import nats
 import redis.asyncio as aioredis
 
 from chamber.cli.infra import embedded_nats, embedded_redis, free_port, make_tmpdir
@@ -55,6 +60,10 @@ class ChaosConfig:
     warmup_s: float = 3.0
     stall_s: float = 60.0
     """Stop waiting for the jobs to end once none has ended for this long (e.g. a lost job)."""
+    pauses: int = 0
+    """SIGSTOPs of the leading scheduler for `pause_s` (a standby scheduler runs when there are any)."""
+    pause_s: float = 7.0
+    """Longer than the scheduler's lease (5 s): the standby takes over while the leader is frozen."""
 
 
 @dataclass
@@ -81,6 +90,9 @@ class ChaosRun:
         self.faults: list[Fault] = []
         self.tally = Tally()
         self.up: subprocess.Popen[bytes] | None = None
+        self.standby: subprocess.Popen[bytes] | None = None
+        self.standby_starts = 0
+        self._ending = False
 
     # ---- the run -------------------------------------------------------------------------------------------
 
@@ -93,16 +105,23 @@ class ChaosRun:
             auth = {"authorization": f"Bearer {ADMIN_TOKEN}"}
             async with httpx.AsyncClient(base_url=self.api, timeout=10, headers=auth) as http:
                 await self._wait_ready(http)
+                keeper = asyncio.create_task(self._keep_standby()) if self.cfg.pauses else None
                 started_at = time.time()
                 await asyncio.gather(self._submit_all(http), self._inject_faults())
                 ended = await self._wait_all_ended(http)
                 allocated = await self._allocated(http)
+                self._ending = True
+                if keeper is not None:
+                    await keeper
+            self._stop_standby()
             up_code = self._stop_up()
             evidence = await collect(
                 self.nats.url, self.namespace, accepted=self.accepted, faults=self.faults,
                 gpus_allocated_at_end=allocated, started_at=started_at,
             )  # fmt: skip
         finally:
+            self._ending = True
+            self._stop_standby()
             self._stop_up()
             self.nats.stop()
             self.redis.stop()
@@ -116,12 +135,13 @@ class ChaosRun:
             "all_ended_in_time": ended,
             "chamber_up_exit_code": up_code,
             "submits": asdict(self.tally),
+            "standby_scheduler_starts": self.standby_starts,
             **report,
             "logs": str(self.out),
         }
 
-    def _start_up(self) -> None:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("CHAMBER_")} | {
+    def _env(self) -> dict[str, str]:
+        return {k: v for k, v in os.environ.items() if not k.startswith("CHAMBER_")} | {
             "CHAMBER_NATS_URL": self.nats.url,
             "CHAMBER_REDIS_URL": self.redis.url,
             "CHAMBER_NAMESPACE": self.namespace,
@@ -133,11 +153,36 @@ class ChaosRun:
             "CHAMBER_GPUS_PER_NODE": str(self.cfg.gpus_per_node),
             "PYTHONUNBUFFERED": "1",
         }
+
+    def _start_up(self) -> None:
         self.out.mkdir(parents=True, exist_ok=True)
         with open(self.out / "chamber-up.log", "wb") as log:
             self.up = subprocess.Popen(
-                [sys.executable, "-m", "chamber.cli.main", "up"], env=env, stdout=log, stderr=log
+                [sys.executable, "-m", "chamber.cli.main", "up"], env=self._env(), stdout=log, stderr=log
             )
+
+    async def _keep_standby(self) -> None:
+        """A second scheduler beside `chamber up`'s, started again whenever it exits (a deposed leader exits)."""
+        while not self._ending:
+            if self.standby is None or self.standby.poll() is not None:
+                self._start_standby()
+            await asyncio.sleep(0.5)
+
+    def _start_standby(self) -> None:
+        self.standby_starts += 1
+        with open(self.out / "standby-scheduler.log", "ab") as log:
+            command = [sys.executable, "-m", "chamber.cli.main", "service", "scheduler"]
+            self.standby = subprocess.Popen(command, env=self._env(), stdout=log, stderr=log)
+
+    def _stop_standby(self) -> None:
+        if self.standby is not None and self.standby.poll() is None:
+            self.standby.send_signal(signal.SIGCONT)
+            self.standby.send_signal(signal.SIGINT)
+            try:
+                self.standby.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.standby.kill()
+                self.standby.wait()
 
     def _stop_up(self) -> int | None:
         if self.up is None:
@@ -210,6 +255,7 @@ class ChaosRun:
 
     def schedule(self) -> list[str]:
         kinds = ["kill"] * self.cfg.kills + ["nats"] * self.cfg.nats_restarts + ["redis"] * self.cfg.redis_flushes
+        kinds += ["pause"] * self.cfg.pauses
         self.rng.shuffle(kinds)
         return kinds
 
@@ -228,6 +274,8 @@ class ChaosRun:
                 await self._kill_a_service()
             elif kind == "nats":
                 await self._restart_nats()
+            elif kind == "pause":
+                await self._pause_leader()
             else:
                 await self._flush_redis()
 
@@ -245,6 +293,38 @@ class ChaosRun:
                 self.faults.append(Fault("kill", name, at))
                 return
             await asyncio.sleep(0.1)
+
+    async def _pause_leader(self) -> None:
+        """Freeze the scheduler that holds the lease (its pid is in the lease's holder) past its lease."""
+        pid = await self._leader_pid()
+        if pid is None:
+            return
+        at = time.time()
+        try:
+            os.kill(pid, signal.SIGSTOP)
+        except ProcessLookupError:
+            return
+        try:
+            await asyncio.sleep(self.cfg.pause_s)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+        self.faults.append(Fault("pause", "scheduler", at, down_s=time.time() - at))
+
+    async def _leader_pid(self) -> int | None:
+        try:
+            nc = await nats.connect(self.nats.url, connect_timeout=2, max_reconnect_attempts=0)
+        except Exception:  # NATS restarting: no pause this time
+            return None
+        try:
+            kv = await nc.jetstream().key_value(f"{self.namespace}_leases")
+            holder = (await kv.get("scheduler")).value or b""
+        except Exception:  # no leader right now
+            return None
+        finally:
+            await nc.close()
+        pid = holder.decode(errors="replace").rpartition(":")[2]
+        return int(pid) if pid.isdigit() else None
 
     async def _restart_nats(self) -> None:
         at = time.time()

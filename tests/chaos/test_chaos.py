@@ -1,5 +1,6 @@
 """A short chaos run in every test run: 300 jobs on 16 x 8 simulated GPUs through `chamber up`, while four
-services are SIGKILLed, NATS is restarted and Redis is flushed; the checker's invariants must all hold.
+services are SIGKILLed, NATS is restarted, Redis is flushed and the leading scheduler is twice frozen past its
+lease (a standby takes over); the checker's invariants must all hold.
 
 `make chaos` runs the full one (2,000 jobs, 50 kills, 3 NATS restarts, 3 Redis flushes).
 """
@@ -13,7 +14,7 @@ from tests.chaos.harness import ChaosConfig, run_chaos
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
-SHORT = ChaosConfig(jobs=300, kills=4, nats_restarts=1, redis_flushes=1, stall_s=20.0, seed=3)
+SHORT = ChaosConfig(jobs=300, kills=4, nats_restarts=1, redis_flushes=1, pauses=2, stall_s=20.0, seed=3)
 
 
 async def test_a_short_chaos_run_keeps_every_invariant(tmp_path: Path) -> None:

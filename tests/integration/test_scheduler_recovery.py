@@ -5,6 +5,7 @@ stuck, and GPUs freed from orphan claims at start-up are usable.
 Faults are injected at the adapter boundary (the ledger's or the bus's call raises, before or after its effect);
 the scheduler, the store, the ledger and the bus are the real ones."""
 
+import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
@@ -16,7 +17,9 @@ from chamber.common.codec import Decoder
 from chamber.common.contracts import (
     Decision,
     GpuDevice,
+    JobEvent,
     JobFinished,
+    JobLaunchFailed,
     JobRecord,
     JobSpec,
     JobStarted,
@@ -28,11 +31,11 @@ from chamber.common.contracts import (
 )
 from chamber.common.jobstore import JobStore
 from chamber.common.lease import Lease, LeaseLost
-from chamber.common.ledger import Claim, Ledger, LedgerUnavailable
+from chamber.common.ledger import Claim, Ledger, LedgerFenced, LedgerNotReady, LedgerUnavailable
 from chamber.common.quotastore import QuotaStore
 from chamber.common.runtime import make_context
 from chamber.common.settings import Settings
-from chamber.common.subjects import DECISIONS, QUOTA_BUCKET
+from chamber.common.subjects import DECISIONS, JOBS, QUOTA_BUCKET
 from chamber.scheduler.core.lifecycle import holds_gpus
 from chamber.scheduler.executor.simulated import SimulatedExecutor
 from chamber.scheduler.service import Scheduler
@@ -215,10 +218,6 @@ async def test_a_launch_that_failed_is_tried_again_not_left_to_the_deadline(
     """The executor's launch raised (NATS restarting as it published the job's start): the job used to stay placed
     and never started until its launch deadline (5 minutes by default), holding its GPUs. The next pass of the
     scheduler's loop launches it again."""
-    import asyncio
-
-    from chamber.common.subjects import JOBS
-
     s = await _scheduler(settings, bus, ledger)
     s.executor.launch = _once(s.executor.launch, exc=BusError("nats: connection closed"))  # type: ignore[method-assign]
     await s.on_events([_submit("x")])
@@ -272,6 +271,59 @@ async def test_a_deposed_leader_does_not_rebuild_a_wiped_ledger(
     await a.close()
 
 
+async def _leader(
+    settings: Settings, bus: Bus, name: str, launched: dict[str, list[tuple[str, int]]]
+) -> tuple[Scheduler, Ledger]:
+    """A scheduler holding the lease as `name`, with its own ledger client; its launches are noted in `launched`."""
+    ctx = make_context(settings, "scheduler")
+    lease = await Lease.open(bus, "scheduler", name, ttl_s=30)
+    assert await lease.try_acquire()
+    led = ctx.ledger()
+    led.token = lease.token
+    executor = SimulatedExecutor(bus, ctx.clock)
+    real_launch = executor.launch
+
+    async def launch(record: JobRecord) -> None:
+        launched.setdefault(name, []).append((record.id, record.attempt))
+        await real_launch(record)
+
+    executor.launch = launch  # type: ignore[method-assign]
+    quota = QuotaStore(await bus.key_value(QUOTA_BUCKET))
+    s = Scheduler(ctx, bus, led, await JobStore.open(bus), executor, quota_store=quota, holder=name,
+                  confirm_lead=lease.renew)  # fmt: skip
+    await s.start()
+    assert s.consumer is not None
+    await s.consumer.stop()
+    return s, led
+
+
+async def _depose(settings: Settings, bus: Bus, launched: dict[str, list[tuple[str, int]]]) -> tuple[Scheduler, Ledger]:
+    """A's lease ran out while it was paused: B takes over."""
+    await (await Lease.open(bus, "scheduler", "a", ttl_s=30)).kv.delete("scheduler")
+    return await _leader(settings, bus, "b", launched)
+
+
+async def _drain(s: Scheduler) -> None:
+    for _ in range(100):
+        if not s._executing:
+            return
+        await asyncio.sleep(0.02)
+
+
+def _pause_before_writing(a: Scheduler, job_id: str, takeover: Callable[[], Awaitable[None]]) -> None:
+    """A is paused just before the write that places `job_id`, and B takes over (`takeover`) meanwhile."""
+    real_write = a.store.write_many
+    done: list[bool] = []
+
+    async def paused_write(writes: Any) -> Any:
+        if not done and any(w.record.id == job_id and w.record.placement is not None for w in writes):
+            done.append(True)
+            await takeover()
+        return await real_write(writes)
+
+    a.store.write_many = paused_write  # type: ignore[method-assign]
+
+
 async def test_a_leader_deposed_between_its_claim_and_its_write_launches_nothing(
     settings: Settings, bus: Bus, fleet: None
 ) -> None:
@@ -279,55 +331,25 @@ async def test_a_leader_deposed_between_its_claim_and_its_write_launches_nothing
     takes the fence, releases A's claim as an orphan and places its own jobs on both nodes. A wakes and writes x as
     placed: it must then publish and launch nothing (x's GPUs are B's jobs'; it used to launch x onto them), and
     B, handed x's submission again, must give the stored placement back rather than keep or launch it."""
-    from chamber.common.contracts import JobEvent, JobLaunchFailed
-    from chamber.common.ledger import LedgerFenced
-    from chamber.common.subjects import JOBS
-
-    quota = QuotaStore(await bus.key_value(QUOTA_BUCKET))
-    launched: dict[str, list[str]] = {"a": [], "b": []}
-
-    async def leader(name: str) -> tuple[Scheduler, Ledger]:
-        ctx = make_context(settings, "scheduler")
-        lease = await Lease.open(bus, "scheduler", name, ttl_s=30)
-        assert await lease.try_acquire()
-        led = ctx.ledger()
-        led.token = lease.token
-        executor = SimulatedExecutor(bus, ctx.clock)
-        real_launch = executor.launch
-
-        async def launch(record: JobRecord) -> None:
-            launched[name].append(record.id)
-            await real_launch(record)
-
-        executor.launch = launch  # type: ignore[method-assign]
-        s = Scheduler(ctx, bus, led, await JobStore.open(bus), executor, quota_store=quota, holder=name,
-                      confirm_lead=lease.renew)  # fmt: skip
-        await s.start()
-        assert s.consumer is not None
-        await s.consumer.stop()
-        return s, led
-
-    a, ledger_a = await leader("a")
+    launched: dict[str, list[tuple[str, int]]] = {}
+    a, ledger_a = await _leader(settings, bus, "a", launched)
     b_side: list[tuple[Scheduler, Ledger]] = []
-    real_write = a.store.write_many
 
-    async def paused_write(writes: Any) -> Any:
-        if not b_side and any(w.record.id == "x" and w.record.placement is not None for w in writes):
-            lease_kv = (await Lease.open(bus, "scheduler", "a", ttl_s=30)).kv
-            await lease_kv.delete("scheduler")  # A's lease ran out while it was paused
-            b_side.append(await leader("b"))
-            await b_side[0][0].on_events([_submit("y1"), _submit("y2")])  # both nodes, x's included
-        return await real_write(writes)
+    async def takeover() -> None:
+        b_side.append(await _depose(settings, bus, launched))
+        await b_side[0][0].on_events([_submit("y1"), _submit("y2")])  # both nodes, x's included
 
-    a.store.write_many = paused_write  # type: ignore[method-assign]
+    _pause_before_writing(a, "x", takeover)
     with pytest.raises(LedgerFenced):
         await a.on_events([_submit("x")])
+    await _drain(a)
+    assert a.fenced.is_set(), "A knows it no longer leads"
     b, ledger_b = b_side[0]
     stored = await _record(b, "x")
     assert stored is not None
     assert holds_gpus(stored), "A's late write landed: x is stored as placed"
     assert "x" not in (await ledger_b.snapshot()).claims
-    assert launched["a"] == [], "A launched nothing after it was deposed"
+    assert "a" not in launched, "A launched nothing after it was deposed"
     placed = await bus.read_latest(DECISIONS, bus.names.decision_placed("x"), Decoder(Decision))
     assert placed == [], "A announced no placement of x"
 
@@ -341,9 +363,134 @@ async def test_a_leader_deposed_between_its_claim_and_its_write_launches_nothing
     x = await _record(b, "x")
     assert x is not None
     assert not holds_gpus(x), "x gave the placement back and waits: both nodes are y1's and y2's"
-    assert "x" not in launched["b"]
+    assert ("x", 1) not in launched.get("b", [])
     await _claims_match_records(b, ledger_b)
+    for s in (a, b):
+        await s.close()
+    await ledger_a.close()
+    await ledger_b.close()
+
+
+@pytest.mark.parametrize("fault", ["fenced-in-refresh", "redis-unreachable", "redis-wiped"])
+async def test_a_deposed_leader_launches_nothing_whatever_step_fails_first(
+    settings: Settings, bus: Bus, fleet: None, fault: str
+) -> None:
+    """As above, but the pass fails before its claims are confirmed: a stale write of another job whose claim A
+    then tries to release (refused by the fence inside the write step), A's Redis unreachable, or Redis restarted
+    empty. What the pass wrote used to be launched anyway (`on_events` executes what was written even when a later
+    step fails); unconfirmed, it waits for a pass that confirms it, which a deposed leader never has."""
+    launched: dict[str, list[tuple[str, int]]] = {}
+    a, ledger_a = await _leader(settings, bus, "a", launched)
+    b_side: list[tuple[Scheduler, Ledger]] = []
+
+    async def takeover() -> None:
+        b_side.append(await _depose(settings, bus, launched))
+        await b_side[0][0].on_events([_submit("y1"), _submit("y2"), _submit("d")])  # d waits: the fleet is full
+        if fault == "redis-unreachable":
+            unreachable = LedgerUnavailable("Connection refused")
+            ledger_a.claim_many = _once(ledger_a.claim_many, exc=unreachable)  # type: ignore[method-assign]
+        elif fault == "redis-wiped":
+            await ledger_a.redis.delete(ledger_a.k_ready, ledger_a.k_fence, ledger_a.k_owner, ledger_a.k_claims)
+
+    _pause_before_writing(a, "x", takeover)
+    events = [_submit("x"), _submit("d")] if fault == "fenced-in-refresh" else [_submit("x")]
+    with pytest.raises((LedgerFenced, LedgerUnavailable, LedgerNotReady)):
+        await a.on_events(events)
+    await _drain(a)
+    assert ("x", 1) not in launched.get("a", []), "A launched x onto GPUs it no longer held"
+    for s in (a, *[b for b, _ in b_side]):
+        await s.close()
+    await ledger_a.close()
+    for _, led in b_side:
+        await led.close()
+
+
+async def test_a_launch_tried_again_is_confirmed_first(settings: Settings, bus: Bus, fleet: None) -> None:
+    """A's launch of x failed (NATS restarting), so its loop tries it again. A is paused past its lease meanwhile;
+    B gives x's placement back and fills both nodes. When A's loop wakes it must not launch x (it used to: launches
+    tried again were not confirmed)."""
+    launched: dict[str, list[tuple[str, int]]] = {}
+    a, ledger_a = await _leader(settings, bus, "a", launched)
+    stop = asyncio.Event()
+    loop = asyncio.create_task(a.run(stop))  # A leads for a moment: its periodic ledger check is not due when it wakes
+    await asyncio.sleep(0.3)
+    stop.set()
+    await loop
+    a.executor.launch = _once(a.executor.launch, exc=BusError("nats: connection closed"))  # type: ignore[method-assign]
+    await a.on_events([_submit("x")])
+    await _drain(a)
+    assert a._relaunch == {"x": 1}
+    b, ledger_b = await _depose(settings, bus, launched)
+    failed = JobLaunchFailed(job_id="x", attempt=1, failed_at=time.time(), reason="did not start")
+    await b.on_events([failed, _submit("y1"), _submit("y2")])
+    launched.pop("a", None)
+    stop = asyncio.Event()
+    loop = asyncio.create_task(a.run(stop))  # A wakes
+    await asyncio.sleep(0.5)
+    stop.set()
+    with pytest.raises(LedgerFenced):
+        await loop
+    await _drain(a)
+    assert "a" not in launched, "A tried x/1 again on GPUs B gave to y1 and y2"
+    for s in (a, b):
+        await s.close()
+    await ledger_a.close()
+    await ledger_b.close()
+
+
+async def test_passes_that_only_wait_cost_no_extra_round_trip(settings: Settings, bus: Bus, fleet: None) -> None:
+    """The fence is touched by a pass that preempts without claiming or releasing, not by every pass that decides
+    (waits are decisions too: a busy queue would pay a Redis round trip per batch and per cycle)."""
+    launched: dict[str, list[tuple[str, int]]] = {}
+    a, ledger_a = await _leader(settings, bus, "a", launched)
+    await a.on_events([_submit("r1"), _submit("r2")])  # the fleet is full
+    calls = {"take_fence": 0, "claim_many": 0}
+    for name in calls:
+        real = getattr(ledger_a, name)
+
+        def counted(*args: Any, _real: Any = real, _name: str = name, **kwargs: Any) -> Any:
+            calls[_name] += 1
+            return _real(*args, **kwargs)
+
+        setattr(ledger_a, name, counted)
+    for i in range(20):
+        await a.on_events([_submit(f"w{i}")])  # each waits
+    stop = asyncio.Event()
+    loop = asyncio.create_task(a.run(stop))  # full cycles decide the waiting jobs again
+    await asyncio.sleep(1.0)
+    stop.set()
+    await loop
+    assert calls == {"take_fence": 0, "claim_many": 0}
     await a.close()
-    await b.close()
+    await ledger_a.close()
+
+
+async def test_a_leader_frozen_past_its_lease_acks_no_event_before_proving_its_lead(
+    settings: Settings, bus: Bus, fleet: None
+) -> None:
+    """Leader A is frozen past its lease; B takes over and starts job x. A wakes holding x's finish, fetched
+    before it froze: x is a job A never heard of, so applying the finish changes nothing, and A used to ack it:
+    lost to B, x ran on for ever. A whose lease was not confirmed lately proves its lead before it acks."""
+    launched: dict[str, list[tuple[str, int]]] = {}
+    ctx = make_context(settings, "scheduler")
+    lease = await Lease.open(bus, "scheduler", "a", ttl_s=30)
+    assert await lease.try_acquire()
+    ledger_a = ctx.ledger()
+    ledger_a.token = lease.token
+    quota = QuotaStore(await bus.key_value(QUOTA_BUCKET))
+    a = Scheduler(ctx, bus, ledger_a, await JobStore.open(bus), SimulatedExecutor(bus, ctx.clock), quota_store=quota,
+                  holder="a", confirm_lead=lease.renew, lead_fresh=lambda: lease.fresh(0.2))  # fmt: skip
+    await a.start()
+    assert a.consumer is not None
+    await a.consumer.stop()
+    b, ledger_b = await _depose(settings, bus, launched)
+    await b.on_events([_submit("x")])
+    await asyncio.sleep(0.3)  # A's lease was confirmed longer ago than it trusts
+    finished = JobFinished(job_id="x", attempt=1, finished_at=time.time(), started_at=None)
+    with pytest.raises(LedgerFenced):
+        await a.on_events([finished])  # raised: the consumer redelivers it (to B), it does not ack it
+    assert a.fenced.is_set()
+    for s in (a, b):
+        await s.close()
     await ledger_a.close()
     await ledger_b.close()

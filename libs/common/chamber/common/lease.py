@@ -14,8 +14,10 @@ cannot change the ledger after another has taken over, even before it notices it
 
 import asyncio
 import contextlib
+import math
 import os
 import socket
+import time
 
 import nats.errors
 import nats.js.errors
@@ -48,6 +50,8 @@ class Lease:
         self.token = 0
         """The fencing token: the revision at which this holder acquired the lease (0 while not holding)."""
         self._revision = 0
+        self._confirmed_at = -math.inf
+        """`time.monotonic()` when the newest acquisition or renewal that succeeded was asked for."""
         self._renewing = asyncio.Lock()
         """One renewal at a time: the keeper and a holder confirming its lead would otherwise both update from the
         same revision, and the loser would take itself for deposed."""
@@ -73,7 +77,13 @@ class Lease:
     def held(self) -> bool:
         return self.token > 0
 
+    def fresh(self, within_s: float) -> bool:
+        """Held, and confirmed less than `within_s` ago by this process's monotonic clock, which runs on while the
+        process is paused: a holder frozen past its lease finds itself stale, and must prove its lead again."""
+        return self.held and time.monotonic() - self._confirmed_at < within_s
+
     async def try_acquire(self) -> bool:
+        asked = time.monotonic()
         try:
             self._revision = await self.kv.create(self.name, self.holder.encode())
         except nats.js.errors.KeyWrongLastSequenceError:
@@ -87,6 +97,7 @@ class Lease:
             log.warning("lease.acquire_failed", lease=self.name, error=str(exc))
             return False
         self.token = self._revision
+        self._confirmed_at = asked
         log.info("lease.acquired", lease=self.name, holder=self.holder, token=self.token)
         return True
 
@@ -128,11 +139,13 @@ class Lease:
         async with self._renewing:
             if not self.held:
                 raise LeaseLost(f"lease {self.name} is not held")
+            asked = time.monotonic()
             try:
                 self._revision = await self.kv.update(self.name, self.holder.encode(), last=self._revision)
             except nats.js.errors.KeyWrongLastSequenceError as exc:
                 self.token = 0
                 raise LeaseLost(f"lease {self.name} was taken over or expired") from exc
+            self._confirmed_at = asked
 
     async def keep(self, lost: asyncio.Event) -> None:
         """Renew until cancelled; set `lost` and return when the lease is gone. A renewal that cannot reach NATS

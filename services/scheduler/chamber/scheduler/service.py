@@ -87,6 +87,10 @@ class _Pending:
     """Placed records not written yet: launched only once they are (a launch never runs ahead of its record)."""
     launches: list[JobRecord] = field(default_factory=list)
     stops: list[tuple[JobRecord, str, float]] = field(default_factory=list)
+    resync: list[JobRecord] = field(default_factory=list)
+    """Records another writer started or is stopping: the executor takes them on (`Executor.resync`)."""
+    confirmed: bool = False
+    """`_confirm` found this leader still leading, its launches' claims standing: only then are they executed."""
 
     def write(self, change: Change) -> None:
         """The record is written once per pass (its latest version); every change to announce is published."""
@@ -109,6 +113,7 @@ class Scheduler:
         quota_store: QuotaStore,
         holder: str = "",
         confirm_lead: Callable[[], Awaitable[None]] | None = None,
+        lead_fresh: Callable[[], bool] | None = None,
     ) -> None:
         """`confirm_lead` raises `LeaseLost` unless this process still leads (the lease's renewal): asked right
         before the ledger is rebuilt, the one write a lost fence cannot refuse."""
@@ -120,6 +125,10 @@ class Scheduler:
         self.quota_store = quota_store
         self.holder = holder
         self.confirm_lead = confirm_lead
+        self.lead_fresh = lead_fresh
+        """False when this leader's lease was not confirmed lately (it was paused, or NATS was away): before it acks
+        events it then proves it still leads (a deposed leader used to ack, as no-ops, events about jobs it never
+        heard of, and they were lost to the new leader)."""
         self.names = bus.names
         settings = ctx.settings
         self.control = Controller(
@@ -150,6 +159,12 @@ class Scheduler:
         self._placed = 0
         self._reload_needed = False
         self._relaunch: dict[str, int] = {}
+        self._restop: list[tuple[JobRecord, str, float]] = []
+        """Stops of a pass that failed before it was confirmed: executed at the next confirmed pass."""
+        self._resync: list[JobRecord] = []
+        """Likewise, records for the executor to take on."""
+        self.fenced = asyncio.Event()
+        """Set when the ledger refused this leader's token: a newer leader acts now, this one must stop."""
         """job -> attempt whose launch failed (the executor raised: NATS or the API away) or never ran (the batch
         that placed it failed after storing it): launched again at the next passes until it goes through."""
         self.consumer: Consumer[Any] | None = None
@@ -187,7 +202,7 @@ class Scheduler:
             batch_handler=self.on_events,
             recheck_handler=self.on_events_again,
             batch=256,
-            outage=(LedgerUnavailable,),
+            outage=(LedgerUnavailable, LedgerFenced),
         )
         await consumer.start()
         log.info(
@@ -283,6 +298,11 @@ class Scheduler:
                     await self._reload()
                 try:
                     await self._apply_events(events, todo, recheck=recheck)
+                except LedgerFenced:
+                    self._reload_needed = True
+                    self.fenced.set()  # the loop ends, and with it this leader (a newer one acts)
+                    self._wake.set()
+                    raise
                 except BaseException:
                     self._reload_needed = True  # memory may be ahead of the store or the ledger: start over
                     raise
@@ -294,15 +314,17 @@ class Scheduler:
     async def _apply_events(self, events: list[Any], todo: _Pending, *, recheck: bool) -> None:
         """Under the lock: the events through the state machine, their records written, then one pass."""
         if recheck:
-            events = await self._unhandled(events)
+            events = await self._unhandled(events, todo)
         self._sync_quota()  # a budget or quota change that came in since: arrivals are decided under it
         now = self.ctx.clock.now()
         for event in events:
             self._apply_event(event, now, todo)
         await self._persist(todo, defer=todo.created)
         await self._pass(now, todo)
+        if self.ledger.token and self.lead_fresh is not None and not self.lead_fresh():
+            await self.ledger.take_fence()  # the events are acked next
 
-    async def _unhandled(self, events: list[Any]) -> list[Any]:
+    async def _unhandled(self, events: list[Any], todo: _Pending) -> list[Any]:
         """`events` without the submissions of jobs the store already has (one concurrent read per job that memory
         does not know). A stored record that is still active but missing from memory is taken from the store."""
         unknown = sorted({e.job_id for e in events if isinstance(e, JobSubmitted) and self.control.submitted(e)})
@@ -310,6 +332,7 @@ class Scheduler:
             return events
         found = await asyncio.gather(*(self.store.get(job_id) for job_id in unknown))
         stored: set[str] = set()
+        adopted: list[JobRecord] = []
         for job_id, entry in zip(unknown, found, strict=True):
             if entry is None:
                 continue
@@ -319,7 +342,10 @@ class Scheduler:
                 log.warning("scheduler.adopt_stored", job_id=job_id, state=record.state.value)
                 self.control.replace(record)
                 self.revisions[job_id] = revision
-                self._adopt(record)
+                adopted.append(record)
+                if holds_gpus(record) and not _awaits_start(record):
+                    todo.resync.append(record)
+        await self._verify(adopted, todo)
         return [e for e in events if not (isinstance(e, JobSubmitted) and e.job_id in stored)]
 
     def _apply_event(self, event: JobEvent, now: float, todo: _Pending) -> None:
@@ -404,10 +430,10 @@ class Scheduler:
         interval = self.ctx.settings.schedule_interval_s
         next_stats = 0.0
         lost = lost or asyncio.Event()
-        while not stop.is_set() and not lost.is_set():
+        while not stop.is_set() and not lost.is_set() and not self.fenced.is_set():
             await wait_event(self._wake, min(interval, STATS_S))
             self._wake.clear()
-            if stop.is_set() or lost.is_set():
+            if stop.is_set() or lost.is_set() or self.fenced.is_set():
                 break
             todo = _Pending()
             try:
@@ -425,8 +451,16 @@ class Scheduler:
                     full = now - self._last_cycle >= interval
                     await self._pass(now, todo, full=full)
                     await self._launch_deadlines(now)
-                    todo.launches.extend(self._relaunches())
+                    again = self._relaunches()
+                    if again or self._restop or self._resync:
+                        todo.launches.extend(again)
+                        todo.stops.extend(self._restop)
+                        todo.resync.extend(self._resync)
+                        self._restop, self._resync = [], []
+                        todo.confirmed = False
+                        await self._confirm(todo)
             except (LedgerFenced, LeaseLost):
+                self.fenced.set()
                 raise
             except Exception:
                 log.exception("scheduler.pass_failed")
@@ -463,8 +497,8 @@ class Scheduler:
             self._decide_ms.append((t1 - t0) * 1000)
         releases = [(job, attempt) for job, attempt in todo.releases if job not in todo.conflicts]
         places = [d for d in decisions if isinstance(d, Place)]
-        if decisions and not places and not releases and self.ledger.token:
-            await self.ledger.take_fence()  # a deposed leader writes no decision (a preemption) of its own
+        if not places and not releases and self.ledger.token and any(isinstance(d, Preempt) for d in decisions):
+            await self.ledger.take_fence()  # a deposed leader writes no preemption of its own
         refused = await self._claim(places, releases)
         for decision in decisions:
             if isinstance(decision, Place) and decision.job_id in refused:
@@ -518,8 +552,9 @@ class Scheduler:
         are made again (a no-op while they stand), fenced. A leader paused past its lease between its claim and its
         write is refused here and acts on nothing it wrote: the new leader took the fence before reading the
         records, so a claim it released as an orphan is never launched on (its record, placed without a claim, is
-        undone by the new leader's launch deadline: see `_adopt`)."""
-        if not self.ledger.token or not (todo.launches or todo.stops):
+        checked by the new leader when it comes across it: see `_verify`)."""
+        if not self.ledger.token or not (todo.launches or todo.stops or todo.resync):
+            todo.confirmed = True
             return
         claims = [
             Claim(r.id, r.attempt, tuple(g.slot for g in r.placement.gpus))
@@ -542,6 +577,7 @@ class Scheduler:
             todo.launches = [r for r in todo.launches if r.id not in lost]
             todo.placed = [p for p in todo.placed if p.job_id not in lost]
             self._check_now()
+        todo.confirmed = True
 
     async def _persist(self, todo: _Pending, defer: set[str] | None = None) -> None:
         """Write the pass's records (one wait for all acks), except those in `defer`; they are published later.
@@ -583,6 +619,8 @@ class Scheduler:
         again to it when they are redelivered)."""
         conflicts: set[str] = set()
         phantoms: list[tuple[str, int]] = []
+        unheld: list[tuple[str, int]] = []
+        adopted: list[JobRecord] = []
         for record in stale:
             stored = await self.store.get(record.id)
             if record.id in todo.created:
@@ -596,10 +634,13 @@ class Scheduler:
                 if stored is None:
                     self.control.forget(record.id)
                     continue
-                self.control.adopt(stored[0])
+                if holds_gpus(stored[0]):
+                    self.control.replace(stored[0])
+                else:
+                    self.control.adopt(stored[0])
                 if stored[0].id in self.control.records:
                     self.revisions[record.id] = stored[1]
-                    self._adopt(stored[0])
+                    adopted.append(stored[0])
                 continue
             conflicts.add(record.id)
             log.error("scheduler.stale_write", job_id=record.id)
@@ -609,7 +650,10 @@ class Scheduler:
             else:
                 self.control.replace(stored[0])
                 self.revisions[record.id] = stored[1]
-                self._adopt(stored[0])
+                adopted.append(stored[0])
+                unheld.extend(self._catch_up(record, stored[0], todo))
+        if unheld:
+            await self.ledger.release_many(unheld)
         if phantoms:
             log.warning("scheduler.duplicate_submission_unplaced", jobs=[job for job, _ in phantoms][:5])
             ids = {job for job, _ in phantoms}
@@ -617,17 +661,43 @@ class Scheduler:
                 self.starting.pop(job, None)
             todo.placed = [p for p in todo.placed if p.job_id not in ids]
             await self.ledger.release_many(phantoms)
+        await self._verify(adopted, todo)
         return conflicts
 
-    def _adopt(self, record: JobRecord) -> None:
-        """A record taken from the store that another writer placed (a deposed leader, paused between its claim and
-        its write, whose claim this leader released as an orphan): it is not launched from here, and unless it
-        starts by its launch deadline it gives its placement back and waits again; the ledger is compared with
-        memory at the next pass."""
-        if holds_gpus(record) and record.state != JobState.RUNNING:
-            if self.starting.get(record.id, (None, 0.0))[0] != record.attempt:
-                self.starting[record.id] = (record.attempt, self.ctx.clock.now())
-            self._check_now()
+    def _catch_up(self, ours: JobRecord, stored: JobRecord, todo: _Pending) -> list[tuple[str, int]]:
+        """A record another writer moved on: a leader deposed mid-batch writes the records of the events it applied
+        and is then refused its releases, publishes, launches and stops. Whatever the stored record implies is done
+        here, as if this leader had written it: its change is announced (a repeat of one already published is
+        dropped by its message id), the executor takes on a job it records as running or stopping (its end must be
+        heard of, its stop made), and the attempts it no longer holds are returned, to be released (a job that
+        ended must not keep its GPUs)."""
+        ours_announced = todo.announce.pop(stored.id, [])
+        if not _awaits_start(stored):  # a placement is announced once its claim is confirmed (`_verify`)
+            todo.published.append(Change(stored, ours_announced[0].previous if ours_announced else None))
+        if holds_gpus(stored) and not _awaits_start(stored):
+            todo.resync.append(stored)  # it runs (or stops) under a launch or stop this leader did not make
+        held = stored.attempt if holds_gpus(stored) else None
+        return [(stored.id, attempt) for attempt in {ours.attempt, stored.attempt} if attempt != held]
+
+    async def _verify(self, records: Sequence[JobRecord], todo: _Pending) -> None:
+        """Records taken from the store that another writer placed (a deposed leader, paused between its claim and
+        its write, whose claim this leader may have released as an orphan, and whose GPUs it may have given to
+        another job): their claims are made again. Standing, or free to be made, the placement is announced and
+        launched (launches are idempotent) under a launch deadline; taken, the job gives it back and waits again."""
+        placed = [(r, r.placement) for r in records if _awaits_start(r) and r.placement is not None]
+        if not placed:
+            return
+        claims = [Claim(r.id, r.attempt, tuple(g.slot for g in p.gpus)) for r, p in placed]
+        for (record, placement), result in zip(placed, await self.ledger.claim_many(claims), strict=True):
+            if result.ok:
+                todo.published.append(Change(record, None))
+                todo.placed.append(Place(record.id, record.attempt, tuple(placement.gpus), placement.reason))
+                self._relaunch[record.id] = record.attempt
+                if self.starting.get(record.id, (None, 0.0))[0] != record.attempt:
+                    self.starting[record.id] = (record.attempt, self.ctx.clock.now())
+            else:
+                log.error("scheduler.adopted_placement_taken", job_id=record.id, code=result.code)
+                await self._placement_lost(record, f"its GPUs were claimed by another job ({result.detail})")
 
     async def _publish(self, todo: _Pending) -> None:
         items: list[tuple[str, bytes, dict[str, str] | None]] = []
@@ -662,10 +732,20 @@ class Scheduler:
 
     def _execute(self, todo: _Pending) -> None:
         """Launches and stops, outside the lock and without holding up the next batch."""
-        if not todo.launches and not todo.stops:
+        if not todo.launches and not todo.stops and not todo.resync:
+            return
+        if self.ledger.token and not todo.confirmed:  # the pass failed before `_confirm`: maybe deposed
+            log.warning("scheduler.execution_deferred", launches=len(todo.launches), stops=len(todo.stops))
+            for r in todo.launches:
+                self._relaunch[r.id] = r.attempt
+            self._restop.extend(todo.stops)
+            self._resync.extend(todo.resync)
+            todo.launches, todo.stops, todo.resync = [], [], []
             return
         calls = [self.executor.launch(r) for r in todo.launches]
         calls += [self.executor.stop(r, reason, grace) for r, reason, grace in todo.stops]
+        if todo.resync:
+            calls.append(self.executor.resync(todo.resync))
         task = asyncio.create_task(self._gather(calls, todo.launches))
         self._executing.add(task)
         task.add_done_callback(self._executing.discard)
@@ -692,6 +772,8 @@ class Scheduler:
         state machine applies it like any executor report)."""
         timeout = self.ctx.settings.launch_timeout_s
         late = [(job, attempt) for job, (attempt, at) in self.starting.items() if now - at > timeout]
+        if late and self.ledger.token:
+            await self.ledger.take_fence()  # a deposed leader's deadline must not undo the new leader's launch
         for job_id, attempt in late:
             event = JobLaunchFailed(
                 job_id=job_id, attempt=attempt, failed_at=now, reason=f"did not start within {timeout:g} s"
@@ -836,11 +918,19 @@ async def main(ctx: Context, stop: asyncio.Event) -> None:
         store = await JobStore.open(bus)
         quota_store = QuotaStore(await bus.key_value(QUOTA_BUCKET))
         scheduler = Scheduler(
-            ctx, bus, ledger, store, executor, quota_store=quota_store, holder=holder, confirm_lead=lease.renew
+            ctx,
+            bus,
+            ledger,
+            store,
+            executor,
+            quota_store=quota_store,
+            holder=holder,
+            confirm_lead=lease.renew,
+            lead_fresh=lambda: lease.fresh(lease.ttl_s / 2),
         )
         await scheduler.start()
         await scheduler.run(stop, lost)
-        if lost.is_set():
+        if lost.is_set() or scheduler.fenced.is_set():
             raise LeaseLost("the scheduler lease was lost: another scheduler leads now")
     except LedgerFenced as exc:
         raise LeaseLost(str(exc)) from exc
