@@ -103,8 +103,12 @@ def test_a_job_that_never_ends_is_lost_and_still_holds_its_gpu() -> None:
     h.submit("b", 2).place("b", 30).start("b", 30).finish("b", 35, 35)
     report = check(h.evidence())
     (lost,) = violations(report, "no_job_lost")
+    history = lost.pop("history")
     assert lost == {"job": "a", "problem": "never ended", "state": "pending", "reason": "", "attempt": 1,
                     "placed": True}  # fmt: skip
+    what = [row.split(maxsplit=1)[1] for row in history]
+    assert what[0] == "event JobSubmitted attempt=-", "the job's own events and decisions, in time order"
+    assert "placed attempt=1" in what
     (twice,) = violations(report, "no_gpu_held_twice")
     assert twice["first"]["release"] == "never released"
 

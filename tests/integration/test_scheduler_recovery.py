@@ -6,6 +6,7 @@ Faults are injected at the adapter boundary (the ledger's or the bus's call rais
 the scheduler, the store, the ledger and the bus are the real ones."""
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
@@ -17,6 +18,7 @@ from chamber.common.codec import Decoder
 from chamber.common.contracts import (
     Decision,
     GpuDevice,
+    JobCancelRequested,
     JobEvent,
     JobFinished,
     JobLaunchFailed,
@@ -29,7 +31,7 @@ from chamber.common.contracts import (
     NodeInventory,
     Pool,
 )
-from chamber.common.jobstore import JobStore
+from chamber.common.jobstore import JobStore, StaleWrite
 from chamber.common.lease import Lease, LeaseLost
 from chamber.common.ledger import Claim, Ledger, LedgerFenced, LedgerNotReady, LedgerUnavailable
 from chamber.common.quotastore import QuotaStore
@@ -487,9 +489,102 @@ async def test_a_leader_frozen_past_its_lease_acks_no_event_before_proving_its_l
     await b.on_events([_submit("x")])
     await asyncio.sleep(0.3)  # A's lease was confirmed longer ago than it trusts
     finished = JobFinished(job_id="x", attempt=1, finished_at=time.time(), started_at=None)
-    with pytest.raises(LedgerFenced):
+    with pytest.raises(LeaseLost):
         await a.on_events([finished])  # raised: the consumer redelivers it (to B), it does not ack it
     assert a.fenced.is_set()
+    for s in (a, b):
+        await s.close()
+    await ledger_a.close()
+    await ledger_b.close()
+
+
+async def _frozen_leader(settings: Settings, bus: Bus, stopped: list[tuple[str, int, str]]) -> tuple[Scheduler, Ledger]:
+    """Leader A, whose lease it trusts for 0.2 s only (a test cannot freeze it for half a real lease); its stops
+    are noted in `stopped`."""
+    ctx = make_context(settings, "scheduler")
+    lease = await Lease.open(bus, "scheduler", "a", ttl_s=30)
+    assert await lease.try_acquire()
+    led = ctx.ledger()
+    led.token = lease.token
+    executor = SimulatedExecutor(bus, ctx.clock)
+    real_stop = executor.stop
+
+    async def stop(record: JobRecord, reason: str, grace_s: float = 0.0) -> None:
+        stopped.append((record.id, record.attempt, reason))
+        await real_stop(record, reason, grace_s)
+
+    executor.stop = stop  # type: ignore[method-assign]
+    quota = QuotaStore(await bus.key_value(QUOTA_BUCKET))
+    a = Scheduler(ctx, bus, led, await JobStore.open(bus), executor, quota_store=quota, holder="a",
+                  confirm_lead=lease.renew, lead_fresh=lambda: lease.fresh(0.2))  # fmt: skip
+    await a.start()
+    assert a.consumer is not None
+    await a.consumer.stop()
+    return a, led
+
+
+async def _wipe(led: Ledger) -> None:
+    """Redis restarted empty (or was flushed): the fence is gone with everything else."""
+    await led.redis.delete(led.k_ready, led.k_fence, led.k_owner, led.k_claims)
+
+
+async def test_a_frozen_leader_proves_its_lead_by_its_lease_even_when_redis_lost_the_fence(
+    settings: Settings, bus: Bus, fleet: None
+) -> None:
+    """As above, but Redis lost everything after B took over: the fence alone would take A's old token again, and A
+    acked x's finish and executed x's cancel. The lease (in NATS) says who leads."""
+    launched: dict[str, list[tuple[str, int]]] = {}
+    stopped: list[tuple[str, int, str]] = []
+    a, ledger_a = await _frozen_leader(settings, bus, stopped)
+    await a.on_events([_submit("r")])
+    await a.on_events([JobStarted(job_id="r", attempt=1, started_at=time.time())])
+    b, ledger_b = await _depose(settings, bus, launched)
+    await b.on_events([_submit("x")])
+    await _wipe(ledger_a)
+    await asyncio.sleep(0.3)
+    finished = JobFinished(job_id="x", attempt=1, finished_at=time.time(), started_at=None)
+    with pytest.raises(LeaseLost):
+        await a.on_events([finished])  # not acked: redelivered to B
+    with pytest.raises(LeaseLost):
+        await a.on_events([JobCancelRequested(job_id="r", requested_at=time.time())])
+    await _drain(a)
+    assert stopped == [], "A stopped nothing"
+    for s in (a, b):
+        await s.close()
+    await ledger_a.close()
+    await ledger_b.close()
+
+
+async def test_a_placement_taken_over_from_a_stale_write_is_announced(
+    settings: Settings, bus: Bus, fleet: None
+) -> None:
+    """A places j (its claim made before B took the fence) and writes it after B read the records. B places j too;
+    its write is refused as stale, it takes A's placement (its claim stands), launches it, and must announce it:
+    the placement used to be dropped with B's own refused one, and no JobPlaced was ever published for j."""
+    launched: dict[str, list[tuple[str, int]]] = {}
+    a, ledger_a = await _leader(settings, bus, "a", launched)
+    await a.on_events([_submit("y1"), _submit("y2")])  # both nodes
+    await a.on_events([_submit("j")])  # waits
+    b_side: list[tuple[Scheduler, Ledger]] = []
+
+    async def takeover() -> None:
+        b_side.append(await _depose(settings, bus, launched))
+
+    _pause_before_writing(a, "j", takeover)
+    with pytest.raises(LedgerFenced):
+        await a.on_events([JobFinished(job_id="y1", attempt=1, finished_at=time.time(), started_at=None)])
+    b, ledger_b = b_side[0]
+    with contextlib.suppress(StaleWrite):
+        await b.on_events([_submit("w")])
+    stop = asyncio.Event()
+    loop = asyncio.create_task(b.run(stop))
+    await asyncio.sleep(1.5)
+    stop.set()
+    await loop
+    await _drain(b)
+    assert ("j", 1) in launched.get("b", []), "B launched j"
+    placed = await bus.read_latest(DECISIONS, bus.names.decision_placed("j"), Decoder(Decision))
+    assert placed, "j's placement was announced"
     for s in (a, b):
         await s.close()
     await ledger_a.close()

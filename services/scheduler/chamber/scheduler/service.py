@@ -202,7 +202,7 @@ class Scheduler:
             batch_handler=self.on_events,
             recheck_handler=self.on_events_again,
             batch=256,
-            outage=(LedgerUnavailable, LedgerFenced),
+            outage=(LedgerUnavailable, LedgerFenced, LeaseLost),
         )
         await consumer.start()
         log.info(
@@ -298,10 +298,9 @@ class Scheduler:
                     await self._reload()
                 try:
                     await self._apply_events(events, todo, recheck=recheck)
-                except LedgerFenced:
+                except (LedgerFenced, LeaseLost):
                     self._reload_needed = True
-                    self.fenced.set()  # the loop ends, and with it this leader (a newer one acts)
-                    self._wake.set()
+                    self._deposed()
                     raise
                 except BaseException:
                     self._reload_needed = True  # memory may be ahead of the store or the ledger: start over
@@ -322,7 +321,7 @@ class Scheduler:
         await self._persist(todo, defer=todo.created)
         await self._pass(now, todo)
         if self.ledger.token and self.lead_fresh is not None and not self.lead_fresh():
-            await self.ledger.take_fence()  # the events are acked next
+            await self._prove_lead()  # the events are acked next
 
     async def _unhandled(self, events: list[Any], todo: _Pending) -> list[Any]:
         """`events` without the submissions of jobs the store already has (one concurrent read per job that memory
@@ -498,7 +497,7 @@ class Scheduler:
         releases = [(job, attempt) for job, attempt in todo.releases if job not in todo.conflicts]
         places = [d for d in decisions if isinstance(d, Place)]
         if not places and not releases and self.ledger.token and any(isinstance(d, Preempt) for d in decisions):
-            await self.ledger.take_fence()  # a deposed leader writes no preemption of its own
+            await self._prove_lead()  # a deposed leader writes no preemption of its own
         refused = await self._claim(places, releases)
         for decision in decisions:
             if isinstance(decision, Place) and decision.job_id in refused:
@@ -547,6 +546,23 @@ class Scheduler:
         self._placed += len(places) - len(refused)
         return refused
 
+    async def _prove_lead(self) -> None:
+        """Still the leader? The lease's renewal (a compare-and-set in NATS) answers even when Redis lost the fence
+        with everything else (the fence alone would then take any token); the fence is taken too."""
+        if not self.ledger.token:
+            return
+        if self.confirm_lead is not None:
+            try:
+                await self.confirm_lead()
+            except LeaseLost:
+                self._deposed()
+                raise
+        await self.ledger.take_fence()
+
+    def _deposed(self) -> None:
+        self.fenced.set()  # the loop ends, and with it this leader (a newer one acts)
+        self._wake.set()
+
     async def _confirm(self, todo: _Pending) -> None:
         """After the pass's records are written and before anything is published, launched or stopped: its claims
         are made again (a no-op while they stand), fenced. A leader paused past its lease between its claim and its
@@ -565,9 +581,9 @@ class Scheduler:
             if claims:
                 results = await self.ledger.claim_many(claims)
             else:
-                await self.ledger.take_fence()
+                await self._prove_lead()
                 results = []
-        except LedgerFenced:
+        except (LedgerFenced, LeaseLost):
             log.error("scheduler.deposed_mid_pass", launches=len(todo.launches), stops=len(todo.stops))
             todo.launches, todo.stops, todo.placed, todo.published = [], [], [], []
             raise
@@ -661,6 +677,7 @@ class Scheduler:
                 self.starting.pop(job, None)
             todo.placed = [p for p in todo.placed if p.job_id not in ids]
             await self.ledger.release_many(phantoms)
+        todo.placed = [p for p in todo.placed if p.job_id not in conflicts]  # not stored: not announced
         await self._verify(adopted, todo)
         return conflicts
 
@@ -702,10 +719,7 @@ class Scheduler:
     async def _publish(self, todo: _Pending) -> None:
         items: list[tuple[str, bytes, dict[str, str] | None]] = []
         now = self.ctx.clock.now()
-        refused = todo.conflicts
-        for p in todo.placed:
-            if p.job_id in refused:
-                continue
+        for p in todo.placed:  # (a placement whose record was refused as stale was taken out by `_refresh`)
             event = JobPlaced(job_id=p.job_id, attempt=p.attempt, gpus=list(p.gpus), reason=p.reason, decided_at=now)
             msg_id = _msg_id(f"{p.job_id}:{p.attempt}:placed")
             items.append((self.names.decision_placed(p.job_id), encode(event), msg_id))
@@ -772,8 +786,8 @@ class Scheduler:
         state machine applies it like any executor report)."""
         timeout = self.ctx.settings.launch_timeout_s
         late = [(job, attempt) for job, (attempt, at) in self.starting.items() if now - at > timeout]
-        if late and self.ledger.token:
-            await self.ledger.take_fence()  # a deposed leader's deadline must not undo the new leader's launch
+        if late:
+            await self._prove_lead()  # a deposed leader's deadline must not undo the new leader's launch
         for job_id, attempt in late:
             event = JobLaunchFailed(
                 job_id=job_id, attempt=attempt, failed_at=now, reason=f"did not start within {timeout:g} s"
@@ -947,5 +961,7 @@ async def main(ctx: Context, stop: asyncio.Event) -> None:
 
 
 def _awaits_start(record: JobRecord) -> bool:
-    """Placed, not started and not being stopped: what a launch is for."""
-    return holds_gpus(record) and record.state != JobState.RUNNING and not record.stopping
+    """Placed, not started, not being stopped or cancelled: what a launch is for."""
+    return (
+        holds_gpus(record) and record.state != JobState.RUNNING and not record.stopping and not record.cancel_requested
+    )
