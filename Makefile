@@ -39,7 +39,7 @@ imports: $(STAMP) ## import-linter: pure cores stay pure, services stay independ
 pytest: $(STAMP) ## the test suite on real NATS and Redis
 	$(BIN)/pytest
 
-chaos: $(STAMP) ## 2,000 jobs while services are SIGKILLed 50 times, NATS restarted, Redis flushed; prints JSON
+chaos: $(STAMP) ## 2,000 jobs while services are SIGKILLed 50 times, NATS restarted, Redis flushed, the leader frozen; prints JSON
 	$(BIN)/python -m tests.chaos $(CHAOS_ARGS)
 
 fuzz: $(STAMP) ## the fuzz tests with a large budget (1,000 examples each)

@@ -60,7 +60,7 @@ class ChaosConfig:
     warmup_s: float = 3.0
     stall_s: float = 60.0
     """Stop waiting for the jobs to end once none has ended for this long (e.g. a lost job)."""
-    pauses: int = 0
+    pauses: int = 8
     """SIGSTOPs of the leading scheduler for `pause_s` (a standby scheduler runs when there are any)."""
     pause_s: float = 7.0
     """Longer than the scheduler's lease (5 s): the standby takes over while the leader is frozen."""

@@ -2,7 +2,7 @@
 services are SIGKILLed, NATS is restarted, Redis is flushed and the leading scheduler is twice frozen past its
 lease (a standby takes over); the checker's invariants must all hold.
 
-`make chaos` runs the full one (2,000 jobs, 50 kills, 3 NATS restarts, 3 Redis flushes).
+`make chaos` runs the full one (2,000 jobs, 50 kills, 3 NATS restarts, 3 Redis flushes, 8 freezes of the leader).
 """
 
 import json
