@@ -557,42 +557,29 @@ class Scheduler:
             except LeaseLost:
                 self._deposed()
                 raise
-        await self.ledger.take_fence()
+        await self.ledger.confirm()
 
     def _deposed(self) -> None:
         self.fenced.set()  # the loop ends, and with it this leader (a newer one acts)
         self._wake.set()
 
     async def _confirm(self, todo: _Pending) -> None:
-        """After the pass's records are written and before anything is published, launched or stopped: its claims
-        are made again (a no-op while they stand), fenced. A leader paused past its lease between its claim and its
-        write is refused here and acts on nothing it wrote: the new leader took the fence before reading the
-        records, so a claim it released as an orphan is never launched on (its record, placed without a claim, is
-        checked by the new leader when it comes across it: see `_verify`)."""
+        """After the pass's records are written and before anything is published, launched or stopped: does this
+        leader still hold the fence, over a whole ledger (one small round trip)? A leader paused past its lease
+        between its claim and its write is refused here and acts on nothing it wrote: the new leader took the fence
+        before reading the records, so a claim it released as an orphan is never launched on (its record, placed
+        without a claim, is checked by the new leader when it comes across it: see `_verify`). Holding the fence, no
+        one else released this pass's claims: only a newer leader, or a wipe (the ledger then not whole), could."""
         if not self.ledger.token or not (todo.launches or todo.stops or todo.resync):
             todo.confirmed = True
             return
-        claims = [
-            Claim(r.id, r.attempt, tuple(g.slot for g in r.placement.gpus))
-            for r in todo.launches
-            if r.placement is not None
-        ]
         try:
-            if claims:
-                results = await self.ledger.claim_many(claims)
-            else:
-                await self._prove_lead()
-                results = []
-        except (LedgerFenced, LeaseLost):
+            await self.ledger.confirm()
+        except LedgerFenced:
             log.error("scheduler.deposed_mid_pass", launches=len(todo.launches), stops=len(todo.stops))
             todo.launches, todo.stops, todo.placed, todo.published = [], [], [], []
+            self._deposed()
             raise
-        lost = {r.claim.job_id for r in results if not r.ok}
-        if lost:  # the ledger lost them under this leader (an operator, a wipe): the launch deadline undoes them
-            log.error("scheduler.claims_lost_before_launch", jobs=sorted(lost)[:5])
-            todo.launches = [r for r in todo.launches if r.id not in lost]
-            todo.placed = [p for p in todo.placed if p.job_id not in lost]
-            self._check_now()
         todo.confirmed = True
 
     async def _persist(self, todo: _Pending, defer: set[str] | None = None) -> None:
