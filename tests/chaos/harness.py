@@ -175,25 +175,13 @@ class ChaosRun:
             self.standby = subprocess.Popen(command, env=self._env(), stdout=log, stderr=log)
 
     def _stop_standby(self) -> None:
-        if self.standby is not None and self.standby.poll() is None:
-            self.standby.send_signal(signal.SIGCONT)
-            self.standby.send_signal(signal.SIGINT)
-            try:
-                self.standby.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.standby.kill()
-                self.standby.wait()
+        if self.standby is not None:
+            _interrupt(self.standby)
 
     def _stop_up(self) -> int | None:
         if self.up is None:
             return None
-        if self.up.poll() is None:
-            self.up.send_signal(signal.SIGINT)
-            try:
-                self.up.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.up.kill()
-                self.up.wait()
+        _interrupt(self.up)
         return self.up.returncode
 
     async def _wait_ready(self, http: httpx.AsyncClient) -> None:
@@ -373,6 +361,19 @@ class ChaosRun:
             except (httpx.HTTPError, ValueError, KeyError):
                 await asyncio.sleep(0.5)
         return None
+
+
+def _interrupt(process: "subprocess.Popen[bytes]") -> None:
+    """Stop it as Ctrl-C would (woken first, should it be frozen), killed if it has not ended within 30 s."""
+    if process.poll() is not None:
+        return
+    process.send_signal(signal.SIGCONT)
+    process.send_signal(signal.SIGINT)
+    try:
+        process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
 
 
 async def run_chaos(cfg: ChaosConfig, out: Path) -> dict[str, Any]:

@@ -90,7 +90,7 @@ class _Pending:
     resync: list[JobRecord] = field(default_factory=list)
     """Records another writer started or is stopping: the executor takes them on (`Executor.resync`)."""
     confirmed: bool = False
-    """`_confirm` found this leader still leading, its launches' claims standing: only then are they executed."""
+    """`_confirm` found this leader holding the fence over a whole ledger: only then is anything executed."""
 
     def write(self, change: Change) -> None:
         """The record is written once per pass (its latest version); every change to announce is published."""
@@ -159,14 +159,14 @@ class Scheduler:
         self._placed = 0
         self._reload_needed = False
         self._relaunch: dict[str, int] = {}
+        """job -> attempt whose launch failed (the executor raised: NATS or the API away) or never ran (the batch
+        that placed it failed after storing it): launched again at the next passes until it goes through."""
         self._restop: list[tuple[JobRecord, str, float]] = []
         """Stops of a pass that failed before it was confirmed: executed at the next confirmed pass."""
         self._resync: list[JobRecord] = []
         """Likewise, records for the executor to take on."""
         self.fenced = asyncio.Event()
-        """Set when the ledger refused this leader's token: a newer leader acts now, this one must stop."""
-        """job -> attempt whose launch failed (the executor raised: NATS or the API away) or never ran (the batch
-        that placed it failed after storing it): launched again at the next passes until it goes through."""
+        """Set when this leader found itself deposed (fence or lease): a newer leader acts now, this one stops."""
         self.consumer: Consumer[Any] | None = None
 
     # ---- start-up ----------------------------------------------------------------------------------------------
@@ -459,7 +459,7 @@ class Scheduler:
                         todo.confirmed = False
                         await self._confirm(todo)
             except (LedgerFenced, LeaseLost):
-                self.fenced.set()
+                self._deposed()
                 raise
             except Exception:
                 log.exception("scheduler.pass_failed")
@@ -548,7 +548,7 @@ class Scheduler:
 
     async def _prove_lead(self) -> None:
         """Still the leader? The lease's renewal (a compare-and-set in NATS) answers even when Redis lost the fence
-        with everything else (the fence alone would then take any token); the fence is taken too."""
+        with everything else; then the fence, over a whole ledger (`Ledger.confirm`)."""
         if not self.ledger.token:
             return
         if self.confirm_lead is not None:
@@ -676,10 +676,10 @@ class Scheduler:
         heard of, its stop made), and the attempts it no longer holds are returned, to be released (a job that
         ended must not keep its GPUs)."""
         ours_announced = todo.announce.pop(stored.id, [])
-        if not _awaits_start(stored):  # a placement is announced once its claim is confirmed (`_verify`)
+        if not _awaits_start(stored):  # (a placement is announced once its claim is confirmed: `_verify`)
             todo.published.append(Change(stored, ours_announced[0].previous if ours_announced else None))
-        if holds_gpus(stored) and not _awaits_start(stored):
-            todo.resync.append(stored)  # it runs (or stops) under a launch or stop this leader did not make
+            if holds_gpus(stored):
+                todo.resync.append(stored)  # it runs (or stops) under a launch or stop this leader did not make
         held = stored.attempt if holds_gpus(stored) else None
         return [(stored.id, attempt) for attempt in {ours.attempt, stored.attempt} if attempt != held]
 
