@@ -274,9 +274,17 @@ async def test_a_deposed_leader_does_not_rebuild_a_wiped_ledger(
 
 
 async def _leader(
-    settings: Settings, bus: Bus, name: str, launched: dict[str, list[tuple[str, int]]]
+    settings: Settings,
+    bus: Bus,
+    name: str,
+    launched: dict[str, list[tuple[str, int]]],
+    *,
+    stopped: list[tuple[str, int, str]] | None = None,
+    trusts_lease_s: float | None = None,
 ) -> tuple[Scheduler, Ledger]:
-    """A scheduler holding the lease as `name`, with its own ledger client; its launches are noted in `launched`."""
+    """A scheduler holding the lease as `name`, with its own ledger client; its launches are noted in `launched`,
+    its stops in `stopped`. With `trusts_lease_s`, it trusts its lease for that long after confirming it (a test
+    cannot freeze it for half a real lease)."""
     ctx = make_context(settings, "scheduler")
     lease = await Lease.open(bus, "scheduler", name, ttl_s=30)
     assert await lease.try_acquire()
@@ -290,9 +298,18 @@ async def _leader(
         await real_launch(record)
 
     executor.launch = launch  # type: ignore[method-assign]
+    if stopped is not None:
+        real_stop = executor.stop
+
+        async def stop(record: JobRecord, reason: str, grace_s: float = 0.0) -> None:
+            stopped.append((record.id, record.attempt, reason))
+            await real_stop(record, reason, grace_s)
+
+        executor.stop = stop  # type: ignore[method-assign]
+    fresh = None if trusts_lease_s is None else (lambda: lease.fresh(trusts_lease_s))
     quota = QuotaStore(await bus.key_value(QUOTA_BUCKET))
     s = Scheduler(ctx, bus, led, await JobStore.open(bus), executor, quota_store=quota, holder=name,
-                  confirm_lead=lease.renew)  # fmt: skip
+                  confirm_lead=lease.renew, lead_fresh=fresh)  # fmt: skip
     await s.start()
     assert s.consumer is not None
     await s.consumer.stop()
@@ -474,17 +491,7 @@ async def test_a_leader_frozen_past_its_lease_acks_no_event_before_proving_its_l
     before it froze: x is a job A never heard of, so applying the finish changes nothing, and A used to ack it:
     lost to B, x ran on for ever. A whose lease was not confirmed lately proves its lead before it acks."""
     launched: dict[str, list[tuple[str, int]]] = {}
-    ctx = make_context(settings, "scheduler")
-    lease = await Lease.open(bus, "scheduler", "a", ttl_s=30)
-    assert await lease.try_acquire()
-    ledger_a = ctx.ledger()
-    ledger_a.token = lease.token
-    quota = QuotaStore(await bus.key_value(QUOTA_BUCKET))
-    a = Scheduler(ctx, bus, ledger_a, await JobStore.open(bus), SimulatedExecutor(bus, ctx.clock), quota_store=quota,
-                  holder="a", confirm_lead=lease.renew, lead_fresh=lambda: lease.fresh(0.2))  # fmt: skip
-    await a.start()
-    assert a.consumer is not None
-    await a.consumer.stop()
+    a, ledger_a = await _leader(settings, bus, "a", launched, trusts_lease_s=0.2)
     b, ledger_b = await _depose(settings, bus, launched)
     await b.on_events([_submit("x")])
     await asyncio.sleep(0.3)  # A's lease was confirmed longer ago than it trusts
@@ -496,31 +503,6 @@ async def test_a_leader_frozen_past_its_lease_acks_no_event_before_proving_its_l
         await s.close()
     await ledger_a.close()
     await ledger_b.close()
-
-
-async def _frozen_leader(settings: Settings, bus: Bus, stopped: list[tuple[str, int, str]]) -> tuple[Scheduler, Ledger]:
-    """Leader A, whose lease it trusts for 0.2 s only (a test cannot freeze it for half a real lease); its stops
-    are noted in `stopped`."""
-    ctx = make_context(settings, "scheduler")
-    lease = await Lease.open(bus, "scheduler", "a", ttl_s=30)
-    assert await lease.try_acquire()
-    led = ctx.ledger()
-    led.token = lease.token
-    executor = SimulatedExecutor(bus, ctx.clock)
-    real_stop = executor.stop
-
-    async def stop(record: JobRecord, reason: str, grace_s: float = 0.0) -> None:
-        stopped.append((record.id, record.attempt, reason))
-        await real_stop(record, reason, grace_s)
-
-    executor.stop = stop  # type: ignore[method-assign]
-    quota = QuotaStore(await bus.key_value(QUOTA_BUCKET))
-    a = Scheduler(ctx, bus, led, await JobStore.open(bus), executor, quota_store=quota, holder="a",
-                  confirm_lead=lease.renew, lead_fresh=lambda: lease.fresh(0.2))  # fmt: skip
-    await a.start()
-    assert a.consumer is not None
-    await a.consumer.stop()
-    return a, led
 
 
 async def _wipe(led: Ledger) -> None:
@@ -535,7 +517,7 @@ async def test_a_frozen_leader_proves_its_lead_by_its_lease_even_when_redis_lost
     acked x's finish and executed x's cancel. The lease (in NATS) says who leads."""
     launched: dict[str, list[tuple[str, int]]] = {}
     stopped: list[tuple[str, int, str]] = []
-    a, ledger_a = await _frozen_leader(settings, bus, stopped)
+    a, ledger_a = await _leader(settings, bus, "a", launched, stopped=stopped, trusts_lease_s=0.2)
     await a.on_events([_submit("r")])
     await a.on_events([JobStarted(job_id="r", attempt=1, started_at=time.time())])
     b, ledger_b = await _depose(settings, bus, launched)

@@ -496,7 +496,7 @@ class Scheduler:
             self._decide_ms.append((t1 - t0) * 1000)
         releases = [(job, attempt) for job, attempt in todo.releases if job not in todo.conflicts]
         places = [d for d in decisions if isinstance(d, Place)]
-        if not places and not releases and self.ledger.token and any(isinstance(d, Preempt) for d in decisions):
+        if not places and not releases and any(isinstance(d, Preempt) for d in decisions):
             await self._prove_lead()  # a deposed leader writes no preemption of its own
         refused = await self._claim(places, releases)
         for decision in decisions:
@@ -701,7 +701,7 @@ class Scheduler:
                     self.starting[record.id] = (record.attempt, self.ctx.clock.now())
             else:
                 log.error("scheduler.adopted_placement_taken", job_id=record.id, code=result.code)
-                await self._placement_lost(record, f"its GPUs were claimed by another job ({result.detail})")
+                await self._placement_lost(record, result.detail)
 
     async def _publish(self, todo: _Pending) -> None:
         items: list[tuple[str, bytes, dict[str, str] | None]] = []
@@ -818,12 +818,13 @@ class Scheduler:
                 log.error("scheduler.restore_claim_refused", job_id=result.claim.job_id, code=result.code)
                 record = records[result.claim.job_id]
                 if record.state != JobState.RUNNING:
-                    await self._placement_lost(record, f"its GPUs were claimed by another job ({result.detail})")
+                    await self._placement_lost(record, result.detail)
 
-    async def _placement_lost(self, record: JobRecord, why: str) -> None:
+    async def _placement_lost(self, record: JobRecord, holder: str) -> None:
         """A placed job whose claim is gone and cannot be made again (a deposed leader wrote the placement after
         this leader released its claim as an orphan; it never launched it): it gives the placement back and waits
         again, through the bus like a launch deadline. Left to the deadline if the bus refuses."""
+        why = f"its GPUs were claimed by another job ({holder})"
         event = JobLaunchFailed(job_id=record.id, attempt=record.attempt, failed_at=self.ctx.clock.now(), reason=why)
         try:
             await self.bus.publish(
