@@ -230,7 +230,8 @@ async def events(gw: GatewayState, who: Principal, job_id: str) -> JobTimeline:
     intents = [e for e in await gw.read_stream(JOBS, names.subject(f"jobs.*.{job_id}"), since, _job_events)
                if isinstance(e, JobSubmitted | JobCancelRequested)]  # fmt: skip
     decisions = await gw.read_stream(DECISIONS, names.subject(f"decisions.*.{job_id}"), since, _decisions)
-    return JobTimeline(job=view, events=timeline(intents, decisions))
+    stored = await gw.job_record(job_id)  # read after the log: anything newer is not logged yet
+    return JobTimeline(job=view if stored is None else job_view(stored), events=timeline(intents, decisions, stored))
 
 
 def views(records: list[JobRecord]) -> list[JobView]:

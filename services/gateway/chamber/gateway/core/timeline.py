@@ -3,6 +3,8 @@
 
 Intent comes from JOBS (submitted, cancel requested); everything else from the scheduler's state changes, which
 are what actually happened after the state machine (an executor report about a stale attempt never shows).
+The scheduler writes a record to the jobs KV before it publishes the change, so a reader can see a job finished
+before the log says so: the stored record, when newer than the log, ends the story.
 """
 
 import re
@@ -15,6 +17,7 @@ from chamber.common.contracts import (
     GpuRef,
     JobCancelRequested,
     JobPlaced,
+    JobRecord,
     JobState,
     JobStateChanged,
     JobSubmitted,
@@ -79,9 +82,12 @@ def _from_state_change(
 
 
 def timeline(
-    job_events: Iterable[JobSubmitted | JobCancelRequested], decisions: Iterable[JobPlaced | JobStateChanged]
+    job_events: Iterable[JobSubmitted | JobCancelRequested],
+    decisions: Iterable[JobPlaced | JobStateChanged],
+    stored: JobRecord | None = None,
 ) -> list[TimelineEntry]:
-    """The job's story, oldest first. Duplicate deliveries (same attempt placed twice) are told once."""
+    """The job's story, oldest first. Duplicate deliveries (same attempt placed twice) are told once. `stored`
+    (the job's record as the KV holds it) tells what the log has not yet: its placement and its latest state."""
     entries: list[TimelineEntry] = []
     for e in job_events:
         if isinstance(e, JobSubmitted):
@@ -101,6 +107,16 @@ def timeline(
                                              gpus=list(d.gpus)))  # fmt: skip
         else:
             changes.append(d)
+    if stored is not None:
+        if stored.placement is not None and stored.placement.attempt not in placed:
+            p = stored.placement
+            placed.add(p.attempt)
+            at = min(stored.updated_at, stored.started_at or stored.updated_at)  # (placed before it started)
+            entries.append(TimelineEntry(at=at, kind="placed", detail=p.reason, attempt=p.attempt, gpus=list(p.gpus)))
+        logged = max(changes, key=lambda c: c.record.version, default=None)
+        if logged is None or stored.version > logged.record.version:
+            previous = JobState.PENDING.value if logged is None else logged.record.state.value
+            changes.append(JobStateChanged(record=stored, previous=previous, at=stored.updated_at))
     stopping = nominated = False
     seen_versions: set[int] = set()
     for change in sorted(changes, key=lambda c: c.record.version):

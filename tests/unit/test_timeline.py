@@ -1,0 +1,53 @@
+"""A job's timeline from its logs, and from its stored record where the logs lag it (the scheduler writes the
+record before it publishes the change, so a reader can see the job finished before the log does)."""
+
+import msgspec
+import pytest
+
+from chamber.common.contracts import JobPlaced, JobRecord, JobState, JobStateChanged, JobSubmitted
+from chamber.gateway.core.timeline import timeline
+from tests.support.builders import make_job
+
+_RUNNING = make_job("j").running_on(("n1", 0), ("n1", 1)).at(10.0).started_at(12.0).build()
+
+
+def _version(record: JobRecord, version: int, **changes: object) -> JobRecord:
+    return msgspec.structs.replace(record, version=version, **changes)
+
+
+_PENDING = _version(_RUNNING, 1, state=JobState.PENDING, placement=None, started_at=None, attempt=0)
+_PLACED = _version(_RUNNING, 2, state=JobState.PENDING, started_at=None, updated_at=11.0)
+_STARTED = _version(_RUNNING, 3, updated_at=12.0)
+_DONE = _version(_RUNNING, 4, state=JobState.SUCCEEDED, finished_at=15.0, updated_at=15.0)
+_SUBMITTED = JobSubmitted(job_id="j", spec=_RUNNING.spec, submitted_at=10.0)
+assert _RUNNING.placement is not None
+_PLACE = JobPlaced(job_id="j", attempt=1, gpus=_RUNNING.placement.gpus, reason="fits", decided_at=11.0)
+
+
+def _changed(record: JobRecord, previous: JobRecord) -> JobStateChanged:
+    return JobStateChanged(record=record, previous=previous.state.value, at=record.updated_at)
+
+
+_LOG = [_changed(_PLACED, _PENDING), _PLACE, _changed(_STARTED, _PLACED), _changed(_DONE, _STARTED)]
+
+
+@pytest.mark.parametrize(
+    ("decisions", "stored", "kinds"),
+    [
+        pytest.param(_LOG, None, ["submitted", "placed", "started", "succeeded"], id="the log alone"),
+        pytest.param(_LOG, _DONE, ["submitted", "placed", "started", "succeeded"], id="log and store agree"),
+        pytest.param(_LOG[:3], _DONE, ["submitted", "placed", "started", "succeeded"], id="the end not logged yet"),
+        pytest.param(_LOG[:1], _STARTED, ["submitted", "placed", "started"], id="placement and start not logged"),
+        pytest.param([], _STARTED, ["submitted", "placed", "started"], id="nothing logged yet"),
+        pytest.param([], _PENDING, ["submitted"], id="still pending"),
+        pytest.param(_LOG, _STARTED, ["submitted", "placed", "started", "succeeded"], id="an older stored copy"),
+    ],
+)
+def test_the_timeline_tells_what_the_log_or_the_store_knows(
+    decisions: list[JobPlaced | JobStateChanged], stored: JobRecord | None, kinds: list[str]
+) -> None:
+    entries = timeline([_SUBMITTED], decisions, stored)
+    assert [e.kind for e in entries] == kinds
+    assert [e.at for e in entries] == sorted(e.at for e in entries)
+    placed = [e for e in entries if e.kind == "placed"]
+    assert all(e.gpus == _RUNNING.placement.gpus for e in placed)  # type: ignore[union-attr]
