@@ -18,6 +18,7 @@ from chamber.common.codec import Decoder
 from chamber.common.contracts import (
     Decision,
     GpuDevice,
+    GpuRef,
     JobCancelRequested,
     JobEvent,
     JobFinished,
@@ -25,10 +26,13 @@ from chamber.common.contracts import (
     JobRecord,
     JobSpec,
     JobStarted,
+    JobState,
     JobStateChanged,
+    JobStopped,
     JobSubmitted,
     Node,
     NodeInventory,
+    Placement,
     Pool,
 )
 from chamber.common.jobstore import JobStore, StaleWrite
@@ -571,3 +575,53 @@ async def test_a_placement_taken_over_from_a_stale_write_is_announced(
         await s.close()
     await ledger_a.close()
     await ledger_b.close()
+
+
+async def test_a_running_job_whose_gpus_the_ledger_gives_another_is_interrupted(
+    settings: Settings, bus: Bus, fleet: None, ledger: Ledger
+) -> None:
+    """Two records run on the same GPUs and the ledger backs one of them (what a deposed leader's late write could
+    leave): the new leader cannot make the other's claim again, so it interrupts that job (back to the queue, to
+    resume from its checkpoint) instead of leaving two jobs on the GPUs; it used to only log it."""
+    gpus = [GpuRef("node-a", i) for i in range(8)]
+    now = time.time()
+    store = await JobStore.open(bus)
+    for job_id in ("backed", "unbacked"):
+        record = JobRecord(
+            id=job_id, spec=JobSpec(name=job_id, team="t", gpus_per_replica=8), state=JobState.RUNNING,
+            submitted_at=now, updated_at=now, attempt=1, placement=Placement(attempt=1, gpus=gpus), started_at=now,
+        )  # fmt: skip
+        assert await store.create(record) is not None
+    await ledger.rebuild([])
+    await ledger.claim_many([Claim("backed", 1, tuple(g.slot for g in gpus))])
+    stopped: list[tuple[str, int, str]] = []
+    s, led = await _leader(settings, bus, "a", {}, stopped=stopped)
+    stop = asyncio.Event()
+    loop = asyncio.create_task(s.run(stop))
+    await asyncio.sleep(1.0)
+    stop.set()
+    await loop
+    await _drain(s)
+    assert [(job_id, attempt) for job_id, attempt, _ in stopped] == [("unbacked", 1)]
+    assert "claimed by another job" in stopped[0][2]
+    unbacked = await _record(s, "unbacked")
+    assert unbacked is not None
+    assert unbacked.stopping
+    assert unbacked.stop_kind == "interrupt"
+    backed = await _record(s, "backed")
+    assert backed is not None
+    assert backed.state == JobState.RUNNING
+    assert not backed.stopping
+    assert set((await ledger.snapshot()).claims) == {"backed"}, "the ledger still backs the job it backed"
+    # Stopped, it goes back to the queue and runs again on the other node: node-a stays the backed job's alone.
+    await s.on_events([JobStopped(job_id="unbacked", attempt=1, stopped_at=time.time(), started_at=now)])
+    await _drain(s)
+    again = await _record(s, "unbacked")
+    assert again is not None
+    assert again.attempt == 2
+    assert again.placement is not None
+    assert {g.node for g in again.placement.gpus} == {"node-b"}
+    await _claims_match_records(s, ledger)
+    assert s.control.state.holder.get("node-a/0") == "backed"
+    await s.close()
+    await led.close()

@@ -165,6 +165,9 @@ class Scheduler:
         """Stops of a pass that failed before it was confirmed: executed at the next confirmed pass."""
         self._resync: list[JobRecord] = []
         """Likewise, records for the executor to take on."""
+        self._unbacked: dict[str, tuple[int, str]] = {}
+        """job -> (attempt, why): running, but its claim could not be made again because the ledger gives its GPUs
+        to another job; it is interrupted at the next pass, so that no GPU runs two jobs."""
         self.fenced = asyncio.Event()
         """Set when this leader found itself deposed (fence or lease): a newer leader acts now, this one stops."""
         self.consumer: Consumer[Any] | None = None
@@ -489,6 +492,8 @@ class Scheduler:
         cycle = self.control.state.ctx is None
         t0 = time.perf_counter()
         decisions = self.control.decide(now)
+        if self._unbacked:
+            decisions = [*decisions, *self._interrupt_unbacked()]
         t1 = time.perf_counter()
         if cycle:
             self._last_cycle = now
@@ -519,6 +524,21 @@ class Scheduler:
             self._apply_ms.append((time.perf_counter() - t1) * 1000)
         if refused:
             self._wake.set()  # the fleet moved under this pass: decide again with what we learned
+
+    def _interrupt_unbacked(self) -> list[Preempt]:
+        """Stop the running jobs whose GPUs the ledger gives another job (`_unbacked`): the ledger is the truth
+        about who holds a GPU, so the job it does not back goes back to the queue (an interruption: it resumes from
+        its checkpoint), instead of sharing its GPUs with the one it backs."""
+        stops: list[Preempt] = []
+        for job_id, (attempt, holder) in self._unbacked.items():
+            record = self.control.records.get(job_id)
+            if record is None or record.attempt != attempt or not holds_gpus(record) or record.stopping:
+                continue
+            self.control.state.mark_stopping(job_id)
+            why = f"interrupted: its GPUs were claimed by another job ({holder}); stopped so no GPU runs two jobs"
+            stops.append(Preempt(job_id, attempt, 0.0, why, interrupt=True))
+        self._unbacked.clear()
+        return stops
 
     async def _claim(self, places: list[Place], releases: list[tuple[str, int]]) -> set[str]:
         """Release ended attempts and claim every placement in one round trip; returns the jobs whose claim was
@@ -817,7 +837,9 @@ class Scheduler:
             else:
                 log.error("scheduler.restore_claim_refused", job_id=result.claim.job_id, code=result.code)
                 record = records[result.claim.job_id]
-                if record.state != JobState.RUNNING:
+                if record.state == JobState.RUNNING:
+                    self._unbacked[record.id] = (record.attempt, result.detail)
+                else:
                     await self._placement_lost(record, result.detail)
 
     async def _placement_lost(self, record: JobRecord, holder: str) -> None:

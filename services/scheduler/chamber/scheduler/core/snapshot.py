@@ -56,7 +56,9 @@ def build_state(
             state.by_team.setdefault((run.team, run.pool), {})[run.id] = run
             state.count_preemptible(run, +1)
             for ref in run.gpus:
-                state.holder[ref.slot] = record.id
+                owner = owners.get(ref.slot)
+                if owner is None or owner.rsplit("/", 1)[0] == record.id or ref.slot not in state.holder:
+                    state.holder[ref.slot] = record.id  # two records on one GPU: the one the ledger backs holds it
             if record.stopping and record.move_to:
                 moving.append((record.id, tuple(record.move_to), None))
         elif needs_placement(record):

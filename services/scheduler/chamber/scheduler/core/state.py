@@ -190,8 +190,9 @@ class SchedulingState:
         self.count_preemptible(job, -1)
         for ref in job.gpus:
             slot = ref.slot
-            if self.holder.get(slot) == job_id:
-                del self.holder[slot]
+            if self.holder.get(slot) != job_id:
+                continue  # another job holds it (the ledger gave it that one): not free
+            del self.holder[slot]
             if slot in self.cordoned or slot in self.nominated_slots:
                 continue
             self.index.give(ref.node, [ref.index])
