@@ -148,3 +148,28 @@ async def test_a_replica_its_agent_lists_is_never_asked_to_stop(bus: Bus, settin
     finally:
         await executor.close()
         await agent.close()
+
+
+async def test_a_scheduler_frozen_past_the_agent_timeout_judges_no_agent_lost_when_it_wakes(
+    bus: Bus, settings: Settings
+) -> None:
+    """This process stops for three agent timeouts (as under SIGSTOP or a stalled VM: the event loop, the agent's
+    heartbeats and all, stands still). When it runs again, the watchdog's tick is due before any heartbeat is read:
+    it must not take the silence it could not hear for a lost agent (it used to, and interrupted every job)."""
+    agent = ScriptedAgent(bus)
+    await agent.start()
+    executor = ProcessExecutor(bus, SystemClock(), msgspec.structs.replace(settings, agent_timeout_s=TIMEOUT_S))
+    try:
+        agent.listed = [0, 1]
+        await executor.launch(gang_record())
+        for replica in (0, 1):
+            await agent.report(ReplicaStarted(node=NODE, job_id="j", attempt=1, replica=replica, pid=100 + replica,
+                                              started_at=time.time()), "started")  # fmt: skip
+        await asyncio.sleep(0.5)
+        time.sleep(3 * TIMEOUT_S)  # noqa: ASYNC251  # the freeze: nothing in this process runs
+        await asyncio.sleep(2 * TIMEOUT_S)
+        assert agent.stops == [], "no replica was asked to stop"
+        assert not [e for e in await job_events(bus, "j") if isinstance(e, JobStopped)], "the job was not stopped"
+    finally:
+        await executor.close()
+        await agent.close()

@@ -6,7 +6,9 @@ Agents report each replica on `replicas.<job>`; a `Gang` per attempt turns those
 (`JobStarted`, `JobFinished`, `JobStopped`, `JobLaunchFailed`), published with the usual message ids.
 
 Nothing may keep GPUs that the ledger has given away:
-- an agent silent for `CHAMBER_AGENT_TIMEOUT_S` (while this side is connected) is lost: its replicas end as
+- an agent silent for `CHAMBER_AGENT_TIMEOUT_S` (while this side is connected and running: after a stall of this
+  process, frozen or starved past `STALLED_S`, heartbeats may sit unread, so silence counts from its end) is lost:
+  its replicas end as
   lost, the rest of each gang is stopped, and the job is `JobStopped(interrupted=True)`, so it is requeued; the
   replicas of a cut-off agent stop themselves before that (their dead-man switch, see the agent's shim);
 - an agent's heartbeat lists the replicas it runs: one of an attempt this executor does not hold is stopped;
@@ -60,6 +62,9 @@ log = get_logger(__name__)
 
 REQUEST_TIMEOUT_S = 2.0
 WATCH_S = 0.25
+STALLED_S = 2.0
+"""A watchdog tick this late means this process did not run meanwhile (frozen, stopped, starved): the agents'
+heartbeats of that time may not have been read yet, so no agent is judged on that silence."""
 UNKNOWN_RESEND_S = 5.0
 FORGOTTEN = "its node agent no longer knew of it (restarted without its state?)"
 
@@ -429,11 +434,17 @@ class ProcessExecutor:
                     self._spawn(self._stop_on(gang, action))
 
     async def _watch(self) -> None:
-        """Judge agents by their heartbeats, but only over time this side was connected to hear them."""
+        """Judge agents by their heartbeats, but only over time this side was connected and running to hear them
+        (a scheduler frozen past the agent timeout used to find every agent lost when it woke, and interrupt every
+        job they ran)."""
+        last = self.clock.now()
         while True:
             await asyncio.sleep(WATCH_S)
             now = self.clock.now()
-            if not self.bus.nc.is_connected:
+            gap, last = now - last, now
+            if gap > STALLED_S:
+                log.warning("process_executor.stalled", seconds=round(gap, 1))
+            if gap > STALLED_S or not self.bus.nc.is_connected:
                 self.since = now
                 continue
             self._unknown = {k: at for k, at in self._unknown.items() if now - at < UNKNOWN_RESEND_S}
