@@ -625,3 +625,81 @@ async def test_a_running_job_whose_gpus_the_ledger_gives_another_is_interrupted(
     assert s.control.state.holder.get("node-a/0") == "backed"
     await s.close()
     await led.close()
+
+
+def _on_node(job_id: str, priority: str, *, started: float | None, node: str = "node-a") -> JobRecord:
+    """A record holding all of `node`: running since `started`, or placed and not started (None)."""
+    gpus = [GpuRef(node, i) for i in range(8)]
+    spec = JobSpec(name=job_id, team="t", gpus_per_replica=8, priority=priority, duration_s=3600)
+    state = JobState.PENDING if started is None else JobState.RUNNING
+    return JobRecord(id=job_id, spec=spec, state=state, submitted_at=time.time() - 100, updated_at=time.time() - 100,
+                     attempt=1, placement=Placement(attempt=1, gpus=gpus), started_at=started)  # fmt: skip
+
+
+async def test_the_job_the_ledger_does_not_back_is_interrupted_not_taken_as_a_victim(
+    settings: Settings, bus: Bus, fleet: None, ledger: Ledger
+) -> None:
+    """The first pass after start-up must not choose the unbacked job as a preemption victim: stopping it frees no
+    GPU (the backed job holds them), so the preemptor would wait on it for nothing."""
+    now = time.time()
+    store = await JobStore.open(bus)
+    urgent = JobRecord(id="p", spec=JobSpec(name="p", team="t", gpus_per_replica=8, priority="research"),
+                       state=JobState.PENDING, submitted_at=now, updated_at=now)  # fmt: skip
+    for record in (
+        _on_node("a-unbacked", "best-effort", started=now - 100),
+        _on_node("z-backed", "best-effort", started=now - 100),
+        _on_node("c", "train", started=now - 100, node="node-b"),  # not a victim for p
+        urgent,
+    ):
+        assert await store.create(record) is not None
+    await ledger.rebuild([])
+    await ledger.claim_many([Claim("z-backed", 1, tuple(f"node-a/{i}" for i in range(8))),
+                             Claim("c", 1, tuple(f"node-b/{i}" for i in range(8)))])  # fmt: skip
+    s = await _scheduler(settings, bus, ledger)
+    await s.on_events([])
+    unbacked, backed, p = await _record(s, "a-unbacked"), await _record(s, "z-backed"), await _record(s, "p")
+    assert unbacked is not None
+    assert unbacked.stop_kind == "interrupt"
+    assert backed is not None
+    assert backed.stopping, "the job on the GPUs is the one preempted for p"
+    assert p is not None
+    assert p.waiting_for == ["z-backed"]
+    await s.close()
+
+
+async def test_where_two_lost_claims_meet_the_running_job_keeps_its_gpus(
+    settings: Settings, bus: Bus, fleet: None, ledger: Ledger
+) -> None:
+    """Both claims were lost (Redis lost its last writes): the running job's is restored, not that of a placement
+    that never started (which gives its placement back and waits again, having lost no work)."""
+    store = await JobStore.open(bus)
+    assert await store.create(_on_node("placed", "best-effort", started=None)) is not None  # read first
+    assert await store.create(_on_node("runs", "best-effort", started=time.time() - 100)) is not None
+    await ledger.rebuild([])
+    s = await _scheduler(settings, bus, ledger)
+    await s.on_events([])
+    runs = await _record(s, "runs")
+    assert runs is not None
+    assert not runs.stopping
+    assert set((await ledger.snapshot()).claims) == {"runs"}
+    failed = await bus.read_since(JOBS, bus.names.job_lifecycle("placed"), 0.0, Decoder(JobEvent))
+    assert any(isinstance(e, JobLaunchFailed) for e in failed), "the placement is given back"
+    await s.close()
+
+
+async def test_a_wiped_ledger_is_rebuilt_when_two_running_records_name_one_gpu(
+    settings: Settings, bus: Bus, fleet: None, ledger: Ledger
+) -> None:
+    """Redis lost everything and two running records name node-a: the rebuild backs the one running longest and
+    the other is interrupted (the rebuild used to be refused, and the scheduler failed to start, again and again)."""
+    store = await JobStore.open(bus)
+    assert await store.create(_on_node("newer", "best-effort", started=time.time() - 10)) is not None
+    assert await store.create(_on_node("older", "best-effort", started=time.time() - 100)) is not None
+    s = await _scheduler(settings, bus, ledger)  # the ledger is not ready: wiped
+    await s.on_events([])
+    assert set((await ledger.snapshot()).claims) == {"older"}
+    newer = await _record(s, "newer")
+    assert newer is not None
+    assert newer.stop_kind == "interrupt"
+    assert s.control.state.holder.get("node-a/0") == "older"
+    await s.close()

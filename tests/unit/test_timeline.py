@@ -29,6 +29,9 @@ def _changed(record: JobRecord, previous: JobRecord) -> JobStateChanged:
 
 
 _LOG = [_changed(_PLACED, _PENDING), _PLACE, _changed(_STARTED, _PLACED), _changed(_DONE, _STARTED)]
+_RESUMED = _version(_RUNNING, 7, attempt=2, preemptions=1, started_at=20.0, updated_at=20.0,
+                    placement=msgspec.structs.replace(_RUNNING.placement, attempt=2))  # fmt: skip
+_NEVER_STARTED = _version(_PLACED, 5, state=JobState.FAILED, finished_at=13.5, updated_at=13.9)
 
 
 @pytest.mark.parametrize(
@@ -41,6 +44,13 @@ _LOG = [_changed(_PLACED, _PENDING), _PLACE, _changed(_STARTED, _PLACED), _chang
         pytest.param([], _STARTED, ["submitted", "placed", "started"], id="nothing logged yet"),
         pytest.param([], _PENDING, ["submitted"], id="still pending"),
         pytest.param(_LOG, _STARTED, ["submitted", "placed", "started", "succeeded"], id="an older stored copy"),
+        pytest.param(
+            _LOG[:3],
+            _RESUMED,
+            ["submitted", "placed", "started", "placed", "resumed"],
+            id="a later attempt not logged yet",
+        ),
+        pytest.param([], _NEVER_STARTED, ["submitted", "placed", "failed"], id="failed before it started"),
     ],
 )
 def test_the_timeline_tells_what_the_log_or_the_store_knows(

@@ -491,9 +491,8 @@ class Scheduler:
             self.control.state.invalidate()
         cycle = self.control.state.ctx is None
         t0 = time.perf_counter()
-        decisions = self.control.decide(now)
-        if self._unbacked:
-            decisions = [*decisions, *self._interrupt_unbacked()]
+        unbacked = self._interrupt_unbacked() if self._unbacked else []  # first: no cycle may take them as victims
+        decisions = [*unbacked, *self.control.decide(now)]
         t1 = time.perf_counter()
         if cycle:
             self._last_cycle = now
@@ -831,16 +830,22 @@ class Scheduler:
             if holds_gpus(r) and r.placement is not None
             and (r.id not in snap.claims or snap.claims[r.id].attempt != r.attempt)  # (that one was an orphan)
         ]  # fmt: skip
+        missing.sort(key=lambda c: _claim_rank(records[c.job_id]))  # where two lost claims meet, a running job wins
         for result in await self.ledger.claim_many(missing):
             if result.ok:
                 self._relaunch[result.claim.job_id] = result.claim.attempt  # if it has not started (idempotent)
             else:
                 log.error("scheduler.restore_claim_refused", job_id=result.claim.job_id, code=result.code)
-                record = records[result.claim.job_id]
-                if record.state == JobState.RUNNING:
-                    self._unbacked[record.id] = (record.attempt, result.detail)
-                else:
-                    await self._placement_lost(record, result.detail)
+                if result.code == "TAKEN":
+                    await self._lost_to_another(records[result.claim.job_id], result.detail)
+
+    async def _lost_to_another(self, record: JobRecord, holder: str) -> None:
+        """The ledger gives the GPUs this record holds to another job: a running job is interrupted at the next
+        pass (`_unbacked`), a placed one gives its placement back (`_placement_lost`)."""
+        if record.state == JobState.RUNNING:
+            self._unbacked[record.id] = (record.attempt, holder)
+        else:
+            await self._placement_lost(record, holder)
 
     async def _placement_lost(self, record: JobRecord, holder: str) -> None:
         """A placed job whose claim is gone and cannot be made again (a deposed leader wrote the placement after
@@ -862,11 +867,18 @@ class Scheduler:
         leader paused past its lease would not be refused here: it first proves it still leads."""
         if self.confirm_lead is not None:
             await self.confirm_lead()
-        claims = [
-            Claim(r.id, r.attempt, tuple(g.slot for g in r.placement.gpus))
-            for r in records
-            if holds_gpus(r) and r.placement is not None
-        ]
+        claims: list[Claim] = []
+        owners: dict[str, str] = {}
+        for r in sorted((r for r in records if holds_gpus(r) and r.placement is not None), key=_claim_rank):
+            assert r.placement is not None
+            slots = tuple(g.slot for g in r.placement.gpus)
+            taken = next((slot for slot in slots if slot in owners), None)
+            if taken is not None:  # two records on one GPU: the ledger can back only one of them
+                log.error("scheduler.restore_claim_refused", job_id=r.id, code="TAKEN")
+                await self._lost_to_another(r, f"{taken} by {owners[taken]}")
+                continue
+            owners.update(dict.fromkeys(slots, f"{r.id}/{r.attempt}"))
+            claims.append(Claim(r.id, r.attempt, slots))
         version = await self.ledger.rebuild(claims)
         log.warning("scheduler.ledger_rebuilt", claims=len(claims), version=version)
 
@@ -968,6 +980,12 @@ async def main(ctx: Context, stop: asyncio.Event) -> None:
         await lease.release()
         await bus.close()
         await ledger.close()
+
+
+def _claim_rank(record: JobRecord) -> tuple[bool, float]:
+    """Who keeps GPUs that two records name: a running job before a placed one (which has lost no work), the one
+    running longest first."""
+    return record.state != JobState.RUNNING, record.started_at or float("inf")
 
 
 def _awaits_start(record: JobRecord) -> bool:

@@ -111,11 +111,13 @@ def timeline(
         if stored.placement is not None and stored.placement.attempt not in placed:
             p = stored.placement
             placed.add(p.attempt)
-            at = min(stored.updated_at, stored.started_at or stored.updated_at)  # (placed before it started)
+            at = min(stored.updated_at, stored.started_at or stored.updated_at, stored.finished_at or stored.updated_at)
             entries.append(TimelineEntry(at=at, kind="placed", detail=p.reason, attempt=p.attempt, gpus=list(p.gpus)))
         logged = max(changes, key=lambda c: c.record.version, default=None)
         if logged is None or stored.version > logged.record.version:
             previous = JobState.PENDING.value if logged is None else logged.record.state.value
+            if logged is not None and logged.record.attempt != stored.attempt:
+                previous = ""  # a later attempt: the log's state says nothing about this one
             changes.append(JobStateChanged(record=stored, previous=previous, at=stored.updated_at))
     stopping = nominated = False
     seen_versions: set[int] = set()

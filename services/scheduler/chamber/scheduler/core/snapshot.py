@@ -55,10 +55,9 @@ def build_state(
             state.running[record.id] = run
             state.by_team.setdefault((run.team, run.pool), {})[run.id] = run
             state.count_preemptible(run, +1)
-            for ref in run.gpus:
+            for ref in run.gpus:  # two records on one GPU: the one the ledger backs holds it
                 owner = owners.get(ref.slot)
-                if owner is None or owner.rsplit("/", 1)[0] == record.id or ref.slot not in state.holder:
-                    state.holder[ref.slot] = record.id  # two records on one GPU: the one the ledger backs holds it
+                state.contest(ref.slot, record.id, holds=owner is not None and owner.rsplit("/", 1)[0] == record.id)
             if record.stopping and record.move_to:
                 moving.append((record.id, tuple(record.move_to), None))
         elif needs_placement(record):

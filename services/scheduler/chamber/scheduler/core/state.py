@@ -95,6 +95,10 @@ class SchedulingState:
         self.running: dict[str, RunningJob] = {}
         self.holder: dict[str, str] = {}
         """slot -> the running job that holds it."""
+        self.contested: dict[str, list[str]] = {}
+        """slot -> the other running jobs whose records name it too (a deposed leader's late write can leave two
+        records on one GPU; the ledger backs the holder, the others are being stopped): it is free only when the
+        last of them has ended."""
         self.nominated: dict[str, PendingJob] = {}
         """Preemptors waiting for their victims to stop, with the GPUs set aside for them (out of the queue)."""
         self.nominated_slots: dict[str, str] = {}
@@ -190,14 +194,41 @@ class SchedulingState:
         self.count_preemptible(job, -1)
         for ref in job.gpus:
             slot = ref.slot
+            if slot in self.contested and self._uncontest(slot, job_id):
+                continue  # another running job is on it still: not free
             if self.holder.get(slot) != job_id:
-                continue  # another job holds it (the ledger gave it that one): not free
+                continue
             del self.holder[slot]
             if slot in self.cordoned or slot in self.nominated_slots:
                 continue
             self.index.give(ref.node, [ref.index])
         self.invalidate()
         return job
+
+    def contest(self, slot: str, job_id: str, *, holds: bool) -> None:
+        """A second running job's record names `slot`: it holds it (`holds`: the ledger backs it), or waits behind
+        the holder (see `contested`)."""
+        holder = self.holder.get(slot)
+        if holder is None or holder == job_id:
+            self.holder[slot] = job_id
+            return
+        if holds:
+            self.holder[slot], job_id = job_id, holder
+        self.contested.setdefault(slot, []).append(job_id)
+
+    def _uncontest(self, slot: str, job_id: str) -> bool:
+        """`job_id` ended on a contested slot: True when another running job is on it still (then holding it)."""
+        others = self.contested[slot]
+        if job_id in others:
+            others.remove(job_id)
+        elif self.holder.get(slot) == job_id:
+            while others and others[0] not in self.running:
+                others.pop(0)
+            if others:
+                self.holder[slot] = others.pop(0)
+        if not others:
+            del self.contested[slot]
+        return self.holder.get(slot) != job_id
 
     def add_running(self, job: RunningJob) -> None:
         """A job that already holds its GPUs (loaded at start-up, or re-read from the store)."""
@@ -208,7 +239,7 @@ class SchedulingState:
             self.usage.add(job.team, job.pool, len(job.gpus))
         by_node: dict[str, list[int]] = {}
         for ref in job.gpus:
-            self.holder[ref.slot] = job.id
+            self.contest(ref.slot, job.id, holds=True)  # (re-read from the store: the newest word)
             by_node.setdefault(ref.node, []).append(ref.index)
         for node, indices in by_node.items():
             held = self.index.nodes.get(node)
