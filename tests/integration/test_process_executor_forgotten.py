@@ -173,3 +173,34 @@ async def test_a_scheduler_frozen_past_the_agent_timeout_judges_no_agent_lost_wh
     finally:
         await executor.close()
         await agent.close()
+
+
+async def test_a_dead_agent_is_judged_lost_by_a_scheduler_whose_loop_is_often_slow(
+    bus: Bus, settings: Settings
+) -> None:
+    """The time a stalled process stood still is not counted as silence, but only that time: a loop that stalls
+    over and over (big cycles, the garbage collector, a starved CPU) must still find a dead agent, or its jobs would
+    hold their GPUs forever."""
+    timeout = 3.0
+    agent = ScriptedAgent(bus)
+    await agent.start()
+    executor = ProcessExecutor(bus, SystemClock(), msgspec.structs.replace(settings, agent_timeout_s=timeout))
+    try:
+        agent.listed = [0, 1]
+        await executor.launch(gang_record())
+        for replica in (0, 1):
+            await agent.report(ReplicaStarted(node=NODE, job_id="j", attempt=1, replica=replica, pid=100 + replica,
+                                              started_at=time.time()), "started")  # fmt: skip
+        await asyncio.sleep(0.5)
+        await agent.close()  # the agent dies: no heartbeat from now on
+        died = time.monotonic()
+
+        async def stopped() -> list[JobStopped]:
+            return [e for e in await job_events(bus, "j") if isinstance(e, JobStopped)]
+
+        while not await stopped() and time.monotonic() - died < 5 * timeout:
+            await asyncio.sleep(1.0)
+            time.sleep(2.1)  # noqa: ASYNC251  # a stall past STALLED_S, again and again
+        assert await stopped(), f"the dead agent was judged lost within {5 * timeout:g} s"
+    finally:
+        await executor.close()

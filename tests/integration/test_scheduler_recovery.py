@@ -11,6 +11,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
+import msgspec
 import pytest
 
 from chamber.common.bus import Bus, BusError
@@ -702,4 +703,45 @@ async def test_a_wiped_ledger_is_rebuilt_when_two_running_records_name_one_gpu(
     assert newer is not None
     assert newer.stop_kind == "interrupt"
     assert s.control.state.holder.get("node-a/0") == "older"
+    await s.close()
+
+
+async def test_a_wiped_ledger_backs_the_job_that_is_not_already_being_stopped(
+    settings: Settings, bus: Bus, fleet: None, ledger: Ledger
+) -> None:
+    """The job "older" was found unbacked and is being interrupted when Redis loses everything: the rebuild backs
+    "newer" (the job the ledger backed before), not the older one, or both jobs on the GPUs would lose their work."""
+    store = await JobStore.open(bus)
+    older = msgspec.structs.replace(_on_node("older", "best-effort", started=time.time() - 100), stopping=True,
+                                    stop_kind="interrupt", stop_reason="interrupted: unbacked")  # fmt: skip
+    assert await store.create(older) is not None
+    assert await store.create(_on_node("newer", "best-effort", started=time.time() - 10)) is not None
+    s = await _scheduler(settings, bus, ledger)  # the ledger is not ready: wiped
+    await s.on_events([])
+    assert set((await ledger.snapshot()).claims) == {"newer"}
+    newer = await _record(s, "newer")
+    assert newer is not None
+    assert not newer.stopping
+    await s.close()
+
+
+@pytest.mark.parametrize("wiped", [False, True], ids=["claims lost", "ledger wiped"])
+async def test_a_placement_given_back_is_never_launched(
+    settings: Settings, bus: Bus, fleet: None, ledger: Ledger, wiped: bool
+) -> None:
+    """The placed job that loses its GPUs to a running one gives its placement back; until that is applied its
+    record still looks placed, and neither the start-up resync nor a reload may launch it onto the GPUs the running
+    job is on."""
+    store = await JobStore.open(bus)
+    assert await store.create(_on_node("placed", "best-effort", started=None)) is not None
+    assert await store.create(_on_node("runs", "best-effort", started=time.time() - 100)) is not None
+    if not wiped:
+        await ledger.rebuild([])  # ready, both claims lost
+    s = await _scheduler(settings, bus, ledger)
+    s._reload_needed = True
+    await s.on_events([])
+    await _drain(s)
+    events = await bus.read_since(JOBS, bus.names.job_lifecycle("placed"), 0.0, Decoder(JobEvent))
+    assert [type(e) for e in events] == [JobLaunchFailed], "given back, and not launched"
+    assert "placed" not in {r.id for r in s._relaunches()}
     await s.close()

@@ -3,6 +3,7 @@ it. The state must agree with the ledger, and a GPU is free only when every job 
 
 import pytest
 
+from chamber.scheduler.core.controller import Controller
 from chamber.scheduler.core.snapshot import build_state
 from tests.support.builders import make_job, make_node
 
@@ -37,3 +38,16 @@ def test_a_job_without_the_ledger_behind_it_holds_nothing_when_it_ends_alone() -
     assert {state.holder[f"n1/{i}"] for i in (0, 1)} == {"b"}
     state.release("b")
     assert state.index.free_total() == 4
+
+
+def test_a_record_re_read_from_the_store_does_not_take_the_gpus_from_the_job_the_ledger_backs() -> None:
+    """The unbacked job's record is read again (a stale write refused): the backed job keeps holding the GPUs."""
+    control = Controller()
+    records = [make_job(job_id).running_on(*SLOTS).build() for job_id in ("a", "b")]
+    owners = {f"{node}/{index}": "a/1" for node, index in SLOTS}
+    control.load([make_node("n1").gpus(4).build()], records, owners, {})
+    control.replace(records[1])
+    assert {control.state.holder[f"n1/{i}"] for i in (0, 1)} == {"a"}
+    control.replace(records[0])
+    assert {control.state.holder[f"n1/{i}"] for i in (0, 1)} == {"a"}, "nor does the backed one lose them"
+    assert control.state.index.free_total() == 2

@@ -168,6 +168,9 @@ class Scheduler:
         self._unbacked: dict[str, tuple[int, str]] = {}
         """job -> (attempt, why): running, but its claim could not be made again because the ledger gives its GPUs
         to another job; it is interrupted at the next pass, so that no GPU runs two jobs."""
+        self._given_back: dict[str, int] = {}
+        """job -> the attempt whose placement `_placement_lost` gave back (until its JobLaunchFailed is applied):
+        never launched, its GPUs are another job's."""
         self.fenced = asyncio.Event()
         """Set when this leader found itself deposed (fence or lease): a newer leader acts now, this one stops."""
         self.consumer: Consumer[Any] | None = None
@@ -188,7 +191,7 @@ class Scheduler:
         async with self._lock:
             await self._reconcile_ledger({r.id: r for r in records})
             await self._load(records)
-        await self.executor.resync([r for r in self.control.records.values() if holds_gpus(r)])
+        await self.executor.resync([r for r in self.control.records.values() if holds_gpus(r) and not self._lost(r)])
         for record in self.control.records.values():
             if holds_gpus(record) and record.state != JobState.RUNNING:
                 self.starting[record.id] = (record.attempt, self.ctx.clock.now())
@@ -258,7 +261,7 @@ class Scheduler:
         await self._republish_unannounced(records)
         self._reload_needed = False
         for record in self.control.records.values():  # the failed batch may have placed some and launched none
-            if _awaits_start(record):
+            if _awaits_start(record) and not self._lost(record):
                 self._relaunch[record.id] = record.attempt
 
     async def _load(self, records: Sequence[JobRecord]) -> None:
@@ -537,6 +540,8 @@ class Scheduler:
             why = f"interrupted: its GPUs were claimed by another job ({holder}); stopped so no GPU runs two jobs"
             stops.append(Preempt(job_id, attempt, 0.0, why, interrupt=True))
         self._unbacked.clear()
+        if stops:
+            self.control.state.invalidate()  # what a kept cycle context counted as running is stopping now
         return stops
 
     async def _claim(self, places: list[Place], releases: list[tuple[str, int]]) -> set[str]:
@@ -782,7 +787,7 @@ class Scheduler:
         due = [
             record for job_id, attempt in self._relaunch.items()
             if (record := self.control.records.get(job_id)) is not None and record.attempt == attempt
-            and _awaits_start(record)
+            and _awaits_start(record) and not self._lost(record)
         ]  # fmt: skip
         self._relaunch.clear()
         return due
@@ -861,6 +866,17 @@ class Scheduler:
             log.warning("scheduler.placement_lost_unpublished", job_id=record.id, error=str(exc))
             return
         self.starting.pop(record.id, None)
+        self._given_back[record.id] = record.attempt
+
+    def _lost(self, record: JobRecord) -> bool:
+        """Is this the placement `_placement_lost` gave back? (Entries end once the record moved on.)"""
+        attempt = self._given_back.get(record.id)
+        if attempt is None:
+            return False
+        if attempt == record.attempt and holds_gpus(record):
+            return True
+        del self._given_back[record.id]
+        return False
 
     async def _rebuild_ledger(self, records: Sequence[JobRecord]) -> None:
         """Replace every claim with those of the records. A Redis that lost everything lost the fence too, so a
@@ -869,18 +885,21 @@ class Scheduler:
             await self.confirm_lead()
         claims: list[Claim] = []
         owners: dict[str, str] = {}
+        losers: list[tuple[JobRecord, str]] = []
         for r in sorted((r for r in records if holds_gpus(r) and r.placement is not None), key=_claim_rank):
             assert r.placement is not None
             slots = tuple(g.slot for g in r.placement.gpus)
             taken = next((slot for slot in slots if slot in owners), None)
             if taken is not None:  # two records on one GPU: the ledger can back only one of them
-                log.error("scheduler.restore_claim_refused", job_id=r.id, code="TAKEN")
-                await self._lost_to_another(r, f"{taken} by {owners[taken]}")
+                losers.append((r, f"{taken} by {owners[taken]}"))
                 continue
             owners.update(dict.fromkeys(slots, f"{r.id}/{r.attempt}"))
             claims.append(Claim(r.id, r.attempt, slots))
         version = await self.ledger.rebuild(claims)
         log.warning("scheduler.ledger_rebuilt", claims=len(claims), version=version)
+        for record, holder in losers:
+            log.error("scheduler.restore_claim_refused", job_id=record.id, code="TAKEN")
+            await self._lost_to_another(record, holder)
 
     async def _check_ledger(self) -> None:
         """The safety net: if the ledger's owners differ from what the state holds, rebuild the state from it."""
@@ -982,10 +1001,10 @@ async def main(ctx: Context, stop: asyncio.Event) -> None:
         await ledger.close()
 
 
-def _claim_rank(record: JobRecord) -> tuple[bool, float]:
-    """Who keeps GPUs that two records name: a running job before a placed one (which has lost no work), the one
-    running longest first."""
-    return record.state != JobState.RUNNING, record.started_at or float("inf")
+def _claim_rank(record: JobRecord) -> tuple[bool, bool, float]:
+    """Who keeps GPUs that two records name: a running job before a placed one (which has lost no work), one not
+    being stopped before one that is, the one running longest first."""
+    return record.state != JobState.RUNNING, record.stopping, record.started_at or float("inf")
 
 
 def _awaits_start(record: JobRecord) -> bool:

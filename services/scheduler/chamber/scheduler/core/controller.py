@@ -117,7 +117,10 @@ class Controller:
 
     def replace(self, record: JobRecord) -> None:
         """Take `record` as the truth about its job (re-read from the store after a write was refused as stale):
-        whatever the state believed about the job is dropped and rebuilt from the record."""
+        whatever the state believed about the job is dropped and rebuilt from the record (where another job held a
+        GPU both name, because the ledger backs that one, it still does)."""
+        before = self.state.running.get(record.id)
+        yields = {g.slot for g in before.gpus if self.state.holder.get(g.slot) != record.id} if before else set()
         self.forget(record.id)
         if record.state in TERMINAL_STATES:
             return
@@ -125,7 +128,7 @@ class Controller:
         if holds_gpus(record):
             assert record.placement is not None
             pool = self.state.pool_of(record.placement.gpus[0].node)
-            self.state.add_running(running_from(record, self.classes, pool=pool))
+            self.state.add_running(running_from(record, self.classes, pool=pool), yields=yields)
             if record.stopping and record.move_to:
                 self.state.restore_move(record.id, tuple(record.move_to))
             return

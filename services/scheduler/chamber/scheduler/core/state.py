@@ -10,7 +10,7 @@ Whatever invalidates what an earlier cycle concluded (capacity freed, a cordon, 
 cycle's context, so the next decision runs a full cycle; an arrival with the context intact is decided on its own.
 """
 
-from collections.abc import Mapping
+from collections.abc import Container, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
@@ -230,8 +230,9 @@ class SchedulingState:
             del self.contested[slot]
         return self.holder.get(slot) != job_id
 
-    def add_running(self, job: RunningJob) -> None:
-        """A job that already holds its GPUs (loaded at start-up, or re-read from the store)."""
+    def add_running(self, job: RunningJob, *, yields: Container[str] = ()) -> None:
+        """A job that already holds its GPUs (re-read from the store); on the slots in `yields` (where it did not
+        hold the GPU before) a job that holds it keeps it (see `contested`)."""
         self.running[job.id] = job
         self.by_team.setdefault((job.team, job.pool), {})[job.id] = job
         self.count_preemptible(job, +1)
@@ -239,7 +240,7 @@ class SchedulingState:
             self.usage.add(job.team, job.pool, len(job.gpus))
         by_node: dict[str, list[int]] = {}
         for ref in job.gpus:
-            self.contest(ref.slot, job.id, holds=True)  # (re-read from the store: the newest word)
+            self.contest(ref.slot, job.id, holds=ref.slot not in yields)
             by_node.setdefault(ref.node, []).append(ref.index)
         for node, indices in by_node.items():
             held = self.index.nodes.get(node)

@@ -6,9 +6,9 @@ Agents report each replica on `replicas.<job>`; a `Gang` per attempt turns those
 (`JobStarted`, `JobFinished`, `JobStopped`, `JobLaunchFailed`), published with the usual message ids.
 
 Nothing may keep GPUs that the ledger has given away:
-- an agent silent for `CHAMBER_AGENT_TIMEOUT_S` (while this side is connected and running: after a stall of this
-  process, frozen or starved past `STALLED_S`, heartbeats may sit unread, so silence counts from its end) is lost:
-  its replicas end as
+- an agent silent for `CHAMBER_AGENT_TIMEOUT_S` (while this side is connected and running: the time this process
+  stood still, frozen or starved past `STALLED_S`, is not counted, since heartbeats of that time may sit unread) is
+  lost: its replicas end as
   lost, the rest of each gang is stopped, and the job is `JobStopped(interrupted=True)`, so it is requeued; the
   replicas of a cut-off agent stop themselves before that (their dead-man switch, see the agent's shim);
 - an agent's heartbeat lists the replicas it runs: one of an attempt this executor does not hold is stopped;
@@ -26,6 +26,7 @@ submitted), repeats launches and stops (agents ignore repeats), and so misses no
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any
@@ -64,7 +65,7 @@ REQUEST_TIMEOUT_S = 2.0
 WATCH_S = 0.25
 STALLED_S = 2.0
 """A watchdog tick this late means this process did not run meanwhile (frozen, stopped, starved): the agents'
-heartbeats of that time may not have been read yet, so no agent is judged on that silence."""
+heartbeats of that time may not have been read yet, so that time is not counted as their silence."""
 UNKNOWN_RESEND_S = 5.0
 FORGOTTEN = "its node agent no longer knew of it (restarted without its state?)"
 
@@ -437,14 +438,19 @@ class ProcessExecutor:
         """Judge agents by their heartbeats, but only over time this side was connected and running to hear them
         (a scheduler frozen past the agent timeout used to find every agent lost when it woke, and interrupt every
         job they ran)."""
-        last = self.clock.now()
+        last = time.monotonic()  # this process's own stalls, whatever the injected clock does
         while True:
             await asyncio.sleep(WATCH_S)
-            now = self.clock.now()
-            gap, last = now - last, now
-            if gap > STALLED_S:
+            now, tick = self.clock.now(), time.monotonic()
+            gap, last = tick - last, tick
+            if gap > STALLED_S:  # the time it stood still is nobody's silence (only that time: a loop that is
+                deaf = gap - WATCH_S  # often slow must still find a dead agent)
                 log.warning("process_executor.stalled", seconds=round(gap, 1))
-            if gap > STALLED_S or not self.bus.nc.is_connected:
+                self.since = min(now, self.since + deaf)
+                self.seen = {node: min(now, at + deaf) for node, at in self.seen.items()}
+                self._missing = {key: (node, min(now, at + deaf)) for key, (node, at) in self._missing.items()}
+                continue
+            if not self.bus.nc.is_connected:
                 self.since = now
                 continue
             self._unknown = {k: at for k, at in self._unknown.items() if now - at < UNKNOWN_RESEND_S}
