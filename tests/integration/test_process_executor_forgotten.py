@@ -5,6 +5,7 @@ launch and then lists only one of its two replicas in its heartbeats."""
 import asyncio
 import contextlib
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 import msgspec
@@ -79,6 +80,7 @@ class ScriptedAgent:
                 await self._beat
         for sub in self._subs:
             await sub.unsubscribe()
+        self._beat, self._subs = None, []  # (closed twice: once is enough)
 
     async def report(self, report: msgspec.Struct, what: str) -> None:
         job_id, replica = report.job_id, report.replica  # type: ignore[attr-defined]
@@ -150,15 +152,12 @@ async def test_a_replica_its_agent_lists_is_never_asked_to_stop(bus: Bus, settin
         await agent.close()
 
 
-async def test_a_scheduler_frozen_past_the_agent_timeout_judges_no_agent_lost_when_it_wakes(
-    bus: Bus, settings: Settings
-) -> None:
-    """This process stops for three agent timeouts (as under SIGSTOP or a stalled VM: the event loop, the agent's
-    heartbeats and all, stands still). When it runs again, the watchdog's tick is due before any heartbeat is read:
-    it must not take the silence it could not hear for a lost agent (it used to, and interrupted every job)."""
+@contextlib.asynccontextmanager
+async def _running_gang(bus: Bus, settings: Settings, agent_timeout_s: float) -> AsyncIterator[ScriptedAgent]:
+    """A two-replica gang running on `NODE` under a process executor with that agent timeout."""
     agent = ScriptedAgent(bus)
     await agent.start()
-    executor = ProcessExecutor(bus, SystemClock(), msgspec.structs.replace(settings, agent_timeout_s=TIMEOUT_S))
+    executor = ProcessExecutor(bus, SystemClock(), msgspec.structs.replace(settings, agent_timeout_s=agent_timeout_s))
     try:
         agent.listed = [0, 1]
         await executor.launch(gang_record())
@@ -166,13 +165,27 @@ async def test_a_scheduler_frozen_past_the_agent_timeout_judges_no_agent_lost_wh
             await agent.report(ReplicaStarted(node=NODE, job_id="j", attempt=1, replica=replica, pid=100 + replica,
                                               started_at=time.time()), "started")  # fmt: skip
         await asyncio.sleep(0.5)
-        time.sleep(3 * TIMEOUT_S)  # noqa: ASYNC251  # the freeze: nothing in this process runs
-        await asyncio.sleep(2 * TIMEOUT_S)
-        assert agent.stops == [], "no replica was asked to stop"
-        assert not [e for e in await job_events(bus, "j") if isinstance(e, JobStopped)], "the job was not stopped"
+        yield agent
     finally:
         await executor.close()
         await agent.close()
+
+
+async def _stopped(bus: Bus) -> list[JobStopped]:
+    return [e for e in await job_events(bus, "j") if isinstance(e, JobStopped)]
+
+
+async def test_a_scheduler_frozen_past_the_agent_timeout_judges_no_agent_lost_when_it_wakes(
+    bus: Bus, settings: Settings
+) -> None:
+    """This process stops for three agent timeouts (as under SIGSTOP or a stalled VM: the event loop, the agent's
+    heartbeats and all, stands still). When it runs again, the watchdog's tick is due before any heartbeat is read:
+    it must not take the silence it could not hear for a lost agent (it used to, and interrupted every job)."""
+    async with _running_gang(bus, settings, TIMEOUT_S) as agent:
+        time.sleep(3 * TIMEOUT_S)  # noqa: ASYNC251  # the freeze: nothing in this process runs
+        await asyncio.sleep(2 * TIMEOUT_S)
+        assert agent.stops == [], "no replica was asked to stop"
+        assert not await _stopped(bus), "the job was not stopped"
 
 
 async def test_a_dead_agent_is_judged_lost_by_a_scheduler_whose_loop_is_often_slow(
@@ -182,25 +195,10 @@ async def test_a_dead_agent_is_judged_lost_by_a_scheduler_whose_loop_is_often_sl
     over and over (big cycles, the garbage collector, a starved CPU) must still find a dead agent, or its jobs would
     hold their GPUs forever."""
     timeout = 3.0
-    agent = ScriptedAgent(bus)
-    await agent.start()
-    executor = ProcessExecutor(bus, SystemClock(), msgspec.structs.replace(settings, agent_timeout_s=timeout))
-    try:
-        agent.listed = [0, 1]
-        await executor.launch(gang_record())
-        for replica in (0, 1):
-            await agent.report(ReplicaStarted(node=NODE, job_id="j", attempt=1, replica=replica, pid=100 + replica,
-                                              started_at=time.time()), "started")  # fmt: skip
-        await asyncio.sleep(0.5)
+    async with _running_gang(bus, settings, timeout) as agent:
         await agent.close()  # the agent dies: no heartbeat from now on
         died = time.monotonic()
-
-        async def stopped() -> list[JobStopped]:
-            return [e for e in await job_events(bus, "j") if isinstance(e, JobStopped)]
-
-        while not await stopped() and time.monotonic() - died < 5 * timeout:
+        while not await _stopped(bus) and time.monotonic() - died < 5 * timeout:
             await asyncio.sleep(1.0)
             time.sleep(2.1)  # noqa: ASYNC251  # a stall past STALLED_S, again and again
-        assert await stopped(), f"the dead agent was judged lost within {5 * timeout:g} s"
-    finally:
-        await executor.close()
+        assert await _stopped(bus), f"the dead agent was judged lost within {5 * timeout:g} s"

@@ -327,11 +327,29 @@ async def _depose(settings: Settings, bus: Bus, launched: dict[str, list[tuple[s
     return await _leader(settings, bus, "b", launched)
 
 
+async def _run_for(s: Scheduler, seconds: float) -> None:
+    """Its run loop (full cycles, relaunches, ledger checks) for `seconds`; raises what ended the loop early."""
+    stop = asyncio.Event()
+    loop = asyncio.create_task(s.run(stop))
+    await asyncio.sleep(seconds)
+    stop.set()
+    await loop
+
+
 async def _drain(s: Scheduler) -> None:
     for _ in range(100):
         if not s._executing:
             return
         await asyncio.sleep(0.02)
+
+
+def _on_node(job_id: str, priority: str, *, started: float | None, node: str = "node-a") -> JobRecord:
+    """A record holding all of `node`: running since `started`, or placed and not started (None)."""
+    gpus = [GpuRef(node, i) for i in range(8)]
+    spec = JobSpec(name=job_id, team="t", gpus_per_replica=8, priority=priority, duration_s=3600)
+    state = JobState.PENDING if started is None else JobState.RUNNING
+    return JobRecord(id=job_id, spec=spec, state=state, submitted_at=time.time() - 100, updated_at=time.time() - 100,
+                     attempt=1, placement=Placement(attempt=1, gpus=gpus), started_at=started)  # fmt: skip
 
 
 def _pause_before_writing(a: Scheduler, job_id: str, takeover: Callable[[], Awaitable[None]]) -> None:
@@ -435,11 +453,7 @@ async def test_a_launch_tried_again_is_confirmed_first(settings: Settings, bus: 
     tried again were not confirmed)."""
     launched: dict[str, list[tuple[str, int]]] = {}
     a, ledger_a = await _leader(settings, bus, "a", launched)
-    stop = asyncio.Event()
-    loop = asyncio.create_task(a.run(stop))  # A leads for a moment: its periodic ledger check is not due when it wakes
-    await asyncio.sleep(0.3)
-    stop.set()
-    await loop
+    await _run_for(a, 0.3)  # A leads for a moment: its periodic ledger check is not due when it wakes
     a.executor.launch = _once(a.executor.launch, exc=BusError("nats: connection closed"))  # type: ignore[method-assign]
     await a.on_events([_submit("x")])
     await _drain(a)
@@ -448,12 +462,8 @@ async def test_a_launch_tried_again_is_confirmed_first(settings: Settings, bus: 
     failed = JobLaunchFailed(job_id="x", attempt=1, failed_at=time.time(), reason="did not start")
     await b.on_events([failed, _submit("y1"), _submit("y2")])
     launched.pop("a", None)
-    stop = asyncio.Event()
-    loop = asyncio.create_task(a.run(stop))  # A wakes
-    await asyncio.sleep(0.5)
-    stop.set()
     with pytest.raises(LedgerFenced):
-        await loop
+        await _run_for(a, 0.5)  # A wakes
     await _drain(a)
     assert "a" not in launched, "A tried x/1 again on GPUs B gave to y1 and y2"
     for s in (a, b):
@@ -479,11 +489,7 @@ async def test_passes_that_only_wait_cost_no_extra_round_trip(settings: Settings
         setattr(ledger_a, name, counted)
     for i in range(20):
         await a.on_events([_submit(f"w{i}")])  # each waits
-    stop = asyncio.Event()
-    loop = asyncio.create_task(a.run(stop))  # full cycles decide the waiting jobs again
-    await asyncio.sleep(1.0)
-    stop.set()
-    await loop
+    await _run_for(a, 1.0)  # full cycles decide the waiting jobs again
     assert calls == {"take_fence": 0, "claim_many": 0}
     await a.close()
     await ledger_a.close()
@@ -563,11 +569,7 @@ async def test_a_placement_taken_over_from_a_stale_write_is_announced(
     b, ledger_b = b_side[0]
     with contextlib.suppress(StaleWrite):
         await b.on_events([_submit("w")])
-    stop = asyncio.Event()
-    loop = asyncio.create_task(b.run(stop))
-    await asyncio.sleep(1.5)
-    stop.set()
-    await loop
+    await _run_for(b, 1.5)
     await _drain(b)
     assert ("j", 1) in launched.get("b", []), "B launched j"
     placed = await bus.read_latest(DECISIONS, bus.names.decision_placed("j"), Decoder(Decision))
@@ -584,24 +586,15 @@ async def test_a_running_job_whose_gpus_the_ledger_gives_another_is_interrupted(
     """Two records run on the same GPUs and the ledger backs one of them (what a deposed leader's late write could
     leave): the new leader cannot make the other's claim again, so it interrupts that job (back to the queue, to
     resume from its checkpoint) instead of leaving two jobs on the GPUs; it used to only log it."""
-    gpus = [GpuRef("node-a", i) for i in range(8)]
     now = time.time()
     store = await JobStore.open(bus)
     for job_id in ("backed", "unbacked"):
-        record = JobRecord(
-            id=job_id, spec=JobSpec(name=job_id, team="t", gpus_per_replica=8), state=JobState.RUNNING,
-            submitted_at=now, updated_at=now, attempt=1, placement=Placement(attempt=1, gpus=gpus), started_at=now,
-        )  # fmt: skip
-        assert await store.create(record) is not None
+        assert await store.create(_on_node(job_id, "train", started=now)) is not None
     await ledger.rebuild([])
-    await ledger.claim_many([Claim("backed", 1, tuple(g.slot for g in gpus))])
+    await ledger.claim_many([Claim("backed", 1, tuple(f"node-a/{i}" for i in range(8)))])
     stopped: list[tuple[str, int, str]] = []
     s, led = await _leader(settings, bus, "a", {}, stopped=stopped)
-    stop = asyncio.Event()
-    loop = asyncio.create_task(s.run(stop))
-    await asyncio.sleep(1.0)
-    stop.set()
-    await loop
+    await _run_for(s, 1.0)
     await _drain(s)
     assert [(job_id, attempt) for job_id, attempt, _ in stopped] == [("unbacked", 1)]
     assert "claimed by another job" in stopped[0][2]
@@ -626,15 +619,6 @@ async def test_a_running_job_whose_gpus_the_ledger_gives_another_is_interrupted(
     assert s.control.state.holder.get("node-a/0") == "backed"
     await s.close()
     await led.close()
-
-
-def _on_node(job_id: str, priority: str, *, started: float | None, node: str = "node-a") -> JobRecord:
-    """A record holding all of `node`: running since `started`, or placed and not started (None)."""
-    gpus = [GpuRef(node, i) for i in range(8)]
-    spec = JobSpec(name=job_id, team="t", gpus_per_replica=8, priority=priority, duration_s=3600)
-    state = JobState.PENDING if started is None else JobState.RUNNING
-    return JobRecord(id=job_id, spec=spec, state=state, submitted_at=time.time() - 100, updated_at=time.time() - 100,
-                     attempt=1, placement=Placement(attempt=1, gpus=gpus), started_at=started)  # fmt: skip
 
 
 async def test_the_job_the_ledger_does_not_back_is_interrupted_not_taken_as_a_victim(
