@@ -191,9 +191,10 @@ class Scheduler:
         async with self._lock:
             await self._reconcile_ledger({r.id: r for r in records})
             await self._load(records)
-        await self.executor.resync([r for r in self.control.records.values() if holds_gpus(r) and not self._lost(r)])
-        for record in self.control.records.values():
-            if holds_gpus(record) and record.state != JobState.RUNNING:
+        held = [r for r in self.control.records.values() if holds_gpus(r) and not self._lost(r)]
+        await self.executor.resync(held)
+        for record in held:
+            if record.state != JobState.RUNNING:
                 self.starting[record.id] = (record.attempt, self.ctx.clock.now())
         await self.bus.watch_latest(self.names.subject("inventory.>"), Decoder(NodeInventory), self._on_inventory)
         await self.bus.watch_latest(self.names.quota_state(), Decoder(QuotaState), self._on_quota)
