@@ -1,5 +1,7 @@
 """The bus adapter on a real NATS JetStream server."""
 
+import asyncio
+
 import pytest
 from nats.js.api import AckPolicy, ConsumerConfig
 
@@ -146,6 +148,39 @@ async def test_a_message_is_acked_only_after_the_handler_succeeds(bus: Bus) -> N
     await bus.publish(bus.names.job_cancel("j1"), JobCancelRequested(job_id="j1", requested_at=1.0))
     await eventually(lambda: consumer.processed == 1, what="processed")
     assert seen == ["j1", "j1"], "redelivered after the failure"
+
+
+async def test_a_stopping_consumer_gives_back_what_it_received_and_did_not_handle(bus: Bus) -> None:
+    """Messages its puller received while the handler was busy, still unhandled when the consumer stops, are given
+    back at once (nak), not left unacked for the ack wait: a deposed scheduler that woke held a job's finish for
+    30 s that way while the new leader ran."""
+    await bus.ensure_streams()
+    busy, release = asyncio.Event(), asyncio.Event()
+
+    async def slow(event: JobCancelRequested) -> None:
+        busy.set()
+        await release.wait()
+
+    consumer = bus.consumer(stream=JOBS, durable="t", filter_subjects=[bus.names.subject("jobs.>")],
+                            decoder=Decoder(JobEvent), handler=slow, ack_wait_s=30.0)  # fmt: skip
+    await consumer.start()
+    await bus.publish(bus.names.job_cancel("first"), JobCancelRequested(job_id="first", requested_at=1.0))
+    await asyncio.wait_for(busy.wait(), 5)
+    for job in ("second", "third"):  # delivered into the puller's buffer while "first" is being handled
+        await bus.publish(bus.names.job_cancel(job), JobCancelRequested(job_id=job, requested_at=2.0))
+
+    async def all_delivered() -> bool:
+        return bool((await bus.js.consumer_info(bus.names.stream(JOBS), "t")).num_ack_pending == 3)
+
+    await eventually(all_delivered, what="all three delivered", within=5)
+    stopping = asyncio.create_task(consumer.stop())
+    release.set()
+    await stopping
+    other = await bus.js.pull_subscribe_bind(durable="t", stream=bus.names.stream(JOBS))  # the next instance
+    msgs = await other.fetch(2, timeout=5.0)  # (after the ack wait, 30 s, when left unacked)
+    assert sorted(Decoder(JobEvent).decode(m.data).job_id for m in msgs) == ["second", "third"]
+    for msg in msgs:
+        await msg.ack()
 
 
 async def test_messages_wait_out_a_dependency_outage_however_many_deliveries_it_takes(bus: Bus) -> None:

@@ -6,8 +6,11 @@ working. Here one callback subscription on an inbox receives every delivery into
 goes out as soon as less than half a batch is in hand or on its way: at load the next batch arrives while this one is
 handled, and handing a batch over costs one buffer slice.
 
-Nothing changes for acknowledgements: a delivered message is acked by its handler after its effect, as before; a
-message buffered when the process stops is redelivered (or replayed at start) like any unacked one.
+Nothing changes for acknowledgements: a delivered message is acked by its handler after its effect, as before.
+Messages still buffered when the puller stops are handed back (`stop` returns them; the consumer naks them), so
+another instance of the consumer gets them within seconds: left unacked, they waited the whole ack wait (a deposed
+scheduler that woke kept a job's finish for 30 s while the new leader ran). One delivered after the unsubscribe
+(the open pull requests cannot be cancelled) is redelivered after the ack wait, or replayed at the next start.
 
 Status replies end a request: 408 (it expired), 404 (nothing to deliver), 409 (refused: the consumer was deleted,
 too many waiting requests...). A request whose status never comes (the connection dropped) is forgotten after its
@@ -52,11 +55,15 @@ class Puller:
         self._prefix = f"{self.nc.new_inbox()}."
         self._sub = await self.nc.subscribe(f"{self._prefix}*", cb=self._on_msg)
 
-    async def stop(self) -> None:
+    async def stop(self) -> list[Msg]:
+        """Stop receiving; returns the messages delivered and never handed out (the caller gives them back)."""
         unsubscribe = getattr(self._sub, "unsubscribe", None)
         self._sub = None
         if unsubscribe is not None:
             await unsubscribe()
+        left = list(self._buffer)
+        self._buffer.clear()
+        return left
 
     async def fetch(self, timeout_s: float) -> list[Msg]:
         """Up to one batch of delivered messages, in stream order; [] when none came within `timeout_s`. Raises
