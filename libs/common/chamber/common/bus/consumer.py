@@ -118,12 +118,14 @@ class Consumer(Generic[T]):
                 self._task.cancel()
             self._task = None
         if self._puller is not None:
+            puller, self._puller = self._puller, None
             left: list[Msg] = []
             with contextlib.suppress(nats.errors.Error, nats.js.errors.Error):
-                left = await self._puller.stop()
-            self._puller = None
-            for msg in left:  # delivered here, never handled: another instance gets them soon, not after the ack wait
-                await _settle(msg.nak(delay=GIVE_BACK_S))
+                left = await puller.stop()
+            # Delivered here, never handled: another instance gets them soon, not after the ack wait. Not at once:
+            # the pull requests this one left open (nothing cancels them) would take them again, into a dead inbox.
+            for msg in left:
+                await _settle(msg.nak(delay=puller.expires_s + 0.5))
 
     async def _replay_unacked(self, info: Any) -> None:
         if not info.num_ack_pending:
@@ -243,11 +245,6 @@ class Consumer(Generic[T]):
             await _settle(msg.nak(delay=delay))
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._stopping.wait(), timeout=delay)
-
-
-GIVE_BACK_S = 2.5
-"""Messages given back at stop are redelivered after this: the pull requests this instance left open (they expire
-after 2 s, and nothing can cancel them) would otherwise take them again, into an inbox nobody reads."""
 
 
 def _redelivered(msg: Msg) -> bool:
