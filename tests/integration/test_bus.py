@@ -183,6 +183,27 @@ async def test_a_stopping_consumer_gives_back_what_it_received_and_did_not_handl
         await msg.ack()
 
 
+async def test_a_message_published_after_a_consumer_stopped_goes_to_the_next_instance_at_once(bus: Bus) -> None:
+    """A stopped consumer's puller leaves pull requests open (nothing cancels them), but it unsubscribed their
+    inbox: the server delivers only to requests someone still listens to, so a message published in the next
+    seconds is not lost into the dead inbox for the ack wait (30 s) but goes to the next instance."""
+    await bus.ensure_streams()
+
+    async def ignore(event: JobCancelRequested) -> None:
+        return None
+
+    consumer = bus.consumer(stream=JOBS, durable="t", filter_subjects=[bus.names.subject("jobs.>")],
+                            decoder=Decoder(JobEvent), handler=ignore, ack_wait_s=30.0)  # fmt: skip
+    await consumer.start()
+    await asyncio.sleep(0.3)  # its pull requests are open (each lives 2 s)
+    await consumer.stop()
+    await bus.publish(bus.names.job_cancel("late"), JobCancelRequested(job_id="late", requested_at=1.0))
+    other = await bus.js.pull_subscribe_bind(durable="t", stream=bus.names.stream(JOBS))  # the next instance
+    msgs = await other.fetch(1, timeout=5.0)
+    assert [Decoder(JobEvent).decode(m.data).job_id for m in msgs] == ["late"]
+    await msgs[0].ack()
+
+
 async def test_messages_wait_out_a_dependency_outage_however_many_deliveries_it_takes(bus: Bus) -> None:
     """A handler failing because a dependency is down (the ledger unreachable) fails for every message, however
     often each is delivered: none is dead-lettered, and all are applied once it is back. A handler failing for a
