@@ -19,3 +19,4 @@ def test_bench_e2e_places_every_submitted_job_and_prints_one_json_object(capsys:
     for key in ("submit_per_s", "placed_per_s", "submit_to_placed_p50_ms", "submit_to_placed_p99_ms"):
         assert report[key] > 0
     assert {"gateway", "scheduler", "quota", "loadgen"} <= set(report["cpu_ms_per_job"])
+    assert 0 <= report["running_peak"] <= report["pool_gpus"] == 32
