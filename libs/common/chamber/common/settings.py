@@ -102,6 +102,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     """The first admin API token (docs/api.md); when empty, the gateway makes one at its first start."""
     admin_token_file: str = ""
     """Where a development admin token is kept: read when it exists, else written at first start (`make up`)."""
+    intake_limit: Annotated[int, msgspec.Meta(ge=0)] = 128
+    """Submits a gateway has stored that the scheduler has not yet taken in, past which a new submit waits (up to
+    1 s) for one to be: a burst then waits at the door instead of behind an unseen backlog (0: no limit)."""
     access_log: bool = True
     """One log line per HTTP request (method, path, status, duration, who)."""
     kube_api: str = ""

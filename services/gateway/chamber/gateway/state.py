@@ -63,6 +63,7 @@ from chamber.gateway.audit import AuditLog
 from chamber.gateway.cache import ResponseCache
 from chamber.gateway.core.views import FleetView, JobView, fleet_view, job_view, node_views, submitted_view
 from chamber.gateway.errors import Unavailable
+from chamber.gateway.intake import IntakeGate
 from chamber.gateway.jobs_index import JobsIndex
 from chamber.gateway.live import Broadcaster
 from chamber.gateway.tokens import TokenStore
@@ -97,6 +98,7 @@ class GatewayState:
         self._ledger: Ledger | None = None
         self.store: JobStore | None = None
         self.jobs = JobsIndex()
+        self.intake = IntakeGate(ctx.settings.intake_limit)
         self.nodes: dict[str, Node] = {}
         self.nodes_version = 0
         self.quota_state: QuotaState | None = None
@@ -234,6 +236,7 @@ class GatewayState:
     # -- followed state ----------------------------------------------------------------------------------------
 
     def _on_record(self, record: JobRecord) -> None:
+        self.intake.taken(record.id)
         if self.jobs.upsert(record):
             self._dirty = True
             self._ledger_gen += 1
