@@ -59,6 +59,16 @@ async def test_cordoned_gpus_cannot_be_claimed(ledger: Ledger) -> None:
     await ledger.claim("a", 1, ["n1/0"])
 
 
+async def test_a_claim_restored_for_a_job_already_on_its_gpus_ignores_cordons_not_owners(ledger: Ledger) -> None:
+    """A restore re-records where a job is (its claim was lost): a cordon placed since does not refuse it (the
+    cordon's rules stop the job), another job's claim still does."""
+    await ledger.cordon(["n1/0"], Cordon(severity="fatal", reason="health: DBE"))
+    await ledger.claim("b", 1, ["n1/1"])
+    first, second = await ledger.claim_many([Claim("a", 1, ("n1/0",)), Claim("c", 1, ("n1/1", "n1/2"))], restore=True)
+    assert (first.code, second.code) == ("OK", "TAKEN")
+    assert (await ledger.snapshot()).owners == {"n1/0": "a/1", "n1/1": "b/1"}
+
+
 async def test_every_change_bumps_the_version(ledger: Ledger) -> None:
     v0 = (await ledger.snapshot()).version
     v1 = await ledger.claim("a", 1, ["n1/0"])

@@ -17,6 +17,7 @@ import pytest
 from chamber.common.bus import Bus, BusError
 from chamber.common.codec import Decoder
 from chamber.common.contracts import (
+    Cordon,
     Decision,
     GpuDevice,
     GpuRef,
@@ -728,4 +729,35 @@ async def test_a_placement_given_back_is_never_launched(
     events = await bus.read_since(JOBS, bus.names.job_lifecycle("placed"), 0.0, Decoder(JobEvent))
     assert [type(e) for e in events] == [JobLaunchFailed], "given back, and not launched"
     assert "placed" not in {r.id for r in s._relaunches()}
+    await s.close()
+
+
+async def test_a_lost_claim_on_a_gpu_cordoned_since_is_made_again_and_the_cordon_stops_the_job(
+    settings: Settings, bus: Bus, fleet: None, ledger: Ledger
+) -> None:
+    """Redis lost a running job's claim, and one of its GPUs was cordoned since (a fatal fault): the claim is made
+    again all the same (the job is on those GPUs whatever the cordon says), so the ledger and the scheduler agree,
+    and the cordon's rule interrupts the job. The restore used to be refused: the ledger check then found the two
+    out of step and reloaded everything every 10 s until the job stopped."""
+    store = await JobStore.open(bus)
+    assert await store.create(_on_node("runs", "train", started=time.time() - 100)) is not None
+    await ledger.rebuild([])
+    await ledger.cordon(["node-a/3"], Cordon(severity="fatal", reason="health: DBE"))
+    s = await _scheduler(settings, bus, ledger)
+    await s.on_events([])
+    assert set((await ledger.snapshot()).claims) == {"runs"}
+    runs = await _record(s, "runs")
+    assert runs is not None
+    assert runs.stopping
+    assert runs.stop_kind == "interrupt"
+    loads: list[int] = []
+    real_load = s._load
+
+    async def counted(records: Sequence[JobRecord]) -> None:
+        loads.append(len(records))
+        await real_load(records)
+
+    s._load = counted  # type: ignore[method-assign]
+    await s._check_ledger()
+    assert loads == [], "the ledger and the scheduler agree: nothing to reload"
     await s.close()

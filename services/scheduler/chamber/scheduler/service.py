@@ -837,7 +837,8 @@ class Scheduler:
             and (r.id not in snap.claims or snap.claims[r.id].attempt != r.attempt)  # (that one was an orphan)
         ]  # fmt: skip
         missing.sort(key=lambda c: _claim_rank(records[c.job_id]))  # where two lost claims meet, a running job wins
-        for result in await self.ledger.claim_many(missing):
+        # Restored on cordoned GPUs too (the jobs are there; the cycle stops them by the cordon's rules).
+        for result in await self.ledger.claim_many(missing, restore=True):
             if result.ok:
                 self._relaunch[result.claim.job_id] = result.claim.attempt  # if it has not started (idempotent)
             else:

@@ -2,7 +2,9 @@
 -- atomicity), in order, so a later job sees the claims of the earlier ones.
 -- KEYS: 1 owner hash (slot -> job/attempt), 2 claims hash (job -> attempt|slot,slot), 3 cordon hash
 --       (slot -> cordon), 4 version counter, 5 ready marker, 6 fence (the newest leader's token)
--- ARGV: 1 fencing token, then per job: job id, attempt, n, n slots
+-- ARGV: 1 fencing token, 2 mode, then per job: job id, attempt, n, n slots. Mode `place` refuses cordoned slots;
+-- `restore` (a claim made again for a job already on its GPUs, after the ledger lost it) does not, as a rebuild
+-- does not: the job is there whatever the cordon says, and the cordon's rules stop it.
 -- Returns {"NOT_READY"} | {"FENCED", fence} | {version, code1, detail1, code2, detail2, ...} with code
 -- OK | ALREADY | JOB_HOLDS_OTHER_CLAIM | UNSCHEDULABLE | TAKEN per job, in order.
 if redis.call('EXISTS', KEYS[5]) == 0 then
@@ -16,9 +18,10 @@ end
 if token > fence then
   redis.call('SET', KEYS[6], ARGV[1])
 end
+local restore = ARGV[2] == 'restore'
 local out = {''}
 local changed = false
-local i = 2
+local i = 3
 while i <= #ARGV do
   local job = ARGV[i]
   local attempt = ARGV[i + 1]
@@ -33,7 +36,7 @@ while i <= #ARGV do
     if existing == wanted then code = 'ALREADY' else code, detail = 'JOB_HOLDS_OTHER_CLAIM', existing end
   else
     for k = 1, n do
-      if redis.call('HEXISTS', KEYS[3], slots[k]) == 1 then
+      if not restore and redis.call('HEXISTS', KEYS[3], slots[k]) == 1 then
         code, detail = 'UNSCHEDULABLE', slots[k]
         break
       end

@@ -99,14 +99,15 @@ class Ledger:
     async def close(self) -> None:
         await self.redis.aclose()
 
-    async def claim_many(self, claims: Sequence[Claim]) -> list[ClaimResult]:
-        """Claim each job's slots or none of them, in order, in one round trip. Replaying a claim is a no-op."""
-        return (await self._claim_many(claims))[1]
+    async def claim_many(self, claims: Sequence[Claim], *, restore: bool = False) -> list[ClaimResult]:
+        """Claim each job's slots or none of them, in order, in one round trip. Replaying a claim is a no-op.
+        `restore`: the jobs are already on these GPUs (their claims were lost): a cordon does not refuse them."""
+        return (await self._claim_many(claims, restore=restore))[1]
 
-    async def _claim_many(self, claims: Sequence[Claim]) -> tuple[int, list[ClaimResult]]:
+    async def _claim_many(self, claims: Sequence[Claim], *, restore: bool = False) -> tuple[int, list[ClaimResult]]:
         if not claims:
             return 0, []
-        result = await self._run(self._claim, self._claim_keys(), self._claim_args(claims))
+        result = await self._run(self._claim, self._claim_keys(), self._claim_args(claims, restore=restore))
         self._check(result)
         results = [ClaimResult(c, str(result[1 + 2 * i]), str(result[2 + 2 * i])) for i, c in enumerate(claims)]
         return int(result[0]), results
@@ -114,8 +115,8 @@ class Ledger:
     def _claim_keys(self) -> list[str]:
         return [self.k_owner, self.k_claims, self.k_cordon, self.k_version, self.k_ready, self.k_fence]
 
-    def _claim_args(self, claims: Sequence[Claim]) -> list[str]:
-        args: list[str] = [str(self.token)]
+    def _claim_args(self, claims: Sequence[Claim], *, restore: bool = False) -> list[str]:
+        args: list[str] = [str(self.token), "restore" if restore else "place"]
         for c in claims:
             if not c.slots:
                 raise ValueError(f"a claim needs at least one slot ({c.job_id})")
