@@ -738,14 +738,25 @@ async def test_a_lost_claim_on_a_gpu_cordoned_since_is_made_again_and_the_cordon
     """Redis lost a running job's claim, and one of its GPUs was cordoned since (a fatal fault): the claim is made
     again all the same (the job is on those GPUs whatever the cordon says), so the ledger and the scheduler agree,
     and the cordon's rule interrupts the job. The restore used to be refused: the ledger check then found the two
-    out of step and reloaded everything every 10 s until the job stopped."""
+    out of step and reloaded everything every 10 s until the job stopped. A placement that had not started on a
+    cordoned GPU is not launched there: it gives the placement back and waits again."""
     store = await JobStore.open(bus)
     assert await store.create(_on_node("runs", "train", started=time.time() - 100)) is not None
+    assert await store.create(_on_node("placed", "train", started=None, node="node-b")) is not None
     await ledger.rebuild([])
-    await ledger.cordon(["node-a/3"], Cordon(severity="fatal", reason="health: DBE"))
+    await ledger.cordon(["node-a/3", "node-b/5"], Cordon(severity="fatal", reason="health: DBE"))
     s = await _scheduler(settings, bus, ledger)
     await s.on_events([])
     assert set((await ledger.snapshot()).claims) == {"runs"}
+    failed = await bus.read_since(JOBS, bus.names.job_lifecycle("placed"), 0.0, Decoder(JobEvent))
+    assert [e.reason for e in failed if isinstance(e, JobLaunchFailed)] == [
+        "GPU node-b/5 became unschedulable (fatal: health: DBE) before it started"
+    ]
+    await s.on_events(failed)  # (as its consumer would hand it over: the job waits again)
+    placed = await _record(s, "placed")
+    assert placed is not None
+    assert placed.state == JobState.PENDING
+    assert placed.placement is None or not holds_gpus(placed)
     runs = await _record(s, "runs")
     assert runs is not None
     assert runs.stopping

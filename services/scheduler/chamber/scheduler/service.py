@@ -726,7 +726,10 @@ class Scheduler:
                     self.starting[record.id] = (record.attempt, self.ctx.clock.now())
             else:
                 log.error("scheduler.adopted_placement_taken", job_id=record.id, code=result.code)
-                await self._placement_lost(record, result.detail)
+                why = f"its GPUs were claimed by another job ({result.detail})"
+                if result.code == "UNSCHEDULABLE":
+                    why = f"GPU {result.detail} became unschedulable before it started"
+                await self._placement_lost(record, why)
 
     async def _publish(self, todo: _Pending) -> None:
         items: list[tuple[str, bytes, dict[str, str] | None]] = []
@@ -837,14 +840,25 @@ class Scheduler:
             and (r.id not in snap.claims or snap.claims[r.id].attempt != r.attempt)  # (that one was an orphan)
         ]  # fmt: skip
         missing.sort(key=lambda c: _claim_rank(records[c.job_id]))  # where two lost claims meet, a running job wins
-        # Restored on cordoned GPUs too (the jobs are there; the cycle stops them by the cordon's rules).
-        for result in await self.ledger.claim_many(missing, restore=True):
+        # A job that started is on its GPUs whatever a cordon placed since says: its claim is restored, and the
+        # cycle's cordon rules stop it. A placement not started yet is not launched onto a cordoned GPU: it gives
+        # the placement back and waits again.
+        unstarted = [
+            (claim, slot) for claim in missing if _awaits_start(records[claim.job_id])
+            and (slot := next((s for s in claim.slots if s in snap.cordons), None)) is not None
+        ]  # fmt: skip
+        given_back = {claim.job_id for claim, _ in unstarted}
+        restored = [claim for claim in missing if claim.job_id not in given_back]
+        for result in await self.ledger.claim_many(restored, restore=True):
             if result.ok:
                 self._relaunch[result.claim.job_id] = result.claim.attempt  # if it has not started (idempotent)
             else:
                 log.error("scheduler.restore_claim_refused", job_id=result.claim.job_id, code=result.code)
                 if result.code == "TAKEN":
                     await self._lost_to_another(records[result.claim.job_id], result.detail)
+        for claim, slot in unstarted:
+            why = f"GPU {slot} became unschedulable ({snap.cordons[slot].describe()}) before it started"
+            await self._placement_lost(records[claim.job_id], why)
 
     async def _lost_to_another(self, record: JobRecord, holder: str) -> None:
         """The ledger gives the GPUs this record holds to another job: a running job is interrupted at the next
@@ -852,13 +866,13 @@ class Scheduler:
         if record.state == JobState.RUNNING:
             self._unbacked[record.id] = (record.attempt, holder)
         else:
-            await self._placement_lost(record, holder)
+            await self._placement_lost(record, f"its GPUs were claimed by another job ({holder})")
 
-    async def _placement_lost(self, record: JobRecord, holder: str) -> None:
+    async def _placement_lost(self, record: JobRecord, why: str) -> None:
         """A placed job whose claim is gone and cannot be made again (a deposed leader wrote the placement after
-        this leader released its claim as an orphan; it never launched it): it gives the placement back and waits
-        again, through the bus like a launch deadline. Left to the deadline if the bus refuses."""
-        why = f"its GPUs were claimed by another job ({holder})"
+        this leader released its claim as an orphan; it never launched it; or a GPU of it was cordoned since): it
+        gives the placement back and waits again, through the bus like a launch deadline. Left to the deadline if
+        the bus refuses."""
         event = JobLaunchFailed(job_id=record.id, attempt=record.attempt, failed_at=self.ctx.clock.now(), reason=why)
         try:
             await self.bus.publish(
