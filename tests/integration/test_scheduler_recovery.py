@@ -772,3 +772,32 @@ async def test_a_lost_claim_on_a_gpu_cordoned_since_is_made_again_and_the_cordon
     await s._check_ledger()
     assert loads == [], "the ledger and the scheduler agree: nothing to reload"
     await s.close()
+
+
+async def test_a_cordon_placed_while_claims_are_restored_keeps_an_unstarted_placement_off_the_gpu(
+    settings: Settings, bus: Bus, fleet: None, ledger: Ledger
+) -> None:
+    """The GPU is cordoned after start-up read the ledger and before the lost claim of a placement that never
+    started is made again: the claim is made where the cordon is checked (the ledger's script, atomically), so
+    the placement is given back and never launched onto the GPU (restored without that check, it was launched,
+    then interrupted)."""
+    store = await JobStore.open(bus)
+    assert await store.create(_on_node("placed", "train", started=None, node="node-b")) is not None
+    await ledger.rebuild([])
+    real_claim_many = ledger.claim_many
+
+    async def cordoned_meanwhile(claims: Sequence[Claim], *, restore: bool = False) -> Any:
+        if restore:  # the first claim call of the start-up: health cordons node-b/5 just before it
+            await ledger.cordon(["node-b/5"], Cordon(severity="fatal", reason="health: DBE"))
+        return await real_claim_many(claims, restore=restore)
+
+    ledger.claim_many = cordoned_meanwhile  # type: ignore[method-assign]
+    s = await _scheduler(settings, bus, ledger)
+    await s.on_events([])
+    await _drain(s)
+    events = await bus.read_since(JOBS, bus.names.job_lifecycle("placed"), 0.0, Decoder(JobEvent))
+    assert "placed" not in (await ledger.snapshot()).claims
+    kinds = [type(e) for e in events]
+    assert JobLaunchFailed in kinds, "given back"
+    assert JobStarted not in kinds, "never launched onto the cordoned GPU"
+    await s.close()

@@ -2,7 +2,13 @@
 first come first served, never longer than `max_wait_s`; submits not taken in within `forget_s` stop counting."""
 
 import asyncio
+import types
 
+import pytest
+
+from chamber.common.bus import PublishError
+from chamber.gateway import jobs
+from chamber.gateway.errors import Unavailable
 from chamber.gateway.intake import IntakeGate
 
 
@@ -117,3 +123,76 @@ async def test_a_woken_submit_whose_client_left_gives_its_place_to_the_next() ->
     leaving.cancel()  # ...but its request is cancelled before it runs
     await asyncio.wait_for(staying, 1.0)
     assert len(gate) == 1
+
+
+async def test_waiting_submits_do_not_all_wake_at_every_forgetting() -> None:
+    """The scheduler is down (nothing is taken in): one timer forgets the oldest open submit and wakes the first
+    waiter; every waiter waking at every forgetting made the gate's cost grow with the square of the arrival rate."""
+    gate = IntakeGate(10, max_wait_s=1.0, forget_s=0.3)
+    calls = 0
+    real = gate._forget
+
+    def counted(now: float) -> None:
+        nonlocal calls
+        calls += 1
+        real(now)
+
+    gate._forget = counted  # type: ignore[method-assign]
+    tasks = []
+    for i in range(300):  # 300 submits over ~1.5 s, none taken in
+        tasks.append(asyncio.create_task(gate.admit(f"j{i}")))
+        await asyncio.sleep(0.005)
+    await asyncio.gather(*tasks)
+    assert calls <= 3 * len(tasks), f"{calls} forget passes for {len(tasks)} submits"
+
+
+async def test_submits_that_gave_up_waiting_do_not_pile_up() -> None:
+    """While the gate stays full (the scheduler down, submits going ahead after `max_wait_s`), the waits given up
+    are dropped from the queue, not kept one per submit for as long as the outage lasts."""
+    gate = IntakeGate(2, max_wait_s=0.02, forget_s=60.0)
+    await gate.admit("a")
+    await gate.admit("b")
+    await asyncio.gather(*(gate.admit(f"w{i}") for i in range(2000)))
+    assert len(gate._waiters) < 200, f"{len(gate._waiters)} given-up waits kept"
+
+
+async def test_a_submit_admitted_again_while_open_keeps_forgetting_in_order() -> None:
+    """A retry of a submit still open (an idempotent retry racing the first) is not new work: it neither waits nor
+    moves the submit's time, so older submits behind it are still forgotten on time."""
+    gate = IntakeGate(3, max_wait_s=5.0, forget_s=0.6)
+    loop = asyncio.get_running_loop()
+    await gate.admit("a")
+    await asyncio.sleep(0.1)
+    await gate.admit("b")
+    await asyncio.sleep(0.4)
+    await gate.admit("a")  # the retry
+    await gate.admit("c")  # full
+    started = loop.time()
+    await gate.admit("d")  # "a" is forgotten 0.6 s after its first admission
+    assert loop.time() - started < 0.4, f"waited {loop.time() - started:.2f} s"
+
+
+def _gateway(gate: IntakeGate, publish: object) -> object:
+    return types.SimpleNamespace(
+        require_bus=lambda: None,
+        jobs=types.SimpleNamespace(records={}),
+        intake=gate,
+        bus=types.SimpleNamespace(publish=publish, names=types.SimpleNamespace(job_submit=lambda j: f"submit.{j}")),
+    )
+
+
+@pytest.mark.parametrize(
+    "failure", [PublishError("no ack"), asyncio.CancelledError(), RuntimeError("encode failed"), TimeoutError()]
+)
+async def test_a_submit_that_was_not_stored_does_not_keep_its_place(failure: BaseException) -> None:
+    """Admitted, then the publish fails or is cancelled (the client left, a gRPC deadline, shutdown): nothing was
+    stored, so the submit stops counting at once, not after `forget_s`."""
+    gate = IntakeGate(1, max_wait_s=10.0, forget_s=10.0)
+
+    async def publish(*args: object, **kwargs: object) -> None:
+        raise failure
+
+    expected = Unavailable if isinstance(failure, PublishError) else type(failure)
+    with pytest.raises(expected):
+        await jobs._publish_submit(_gateway(gate, publish), "j1", None, 0.0)  # type: ignore[arg-type]
+    assert len(gate) == 0

@@ -25,8 +25,12 @@ class IntakeGate:
         self._open: OrderedDict[str, float] = OrderedDict()
         """Job id -> when it was admitted (the loop's clock), oldest first."""
         self._waiters: deque[asyncio.Future[None]] = deque()
+        self._gone = 0
+        """Futures in `_waiters` given up (timed out or cancelled), not popped yet."""
         self._woken = 0
         """Waiters woken with a place kept for them, not yet admitted (a newcomer may not take those places)."""
+        self._timer: asyncio.TimerHandle | None = None
+        """One timer for the next forgetting, while anyone waits (not one per waiter)."""
 
     def __len__(self) -> int:
         return len(self._open)
@@ -36,38 +40,37 @@ class IntakeGate:
         if not self.limit:
             return
         loop = asyncio.get_running_loop()
-        now = loop.time()
-        self._forget(now)
+        self._forget(loop.time())
         self._wake()  # (places freed by forgetting go to those already waiting)
-        if len(self._open) + self._woken < self.limit and not any(not w.done() for w in self._waiters):
-            self._open[job_id] = now
+        if job_id in self._open:  # a retry of a submit still open: not new work, counted already
             return
-        deadline = now + self.max_wait_s
+        if len(self._open) + self._woken < self.limit and len(self._waiters) == self._gone:
+            self._open[job_id] = loop.time()
+            return
         turn: asyncio.Future[None] = loop.create_future()
         self._waiters.append(turn)
+        self._arm(loop)
         try:
-            while not turn.done() and now < deadline:
-                wake_at = deadline
-                if self._open:
-                    wake_at = min(wake_at, next(iter(self._open.values())) + self.forget_s)
-                await asyncio.wait([turn], timeout=max(0.0, wake_at - now))
-                now = loop.time()
-                if not turn.done():  # places may have been freed by forgetting: the first waiters get them
-                    self._forget(now)
-                    self._wake()
+            await asyncio.wait([turn], timeout=self.max_wait_s)
         except BaseException:  # the request was cancelled (its client left): its place goes to the next
             self._leave(turn)
             self._wake()
             raise
         self._leave(turn)
-        self._open[job_id] = now
+        self._open.pop(job_id, None)
+        self._open[job_id] = loop.time()
         self._wake()  # more places may be free than this one
+        self._arm(loop)
 
     def _leave(self, turn: "asyncio.Future[None]") -> None:
         if turn.done() and not turn.cancelled():
             self._woken -= 1  # the place kept for it is taken now (or given back)
-        else:
-            turn.cancel()  # out of the queue (`_wake` skips it)
+            return
+        turn.cancel()  # out of the queue (`_wake` skips it)
+        self._gone += 1
+        if self._gone > 64 and self._gone * 2 > len(self._waiters):
+            self._waiters = deque(w for w in self._waiters if not w.done())
+            self._gone = 0
 
     def taken(self, job_id: str) -> None:
         """The scheduler took the job in (its record was seen), or it was never stored: it no longer counts."""
@@ -81,10 +84,22 @@ class IntakeGate:
                 return
             del self._open[job_id]
 
+    def _arm(self, loop: asyncio.AbstractEventLoop) -> None:
+        if self._timer is None and self._open and len(self._waiters) > self._gone:
+            self._timer = loop.call_at(next(iter(self._open.values())) + self.forget_s, self._expire, loop)
+
+    def _expire(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._timer = None
+        self._forget(loop.time())
+        self._wake()
+        self._arm(loop)
+
     def _wake(self) -> None:
         """Wake waiters, first come first, for as many places as are free."""
         while self._waiters and len(self._open) + self._woken < self.limit:
             turn = self._waiters.popleft()
-            if not turn.done():
-                turn.set_result(None)
-                self._woken += 1
+            if turn.done():
+                self._gone -= 1
+                continue
+            turn.set_result(None)
+            self._woken += 1

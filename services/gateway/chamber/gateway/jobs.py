@@ -142,6 +142,9 @@ async def _publish_submit(gw: GatewayState, job_id: str, spec: JobSpec, now: flo
     except PublishError as exc:
         gw.intake.taken(job_id)
         raise Unavailable(f"the job was not stored (JetStream did not acknowledge): {exc}") from exc
+    except BaseException:  # cancelled (client gone, gRPC deadline, shutdown) or any other failure: not stored
+        gw.intake.taken(job_id)
+        raise
 
 
 async def submit(

@@ -843,22 +843,22 @@ class Scheduler:
         # A job that started is on its GPUs whatever a cordon placed since says: its claim is restored, and the
         # cycle's cordon rules stop it. A placement not started yet is not launched onto a cordoned GPU: it gives
         # the placement back and waits again.
-        unstarted = [
-            (claim, slot) for claim in missing if _awaits_start(records[claim.job_id])
-            and (slot := next((s for s in claim.slots if s in snap.cordons), None)) is not None
-        ]  # fmt: skip
-        given_back = {claim.job_id for claim, _ in unstarted}
-        restored = [claim for claim in missing if claim.job_id not in given_back]
-        for result in await self.ledger.claim_many(restored, restore=True):
+        started = [c for c in missing if not _awaits_start(records[c.job_id])]
+        unstarted = [c for c in missing if _awaits_start(records[c.job_id])]
+        results = await self.ledger.claim_many(started, restore=True)  # (a cordon does not refuse these)
+        results += await self.ledger.claim_many(unstarted)  # (these are refused one, atomically: never launched)
+        for result in results:
             if result.ok:
                 self._relaunch[result.claim.job_id] = result.claim.attempt  # if it has not started (idempotent)
-            else:
-                log.error("scheduler.restore_claim_refused", job_id=result.claim.job_id, code=result.code)
-                if result.code == "TAKEN":
-                    await self._lost_to_another(records[result.claim.job_id], result.detail)
-        for claim, slot in unstarted:
-            why = f"GPU {slot} became unschedulable ({snap.cordons[slot].describe()}) before it started"
-            await self._placement_lost(records[claim.job_id], why)
+                continue
+            log.error("scheduler.restore_claim_refused", job_id=result.claim.job_id, code=result.code)
+            if result.code == "TAKEN":
+                await self._lost_to_another(records[result.claim.job_id], result.detail)
+            elif result.code == "UNSCHEDULABLE":
+                cordon = snap.cordons.get(result.detail)
+                what = f" ({cordon.describe()})" if cordon is not None else ""
+                why = f"GPU {result.detail} became unschedulable{what} before it started"
+                await self._placement_lost(records[result.claim.job_id], why)
 
     async def _lost_to_another(self, record: JobRecord, holder: str) -> None:
         """The ledger gives the GPUs this record holds to another job: a running job is interrupted at the next
