@@ -46,7 +46,7 @@ from chamber.common.contracts import (
 )
 from chamber.common.jobstore import JobStore, StaleWrite, Write
 from chamber.common.lease import Lease, LeaseLost, identity
-from chamber.common.ledger import Claim, Ledger, LedgerFenced, LedgerNotReady, LedgerUnavailable
+from chamber.common.ledger import Claim, ClaimResult, Ledger, LedgerFenced, LedgerNotReady, LedgerUnavailable
 from chamber.common.log import get_logger
 from chamber.common.quota import QuotaBook
 from chamber.common.quotastore import QuotaStore
@@ -726,10 +726,7 @@ class Scheduler:
                     self.starting[record.id] = (record.attempt, self.ctx.clock.now())
             else:
                 log.error("scheduler.adopted_placement_taken", job_id=record.id, code=result.code)
-                why = f"its GPUs were claimed by another job ({result.detail})"
-                if result.code == "UNSCHEDULABLE":
-                    why = f"GPU {result.detail} became unschedulable before it started"
-                await self._placement_lost(record, why)
+                await self._placement_lost(record, _why_refused(result))
 
     async def _publish(self, todo: _Pending) -> None:
         items: list[tuple[str, bytes, dict[str, str] | None]] = []
@@ -846,7 +843,7 @@ class Scheduler:
         started = [c for c in missing if not _awaits_start(records[c.job_id])]
         unstarted = [c for c in missing if _awaits_start(records[c.job_id])]
         results = await self.ledger.claim_many(started, restore=True)  # (a cordon does not refuse these)
-        results += await self.ledger.claim_many(unstarted)  # (these are refused one, atomically: never launched)
+        results += await self.ledger.claim_many(unstarted)  # (a cordon refuses these, in the same atomic step)
         for result in results:
             if result.ok:
                 self._relaunch[result.claim.job_id] = result.claim.attempt  # if it has not started (idempotent)
@@ -855,10 +852,7 @@ class Scheduler:
             if result.code == "TAKEN":
                 await self._lost_to_another(records[result.claim.job_id], result.detail)
             elif result.code == "UNSCHEDULABLE":
-                cordon = snap.cordons.get(result.detail)
-                what = f" ({cordon.describe()})" if cordon is not None else ""
-                why = f"GPU {result.detail} became unschedulable{what} before it started"
-                await self._placement_lost(records[result.claim.job_id], why)
+                await self._placement_lost(records[result.claim.job_id], _why_refused(result, snap.cordons))
 
     async def _lost_to_another(self, record: JobRecord, holder: str) -> None:
         """The ledger gives the GPUs this record holds to another job: a running job is interrupted at the next
@@ -1015,6 +1009,15 @@ async def main(ctx: Context, stop: asyncio.Event) -> None:
         await lease.release()
         await bus.close()
         await ledger.close()
+
+
+def _why_refused(result: ClaimResult, cordons: Mapping[str, Cordon] | None = None) -> str:
+    """Why a placement's claim could not be made again, in the words its `JobLaunchFailed` gives."""
+    if result.code != "UNSCHEDULABLE":
+        return f"its GPUs were claimed by another job ({result.detail})"
+    cordon = (cordons or {}).get(result.detail)
+    what = f" ({cordon.describe()})" if cordon is not None else ""
+    return f"GPU {result.detail} became unschedulable{what} before it started"
 
 
 def _claim_rank(record: JobRecord) -> tuple[bool, bool, float]:
