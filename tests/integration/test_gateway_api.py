@@ -1,12 +1,29 @@
 """The HTTP API against real NATS and Redis: validation, the job lifecycle, the fleet, OpenAPI."""
 
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+import msgspec
 import pytest
 from litestar.testing import AsyncTestClient
 
 from chamber.collector import service as collector
+from chamber.common.bus import Bus
+from chamber.common.contracts import (
+    GpuDevice,
+    GpuRef,
+    JobRecord,
+    JobSpec,
+    JobState,
+    Node,
+    NodeInventory,
+    Placement,
+    Pool,
+)
+from chamber.common.jobstore import JobStore
+from chamber.common.ledger import Claim
+from chamber.common.runtime import make_context
 from chamber.common.settings import Settings
 from chamber.scheduler import service as scheduler
 from tests.support.gateway import gateway_client
@@ -121,3 +138,42 @@ async def _fleet_total(client: AsyncTestClient[Any]) -> bool:
 
 async def _is(state: Any, expected: str) -> bool:
     return bool(await state() == expected)
+
+
+async def test_a_job_read_as_ended_no_longer_shows_its_gpus_held(
+    client: AsyncTestClient[Any], settings: Settings, bus: Bus
+) -> None:
+    """The scheduler writes a job's end before it releases the job's GPUs in the ledger (a crash in between must
+    never free GPUs under a record that still holds them): a client that has read the job's end does not then see
+    its GPUs held in the fleet, though the ledger still holds them for a moment."""
+    gpus = [GpuDevice(index=i, uuid=f"GPU-n1-{i}", model="H100") for i in range(4)]
+    node = Node(name="n1", pool="default", gpus=gpus)
+    await bus.publish(bus.names.inventory("n1"), NodeInventory(node=node, pool=Pool(name="default", gpu_model="H100"),
+                                                               observed_at=time.time()))  # fmt: skip
+    ledger = make_context(settings, "scheduler").ledger()
+    try:
+        await ledger.rebuild([Claim("x", 1, ("n1/0", "n1/1"))])
+        store = await JobStore.open(bus)
+        now = time.time()
+        running_record = JobRecord(
+            id="x", spec=JobSpec(name="x", team="ml", gpus_per_replica=2), state=JobState.RUNNING, submitted_at=now,
+            updated_at=now, attempt=1, placement=Placement(attempt=1, gpus=[GpuRef("n1", 0), GpuRef("n1", 1)]),
+            started_at=now,
+        )  # fmt: skip
+        revision = await store.create(running_record)
+        assert revision is not None
+        await eventually(lambda: _allocated(client, 2), what="the running job's GPUs held")
+        ended = msgspec.structs.replace(
+            running_record, state=JobState.SUCCEEDED, updated_at=time.time(), version=running_record.version + 1
+        )
+        await store.update(ended, revision)
+        assert (await client.get("/v1/jobs/x")).json()["state"] == "succeeded"
+        assert (await client.get("/v1/fleet")).json()["gpus_allocated"] == 0
+        assert sum(n["gpus_allocated"] for n in (await client.get("/v1/nodes")).json()) == 0
+        assert set((await ledger.snapshot()).claims) == {"x"}, "(the ledger has not released them yet)"
+    finally:
+        await ledger.close()
+
+
+async def _allocated(client: AsyncTestClient[Any], n: int) -> bool:
+    return bool((await client.get("/v1/fleet")).json()["gpus_allocated"] == n)

@@ -4,11 +4,13 @@ quota configuration and state, fleet metrics, tokens, the audit trail and the li
 Everything a hot read needs is followed into memory (jobs KV, inventory, quota, metrics, tokens). The ledger
 (GPU allocation and cordons) is re-read from Redis only after something that moves it was seen (a job record
 changed, a health verdict, new inventory) or after a second, and concurrent readers share one re-read: a read
-with nothing new does no I/O at all.
+with nothing new does no I/O at all. Claims of attempts the records seen here have ended are left out of it (the
+scheduler releases a job's GPUs just after it writes the job's end), so the fleet agrees with the jobs it shows.
 """
 
 import asyncio
 import contextlib
+import dataclasses
 import sys
 import time
 from collections.abc import Awaitable, Callable, Hashable
@@ -26,6 +28,7 @@ from chamber.common.bus import Bus
 from chamber.common.bus.errors import BusError
 from chamber.common.codec import DecodeError, Decoder
 from chamber.common.contracts import (
+    TERMINAL_STATES,
     FleetSnapshot,
     GpuHealthVerdict,
     JobRecord,
@@ -358,10 +361,25 @@ class GatewayState:
             snap = await self.ledger.snapshot()
         except (redis.exceptions.RedisError, LedgerUnavailable, OSError) as exc:
             raise Unavailable(f"Redis (the GPU ledger) is not reachable: {exc}") from exc
+        snap = self._without_ended(snap)
         if generation >= self._snap_gen:
             self._snap, self._snap_gen, self._snap_at = snap, generation, started
             self.ledger_epoch += 1
         return snap
+
+    def _without_ended(self, snap: LedgerSnapshot) -> LedgerSnapshot:
+        """The ledger less the claims of attempts that the records seen here have ended. The scheduler writes a
+        job's end before it releases the job's GPUs (a crash in between must never free GPUs under a record that
+        still holds them), so a client that has just read a job's end could otherwise still see its GPUs held."""
+        ended = {
+            job_id for job_id, claim in snap.claims.items()
+            if (r := self.records.get(job_id)) is not None and (r.state in TERMINAL_STATES or r.attempt > claim.attempt)
+        }  # fmt: skip
+        if not ended:
+            return snap
+        owners = {slot: owner for slot, owner in snap.owners.items() if owner.rsplit("/", 1)[0] not in ended}
+        claims = {job_id: claim for job_id, claim in snap.claims.items() if job_id not in ended}
+        return dataclasses.replace(snap, owners=owners, claims=claims)
 
     async def fleet(self, snap: LedgerSnapshot | None = None) -> FleetView:
         snap = snap or await self.ledger_snapshot()
