@@ -276,6 +276,9 @@ class Scheduler:
             self.nodes.values(), records, snap.owners, snap.cordons, quota=book, standing=standing,
             budget_blocks=blocks,
         )  # fmt: skip
+        for record in records:
+            if self._lost(record):  # given back, its JobLaunchFailed on its way: nothing is to stop or preempt
+                self.control.state.mark_stopping(record.id)
         self._wake.set()
 
     # ---- inputs --------------------------------------------------------------------------------------------------
@@ -877,6 +880,7 @@ class Scheduler:
             return
         self.starting.pop(record.id, None)
         self._given_back[record.id] = record.attempt
+        self.control.state.mark_stopping(record.id)  # (as in `_load`)
 
     def _lost(self, record: JobRecord) -> bool:
         """Is this the placement `_placement_lost` gave back? (Entries end once the record moved on.)"""
