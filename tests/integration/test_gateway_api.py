@@ -1,5 +1,6 @@
 """The HTTP API against real NATS and Redis: validation, the job lifecycle, the fleet, OpenAPI."""
 
+import contextlib
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -22,7 +23,7 @@ from chamber.common.contracts import (
     Pool,
 )
 from chamber.common.jobstore import JobStore
-from chamber.common.ledger import Claim
+from chamber.common.ledger import Claim, Ledger
 from chamber.common.runtime import make_context
 from chamber.common.settings import Settings
 from chamber.scheduler import service as scheduler
@@ -140,20 +141,14 @@ async def _is(state: Any, expected: str) -> bool:
     return bool(await state() == expected)
 
 
-async def test_a_job_read_as_ended_no_longer_shows_its_gpus_held(
-    client: AsyncTestClient[Any], settings: Settings, bus: Bus
+@pytest.mark.parametrize("state", [JobState.SUCCEEDED, JobState.PREEMPTED, JobState.PENDING])
+async def test_a_job_read_as_having_given_its_gpus_back_no_longer_shows_them_held(
+    client: AsyncTestClient[Any], settings: Settings, bus: Bus, state: JobState
 ) -> None:
-    """The scheduler writes a job's end before it releases the job's GPUs in the ledger (a crash in between must
-    never free GPUs under a record that still holds them): a client that has read the job's end does not then see
-    its GPUs held in the fleet, though the ledger still holds them for a moment."""
-    gpus = [GpuDevice(index=i, uuid=f"GPU-n1-{i}", model="H100") for i in range(4)]
-    node = Node(name="n1", pool="default", gpus=gpus)
-    await bus.publish(bus.names.inventory("n1"), NodeInventory(node=node, pool=Pool(name="default", gpu_model="H100"),
-                                                               observed_at=time.time()))  # fmt: skip
-    ledger = make_context(settings, "scheduler").ledger()
-    try:
-        await ledger.rebuild([Claim("x", 1, ("n1/0", "n1/1"))])
-        store = await JobStore.open(bus)
+    """The scheduler writes a job's end, or its stop or requeue (no placement), before it releases the attempt's
+    GPUs in the ledger (a crash in between must never free GPUs under a record that still holds them): a client
+    that has read the record does not then see the GPUs held in the fleet, though the ledger holds them a moment."""
+    async with _one_node(settings, bus, Claim("x", 1, ("n1/0", "n1/1"))) as (ledger, store):
         now = time.time()
         running_record = JobRecord(
             id="x", spec=JobSpec(name="x", team="ml", gpus_per_replica=2), state=JobState.RUNNING, submitted_at=now,
@@ -163,14 +158,41 @@ async def test_a_job_read_as_ended_no_longer_shows_its_gpus_held(
         revision = await store.create(running_record)
         assert revision is not None
         await eventually(lambda: _allocated(client, 2), what="the running job's GPUs held")
-        ended = msgspec.structs.replace(
-            running_record, state=JobState.SUCCEEDED, updated_at=time.time(), version=running_record.version + 1
-        )
-        await store.update(ended, revision)
-        assert (await client.get("/v1/jobs/x")).json()["state"] == "succeeded"
+        placement = running_record.placement if state == JobState.SUCCEEDED else None
+        given_back = msgspec.structs.replace(running_record, state=state, placement=placement, updated_at=time.time(),
+                                             version=running_record.version + 1)  # fmt: skip
+        await store.update(given_back, revision)
+        assert (await client.get("/v1/jobs/x")).json()["state"] == state.value
         assert (await client.get("/v1/fleet")).json()["gpus_allocated"] == 0
         assert sum(n["gpus_allocated"] for n in (await client.get("/v1/nodes")).json()) == 0
         assert set((await ledger.snapshot()).claims) == {"x"}, "(the ledger has not released them yet)"
+
+
+async def test_a_new_attempts_claim_shows_before_its_record_says_placed(
+    client: AsyncTestClient[Any], settings: Settings, bus: Bus
+) -> None:
+    """The scheduler claims a job's next attempt before it writes the placement: a record still at the attempt
+    before (preempted, no placement) does not hide the new claim."""
+    async with _one_node(settings, bus, Claim("x", 2, ("n1/2", "n1/3"))) as (_, store):
+        now = time.time()
+        record = JobRecord(id="x", spec=JobSpec(name="x", team="ml", gpus_per_replica=2), state=JobState.PREEMPTED,
+                           submitted_at=now, updated_at=now, attempt=1, placement=None)  # fmt: skip
+        assert await store.create(record) is not None
+        assert (await client.get("/v1/jobs/x")).json()["state"] == "preempted"
+        await eventually(lambda: _allocated(client, 2), what="the new attempt's claim shown")
+
+
+@contextlib.asynccontextmanager
+async def _one_node(settings: Settings, bus: Bus, claim: Claim) -> AsyncIterator[tuple[Ledger, JobStore]]:
+    """A node of 4 GPUs in the inventory, and a ledger holding `claim` alone."""
+    gpus = [GpuDevice(index=i, uuid=f"GPU-n1-{i}", model="H100") for i in range(4)]
+    inventory = NodeInventory(node=Node(name="n1", pool="default", gpus=gpus),
+                              pool=Pool(name="default", gpu_model="H100"), observed_at=time.time())  # fmt: skip
+    await bus.publish(bus.names.inventory("n1"), inventory)
+    ledger = make_context(settings, "scheduler").ledger()
+    try:
+        await ledger.rebuild([claim])
+        yield ledger, await JobStore.open(bus)
     finally:
         await ledger.close()
 

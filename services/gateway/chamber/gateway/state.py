@@ -4,8 +4,9 @@ quota configuration and state, fleet metrics, tokens, the audit trail and the li
 Everything a hot read needs is followed into memory (jobs KV, inventory, quota, metrics, tokens). The ledger
 (GPU allocation and cordons) is re-read from Redis only after something that moves it was seen (a job record
 changed, a health verdict, new inventory) or after a second, and concurrent readers share one re-read: a read
-with nothing new does no I/O at all. Claims of attempts the records seen here have ended are left out of it (the
-scheduler releases a job's GPUs just after it writes the job's end), so the fleet agrees with the jobs it shows.
+with nothing new does no I/O at all. Claims of attempts the records seen here have given back are left out of it (the
+scheduler releases an attempt's GPUs just after it writes the job's end, stop or requeue), so the fleet agrees
+with the jobs it shows.
 """
 
 import asyncio
@@ -88,6 +89,17 @@ FEASIBILITY_ENTRIES = 1024
 """Job shapes whose feasibility is remembered (forgotten all at once beyond this, or when the fleet changes)."""
 LEDGER_TTL_S = 1.0
 """The ledger is re-read at least this often even when no change was seen (a flush, a rebuild)."""
+
+
+def _gave_back(record: JobRecord, attempt: int) -> bool:
+    """Has the job, as `record` says, given back the claim of `attempt`: ended, on a later attempt, or this very
+    attempt stopped or requeued (no placement)? A claim just made is for the attempt after the record's (the
+    scheduler claims before it writes the placement), so a record that lags behind never hides it."""
+    return (
+        record.state in TERMINAL_STATES
+        or record.attempt > attempt
+        or (record.attempt == attempt and record.placement is None)
+    )
 
 
 class GatewayState:
@@ -368,12 +380,13 @@ class GatewayState:
         return snap
 
     def _without_ended(self, snap: LedgerSnapshot) -> LedgerSnapshot:
-        """The ledger less the claims of attempts that the records seen here have ended. The scheduler writes a
-        job's end before it releases the job's GPUs (a crash in between must never free GPUs under a record that
-        still holds them), so a client that has just read a job's end could otherwise still see its GPUs held."""
+        """The ledger less the claims of attempts that the records seen here have given back. The scheduler writes
+        a job's end, stop or requeue before it releases the attempt's GPUs (a crash in between must never free GPUs
+        under a record that still holds them), so a client that has just read it could otherwise still see them
+        held."""
         ended = {
             job_id for job_id, claim in snap.claims.items()
-            if (r := self.records.get(job_id)) is not None and (r.state in TERMINAL_STATES or r.attempt > claim.attempt)
+            if (r := self.records.get(job_id)) is not None and _gave_back(r, claim.attempt)
         }  # fmt: skip
         if not ended:
             return snap
