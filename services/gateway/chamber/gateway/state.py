@@ -4,9 +4,9 @@ quota configuration and state, fleet metrics, tokens, the audit trail and the li
 Everything a hot read needs is followed into memory (jobs KV, inventory, quota, metrics, tokens). The ledger
 (GPU allocation and cordons) is re-read from Redis only after something that moves it was seen (a job record
 changed, a health verdict, new inventory) or after a second, and concurrent readers share one re-read: a read
-with nothing new does no I/O at all. Claims of attempts the records seen here have given back are left out of it (the
-scheduler releases an attempt's GPUs just after it writes the job's end, stop or requeue), so the fleet agrees
-with the jobs it shows.
+with nothing new does no I/O at all. Claims of attempts the records seen here have given back are left out of
+it (the scheduler releases an attempt's GPUs just after it writes the job's end, stop or requeue), so the fleet
+agrees with the jobs it shows.
 """
 
 import asyncio
@@ -373,25 +373,25 @@ class GatewayState:
             snap = await self.ledger.snapshot()
         except (redis.exceptions.RedisError, LedgerUnavailable, OSError) as exc:
             raise Unavailable(f"Redis (the GPU ledger) is not reachable: {exc}") from exc
-        snap = self._without_ended(snap)
+        snap = self._without_given_back(snap)
         if generation >= self._snap_gen:
             self._snap, self._snap_gen, self._snap_at = snap, generation, started
             self.ledger_epoch += 1
         return snap
 
-    def _without_ended(self, snap: LedgerSnapshot) -> LedgerSnapshot:
+    def _without_given_back(self, snap: LedgerSnapshot) -> LedgerSnapshot:
         """The ledger less the claims of attempts that the records seen here have given back. The scheduler writes
         a job's end, stop or requeue before it releases the attempt's GPUs (a crash in between must never free GPUs
         under a record that still holds them), so a client that has just read it could otherwise still see them
         held."""
-        ended = {
+        given_back = {
             job_id for job_id, claim in snap.claims.items()
             if (r := self.records.get(job_id)) is not None and _gave_back(r, claim.attempt)
         }  # fmt: skip
-        if not ended:
+        if not given_back:
             return snap
-        owners = {slot: owner for slot, owner in snap.owners.items() if owner.rsplit("/", 1)[0] not in ended}
-        claims = {job_id: claim for job_id, claim in snap.claims.items() if job_id not in ended}
+        owners = {slot: owner for slot, owner in snap.owners.items() if owner.rsplit("/", 1)[0] not in given_back}
+        claims = {job_id: claim for job_id, claim in snap.claims.items() if job_id not in given_back}
         return dataclasses.replace(snap, owners=owners, claims=claims)
 
     async def fleet(self, snap: LedgerSnapshot | None = None) -> FleetView:
