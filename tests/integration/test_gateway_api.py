@@ -116,6 +116,10 @@ async def test_a_job_runs_succeeds_and_the_fleet_shows_it(client: AsyncTestClien
         assert len(final["placement"]["gpus"]) == 8
         assert (await client.delete(f"/v1/jobs/{job['id']}")).status_code == 409
         assert (await client.get("/v1/fleet")).json()["gpus_allocated"] == 0
+        logs = await client.get(f"/v1/jobs/{job['id']}/logs")  # the simulated executor runs no process
+        assert logs.status_code == 404, logs.text
+        assert logs.json()["code"] == "no-output"
+        assert "simulated executor" in logs.json()["detail"]
 
 
 async def test_cancelling_a_running_job_frees_its_gpus(client: AsyncTestClient[Any], settings: Settings) -> None:

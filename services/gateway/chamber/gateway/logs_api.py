@@ -19,6 +19,7 @@ from litestar.response import Response, Stream
 from chamber.common.codec import DecodeError, Decoder, encode
 from chamber.common.contracts import GpuRef, JobPlaced, JobRecord, LogsChunk, LogsRequest
 from chamber.common.contracts.agent import LOG_CHUNK_MAX
+from chamber.common.kube import labels as L
 from chamber.common.subjects import DECISIONS
 from chamber.gateway import jobs
 from chamber.gateway.core.authz import Permission
@@ -27,6 +28,13 @@ from chamber.gateway.http_edge import bearer, principal
 from chamber.gateway.problems import responses
 from chamber.gateway.state import GatewayState
 
+ELSEWHERE = {
+    "simulated": "the simulated executor runs no process, so there is none (CHAMBER_EXECUTOR=process runs real ones "
+    "through node agents, which keep their output)",
+    "kubernetes": f"the Kubernetes executor runs jobs in pods, whose output Kubernetes keeps: kubectl logs -l "
+    f"{L.JOB_ID}=<job id>",
+}
+"""Where a job's output is, for executors that run it outside the node agents (only those keep output here)."""
 FOLLOW_POLL_S = 0.5
 REQUEST_TIMEOUT_S = 3.0
 TEXT = "text/plain; charset=utf-8"
@@ -102,6 +110,9 @@ async def job_logs(
     attempt = attempt or record.attempt
     if attempt == 0:
         raise NotFound(f"job {job_id} has not been placed yet: no output", code="no-output")
+    elsewhere = ELSEWHERE.get(gw.settings.executor)
+    if elsewhere:
+        raise NotFound(f"no output kept by Chamber for job {job_id}: {elsewhere}", code="no-output")
     gpus = await _placement(gw, record, attempt)
     node = gpus[replica * record.spec.gpus_per_replica].node
     asked = LogsRequest(job_id=job_id, attempt=attempt, replica=replica, offset=offset, limit=limit)
