@@ -146,32 +146,3 @@ def test_admitted_borrowing_never_exceeds_quota(
                 reclaim(book, totals, plain, pool)
         for p in POOLS:
             assert beyond_quota(book, plain, p) == 0, (p, plain)
-
-
-@settings(max_examples=300, deadline=None)
-@given(
-    st.lists(st.tuples(st.integers(0, 8), st.one_of(st.none(), st.integers(0, 8))), min_size=4, max_size=4),
-    st.lists(st.tuples(st.sampled_from(TEAMS), st.sampled_from(POOLS), st.integers(-4, 8)), max_size=30),
-)
-def test_a_cohorts_room_bounds_what_its_teams_borrow_and_only_shrinks_as_usage_grows(
-    quotas: list[tuple[int, int | None]], changes: list[tuple[str, str, int]]
-) -> None:
-    """`cohort_room` is what a team at or above its guarantee may borrow, and at least what any team of the cohort
-    may: the scheduler skips a whole cohort's borrowers once it is 0. Within a cycle usage only grows, and the room
-    must then never come back (else a skipped borrower would have been admitted later in the cycle)."""
-    book = four_teams([TeamQuota(pool="", nominal=n, lending_limit=None if lend is None else min(lend, n))
-                       for n, lend in quotas])  # fmt: skip
-    totals = QuotaUsage(book)
-    for team, pool, change in changes:
-        before = {(t, p): totals.cohort_room(totals.cohort_of(t, p)) for t in TEAMS for p in POOLS}
-        delta = max(change, -totals.get((team, pool)))
-        totals.add(team, pool, delta)
-        for t in TEAMS:
-            for p in POOLS:
-                room = totals.cohort_room(totals.cohort_of(t, p))
-                if totals.get((t, p)) >= book.quota(t, p).nominal:
-                    assert totals.borrowable(t, p) == room
-                else:
-                    assert totals.borrowable(t, p) <= room
-                if delta >= 0:
-                    assert room <= before[(t, p)]

@@ -97,22 +97,6 @@ class QuotaUsage:
         others_idle = idle - lendable(q, self.used.get((team, pool), 0))
         return max(0, others_idle + unassigned - borrowed - spill)
 
-    def cohort_of(self, team: str, pool: str) -> tuple[str, str]:
-        """The (pool, cohort) `team` borrows in, in `pool`."""
-        return self._cohort_and_quota(team, pool)[0]
-
-    def cohort_room(self, cohort: tuple[str, str]) -> int:
-        """The most any team of `cohort` ((pool, cohort)) could borrow now: what its lenders leave idle beyond what
-        its borrowers hold, plus what other cohorts left of the pool's unassigned capacity. Exactly `borrowable`
-        for a team at or above its guarantee (it lends nothing of its own), at least it for any other; and it
-        only shrinks while usage only grows (as within a scheduling cycle)."""
-        pool = cohort[0]
-        unassigned = self._unassigned.get(pool)
-        if unassigned is None:
-            unassigned = self._unassigned[pool] = self.book.unassigned(pool)
-        spare = self.idle.get(cohort, 0) - self.borrowed.get(cohort, 0)
-        return max(0, unassigned - self.excess.get(pool, 0) + max(0, spare))
-
 
 def lendable(quota: TeamQuota, used: int) -> int:
     """The part of a team's idle nominal it lends to its cohort: all of it, or at most its lending limit."""

@@ -236,13 +236,6 @@ class _Cycle:
         self.state = state
         self.ctx = ctx
         self.config = state.config
-        self.asleep: dict[ParkGroup, tuple[tuple[str, str], int]] = {}
-        """Parked groups that only borrowing could admit when the walk began, with their team's usage then
-        (`_borrowers_only`)."""
-        self.slept: list[ParkGroup] = []
-        """The groups whose first-pass turn passed while they were asleep, in queue order."""
-        self.turns: dict[ParkGroup, tuple[tuple[str, str], list[Entry], int]] = {}
-        """A sleeper's second-pass turn: its cohort, the cohort's turns in queue order, and its place among them."""
 
     def run(self) -> list[Decision]:
         state, ctx = self.state, self.ctx
@@ -263,10 +256,7 @@ class _Cycle:
         # Two passes under quotas (as Kueue orders its heads): first every job its team's guarantee admits, then
         # the ones that would borrow, so a borrower never takes in a cycle what a guaranteed job needs in it.
         ctx.borrowing = not state.quota_on
-        if state.quota_on:
-            self.asleep = self._borrowers_only()
         deferred = self._walk(Walk(queue, queue.heads(standing)), decisions)
-        deferred += self._borrower_turns()
         if deferred:
             ctx.borrowing = True
             self._walk(Walk(queue, [], deferred), decisions)
@@ -287,14 +277,6 @@ class _Cycle:
         while ctx.tests < self.config.max_tests_per_cycle and (popped := heads.pop()) is not None:
             kind, number, item = popped[-3:]
             if not isinstance(item, SubQueue):
-                asleep = self._asleep(item)
-                if asleep and not ctx.borrowing:
-                    self.slept.append(item)  # it wakes nothing now; its turn to borrow is in the second pass
-                    continue
-                if self.turns and not self._next_turn(item, heads) and asleep:
-                    continue  # its cohort has nothing left to lend
-                if asleep and not self._may_borrow(item):
-                    continue
                 woken, borrowers = self._wake(item)
                 for sq in woken:
                     head = queue.head_of(sq)
@@ -337,109 +319,6 @@ class _Cycle:
         return deferred
 
     # ---- shortcuts that keep a cycle O(sub-queues that can move) ---------------------------------------------
-
-    def _borrowers_only(self) -> dict[ParkGroup, tuple[tuple[str, str], int]]:
-        """The parked groups that only borrowing can admit now (`_borrower_only`: their team is at or above its
-        guarantee in the pool and runs no lower-priority preemptible work there), with the team's usage in the
-        pool. With a thousand teams at their quota these are most groups; in the first pass each would only be
-        looked at to be set aside, and in the second most find that the borrowers before them took all their
-        cohort could lend. Such a group stays borrower-only while its team's usage does not change (within a
-        cycle usage only grows, and a team's lower-priority work grows only with it), so the walk passes them by
-        (`_asleep`) and gives them their turn in the second pass only while their cohort can lend
-        (`_borrower_turns`, `_may_borrow`)."""
-        state = self.state
-        book = state.quota
-        assert book is not None
-        used, counts = state.usage.used, state.preemptible_usage
-        teams: dict[tuple[str, str], tuple[int, float] | None] = {}
-        out: dict[ParkGroup, tuple[tuple[str, str], int]] = {}
-        for group in state.queue.parked:
-            key = (group[0], group[1])
-            if key in teams:
-                found = teams[key]
-            else:
-                n = used.get(key, 0)
-                if n < book.quota(*key).nominal:
-                    found = None
-                else:
-                    lowest = min((p for p, gpus in counts.get(key, {}).items() if gpus > 0), default=float("inf"))
-                    found = (n, lowest)
-                teams[key] = found
-            if found is not None and group[3] <= found[1]:
-                out[group] = (key, found[0])
-        return out
-
-    def _asleep(self, group: ParkGroup) -> bool:
-        """Borrower-only since the walk began: its team's usage in the pool is what it was then."""
-        was = self.asleep.get(group)
-        return was is not None and self.state.usage.used.get(was[0], 0) == was[1]
-
-    def _borrower_turns(self) -> list[Entry]:
-        """After the first pass, the second-pass turns of the groups that slept through it (each at its first
-        head's order, as `_walk` gives a group it sets aside): those whose cohort can still lend their smallest
-        head's GPUs (the room only shrinks within the cycle: nobody else could borrow in it), and those whose
-        team's usage changed since (decided in full). Each cohort's turns are kept in queue order and come one at
-        a time (`_may_borrow`); returned: the first of each, and the changed ones."""
-        state, queue = self.state, self.state.queue
-        usage, standing, seq = state.usage, state.standing, self.ctx.seq
-        rooms: dict[tuple[str, str], int] = {}
-        cohorts: dict[tuple[str, str], list[Entry]] = {}
-        out: list[Entry] = []
-        for group in self.slept:
-            parking = queue.parked.get(group)
-            if parking is None:
-                continue
-            if self._asleep(group):
-                if not group[2]:
-                    continue  # not preemptible: it borrows nothing
-                cohort = usage.cohort_of(group[0], group[1])
-                room = rooms.get(cohort)
-                if room is None:
-                    room = rooms[cohort] = usage.cohort_room(cohort)
-                if room < parking.min_gpus:
-                    continue
-            else:
-                cohort = None
-            first = queue.first_order(group, standing)
-            if first is None:
-                continue
-            turn = entry(first, WOKEN, next(seq), group)
-            if cohort is None:
-                out.append(turn)
-            else:
-                cohorts.setdefault(cohort, []).append(turn)
-        self.slept = []
-        for cohort, turns in cohorts.items():
-            turns.sort()
-            for i, turn in enumerate(turns):
-                self.turns[turn[-1]] = (cohort, turns, i)
-            out.append(turns[0])
-        return out
-
-    def _next_turn(self, group: ParkGroup, heads: Walk) -> bool:
-        """A group's second-pass turn came (`_borrower_turns`): the next turn of its cohort comes after it, unless
-        the cohort has nothing left to lend (returns False). Then none of its sleepers can borrow in this cycle
-        (the room only shrinks), and only those whose team's usage changed since the walk began keep theirs."""
-        turn = self.turns.pop(group, None)
-        if turn is None:
-            return True
-        cohort, turns, i = turn
-        if self.state.usage.cohort_room(cohort) <= 0:
-            for later in turns[i + 1 :]:
-                del self.turns[later[-1]]
-                if not self._asleep(later[-1]):
-                    heads.push(later)
-            return False
-        if i + 1 < len(turns):
-            heads.push(turns[i + 1])
-        return True
-
-    def _may_borrow(self, group: ParkGroup) -> bool:
-        """A sleeper may wake a head only if its team may borrow its smallest head's GPUs (`_wake` finds the
-        same, at a higher price)."""
-        state = self.state
-        parking = state.queue.parked.get(group)
-        return parking is not None and state.usage.borrowable(group[0], group[1]) >= parking.min_gpus
 
     def _wake(self, group: ParkGroup) -> tuple[list[SubQueue], bool]:
         """A parked group's turn: wake the sub-queues whose heads its team's quota admits now. In the first pass
