@@ -4,6 +4,7 @@ turn must come no later than its first head's: a head's order moves while its gr
 one), and a group looked at in its old place let later borrowers take what the cohort had to lend first."""
 
 from chamber.scheduler.core.decisions import Place, Wait
+from chamber.scheduler.core.model import pending_from
 from chamber.scheduler.core.reasons import WaitKind
 from chamber.scheduler.core.state import SchedulerConfig, SchedulingState
 from tests.support.builders import make_job, make_node, pool_quota
@@ -31,3 +32,25 @@ def test_an_aged_borrower_in_a_parked_group_borrows_before_a_later_one() -> None
     state.release("z-running0")  # team z lends one GPU
     decisions = state.cycle(100.0 + MAX_WAIT + 1)  # y's job has waited past max_wait: it goes first
     assert [d.job_id for d in decisions if isinstance(d, Place)] == ["y-waits"]
+
+
+def test_an_arrival_after_a_cycle_without_a_second_pass_may_borrow() -> None:
+    """Arrivals decided against the last cycle's conclusions come after both its passes, also when nothing was set
+    aside for a second one: a job only borrowing admits is placed at once (it used to get no decision at all, and
+    not even parked, until the next full cycle)."""
+    state = SchedulingState()
+    for i in range(3):
+        state.index.add_node(f"n{i}", pool="default", model="H100", rack="r", zone="z", capacity=8, free=range(8))
+    state.set_quota(pool_quota(16, ("t", "c", 4, 0), ("u", "c", 4, None), ("lender", "c", 8, None)))
+    for job in (
+        make_job("t-base").team("t").priority("inference").gpus(4).build(),
+        make_job("u-base").team("u").priority("inference").gpus(4).build(),
+        make_job("lender-base").team("lender").priority("inference").gpus(5).build(),
+    ):
+        state.add(pending_from(job))
+    assert len([d for d in state.cycle(1.0) if isinstance(d, Place)]) == 3  # the lender lends its 3 idle GPUs
+    state.add(pending_from(make_job("t-more").team("t").priority("research").at(2.0).build()))
+    state.cycle(2.0)  # t may not borrow (limit 0): parked
+    assert state.cycle(3.0) == []  # nothing to set aside for a second pass
+    decisions = state.submit(pending_from(make_job("u-more").team("u").priority("research").at(4.0).build()), 4.0)
+    assert [(type(d), d.job_id) for d in decisions] == [(Place, "u-more")]

@@ -257,8 +257,8 @@ class _Cycle:
         # the ones that would borrow, so a borrower never takes in a cycle what a guaranteed job needs in it.
         ctx.borrowing = not state.quota_on
         deferred = self._walk(Walk(queue, queue.heads(standing)), decisions)
+        ctx.borrowing = True  # the second pass, and the arrivals decided against this context after it
         if deferred:
-            ctx.borrowing = True
             self._walk(Walk(queue, [], deferred), decisions)
         self.consolidate(decisions)
         sticky = self.config.sticky_reservations
