@@ -417,3 +417,46 @@ def test_a_malformed_block_in_the_ca_bundle_does_not_drop_the_ca_still_served() 
     assert ca_bundle(new, garbage + old, now) == new + old
     assert ca_bundle(new, new + old, now) == new + old, "the current CA is not counted twice"
     assert ca_bundle(new, b"", now) == new
+
+
+async def test_a_burst_of_jobs_passes_the_gateways_intake_gate(cluster: Running, bus: Any, settings: Settings) -> None:
+    """Jobs made in Kubernetes are submitted no faster than the scheduler takes submits in, as API submits are
+    (`IntakeGate`): with one place and nothing taken in, the second Job's submit waits until the first is."""
+    from chamber.common.clock import SystemClock
+    from chamber.common.jobstore import JobStore
+    from chamber.common.kube.client import JOBS
+    from chamber.common.runtime import Context
+    from chamber.gateway.intake import IntakeGate
+    from chamber.gateway.kube_intake import Intake
+    from tests.support.kube import gpu_job
+
+    kube = KubeClient.connect(cluster.url)
+    submitted: list[str] = []
+    publish = bus.publish
+
+    async def recording(subject: str, value: Any, **kw: Any) -> Any:
+        submitted.append(getattr(value, "job_id", ""))
+        return await publish(subject, value, **kw)
+
+    bus.publish = recording
+    gate = IntakeGate(1, max_wait_s=30.0, forget_s=30.0)
+    intake = Intake(Context(settings, "gateway", SystemClock(), bus.names), bus, kube, await JobStore.open(bus),
+                    gate=gate)  # fmt: skip
+    stop = asyncio.Event()
+    task = asyncio.create_task(intake.run(stop))
+    try:
+        for name in ("first", "second"):
+            job = gpu_job(name)
+            job["metadata"]["labels"]["chamber.io/managed"] = "true"  # as the mutating webhook marks it
+            job["spec"]["suspend"] = True
+            await kube.create(JOBS, job, "default")
+        await eventually(lambda: len(submitted) == 1, what="the first Job submitted", within=15)
+        await asyncio.sleep(1.0)
+        assert len(submitted) == 1, "the second waits while the first is not taken in"
+        gate.taken(submitted[0])  # the scheduler wrote its record
+        await eventually(lambda: len(submitted) == 2, what="the second Job submitted", within=15)
+    finally:
+        stop.set()
+        await task
+        bus.publish = publish
+        await kube.close()

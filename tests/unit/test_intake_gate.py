@@ -196,3 +196,13 @@ async def test_a_submit_that_was_not_stored_does_not_keep_its_place(failure: Bas
     with pytest.raises(expected):
         await jobs._publish_submit(_gateway(gate, publish), "j1", None, 0.0)  # type: ignore[arg-type]
     assert len(gate) == 0
+
+
+async def test_a_job_taken_in_already_never_waits() -> None:
+    """Submitting a job whose record exists again (a retry, or the Kubernetes intake going over every Job after a
+    restart) is no new work: it neither waits nor takes a place."""
+    gate = IntakeGate(1, max_wait_s=10.0, forget_s=10.0, known=lambda job_id: job_id.startswith("old"))
+    await gate.admit("new")
+    await asyncio.wait_for(gate.admit("old-1"), timeout=0.5)
+    await asyncio.wait_for(gate.admit("old-2"), timeout=0.5)
+    assert len(gate) == 1

@@ -14,12 +14,23 @@ every submit until the scheduler is back).
 
 import asyncio
 from collections import OrderedDict, deque
+from collections.abc import Callable
 
 
 class IntakeGate:
-    def __init__(self, limit: int, *, max_wait_s: float = 1.0, forget_s: float = 2.0) -> None:
+    def __init__(
+        self,
+        limit: int,
+        *,
+        max_wait_s: float = 1.0,
+        forget_s: float = 2.0,
+        known: Callable[[str], bool] = lambda job_id: False,
+    ) -> None:
         self.limit = limit
         """Open submits that make new ones wait; 0: no limit."""
+        self.known = known
+        """Whether a job was taken in already (its record seen): submitting it again is no new work (a retry, or the
+        Kubernetes intake going over every Job again after a restart) and never waits."""
         self.max_wait_s = max_wait_s
         self.forget_s = forget_s
         self._open: OrderedDict[str, float] = OrderedDict()
@@ -37,7 +48,7 @@ class IntakeGate:
 
     async def admit(self, job_id: str) -> None:
         """Wait until fewer than `limit` submits are open (at most `max_wait_s`), then count `job_id` as open."""
-        if not self.limit:
+        if not self.limit or self.known(job_id):
             return
         loop = asyncio.get_running_loop()
         self._forget(loop.time())

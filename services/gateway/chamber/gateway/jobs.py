@@ -134,8 +134,7 @@ async def _bound(gw: GatewayState, key: str) -> _Binding | None:
 
 async def _publish_submit(gw: GatewayState, job_id: str, spec: JobSpec, now: float) -> None:
     gw.require_bus()
-    if job_id not in gw.jobs.records:  # (a retry of a job taken in already is not new work)
-        await gw.intake.admit(job_id)
+    await gw.intake.admit(job_id)
     try:
         await gw.bus.publish(gw.bus.names.job_submit(job_id), JobSubmitted(job_id=job_id, spec=spec, submitted_at=now),
                              msg_id=job_id)  # fmt: skip

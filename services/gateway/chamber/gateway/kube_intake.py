@@ -62,6 +62,7 @@ from chamber.common.log import get_logger
 from chamber.common.quotastore import QuotaStore
 from chamber.common.runtime import Context, wait_event
 from chamber.common.subjects import QUOTA_BUCKET
+from chamber.gateway.intake import IntakeGate
 
 log = get_logger(__name__)
 
@@ -172,9 +173,19 @@ class Intake:
     """Managed Jobs in, job events out."""
 
     def __init__(
-        self, ctx: Context, bus: Bus, client: KubeClient, store: JobStore, teams: TeamNamespaces | None = None
+        self,
+        ctx: Context,
+        bus: Bus,
+        client: KubeClient,
+        store: JobStore,
+        *,
+        teams: TeamNamespaces | None = None,
+        gate: IntakeGate | None = None,
     ) -> None:
         self.ctx = ctx
+        self.gate = gate if gate is not None else IntakeGate(0)
+        """The gateway's intake backpressure (`intake`): a burst of Jobs is submitted no faster than the scheduler
+        takes submits in, as a burst of API submits is."""
         self.teams = teams or TeamNamespaces()
         """Checked again here: a Job made while the webhooks were off, or before the list changed, is not taken."""
         self.bus = bus
@@ -221,8 +232,13 @@ class Intake:
                         reason=str(exc))  # fmt: skip
             return
         submitted_at = timestamp(meta(job).get("creationTimestamp")) or self.ctx.clock.now()
-        await self._publish(self.bus.names.job_submit(job_id),
-                            JobSubmitted(job_id=job_id, spec=spec, submitted_at=submitted_at), job_id)  # fmt: skip
+        await self.gate.admit(job_id)
+        try:
+            await self._publish(self.bus.names.job_submit(job_id),
+                                JobSubmitted(job_id=job_id, spec=spec, submitted_at=submitted_at), job_id)  # fmt: skip
+        except BaseException:
+            self.gate.taken(job_id)
+            raise
         self.submitted.add(job_id)
         log.info("kube_intake.submitted", job_id=job_id, job=spec.name, team=spec.team, gpus=spec.gpus)
 
@@ -325,8 +341,8 @@ async def reload_certificate(config: uvicorn.Config, cert_dir: str, stop: asynci
         log.info("kube_intake.certificate_reloaded", cert_dir=cert_dir)
 
 
-async def run(ctx: Context, stop: asyncio.Event) -> None:
-    """The webhooks and the watcher, until `stop`."""
+async def run(ctx: Context, stop: asyncio.Event, gate: IntakeGate | None = None) -> None:
+    """The webhooks and the watcher, until `stop`; submits pass the gateway's intake `gate`."""
     s = ctx.settings
     bus = await ctx.bus()
     client = KubeClient.connect(s.kube_api)
@@ -348,7 +364,7 @@ async def run(ctx: Context, stop: asyncio.Event) -> None:
         asyncio.create_task(reload_certificate(config, s.kube_webhook_cert_dir, stop))
         if s.kube_webhook_cert_dir else None
     )  # fmt: skip
-    intake = Intake(ctx, bus, client, await JobStore.open(bus), teams)
+    intake = Intake(ctx, bus, client, await JobStore.open(bus), teams=teams, gate=gate)
     watching = asyncio.create_task(intake.run(stop))
     log.info("kube_intake.started", api=client.host, webhooks=f"{s.kube_webhook_host}:{s.kube_webhook_port}")
     try:

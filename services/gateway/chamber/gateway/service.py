@@ -55,7 +55,7 @@ async def main(ctx: Context, stop: asyncio.Event) -> None:
         if ctx.settings.kube_api:  # Kubernetes intake: admission webhooks and the Job watcher (docs/kubernetes.md)
             from chamber.gateway import kube_intake
 
-            intake = asyncio.create_task(kube_intake.run(ctx, stop))
+            intake = asyncio.create_task(kube_intake.run(ctx, stop, gateway.intake))
         watched = [serving, stopped] if intake is None else [serving, stopped, intake]
         await asyncio.wait(watched, return_when=asyncio.FIRST_COMPLETED)
     finally:

@@ -113,7 +113,7 @@ class GatewayState:
         self._ledger: Ledger | None = None
         self.store: JobStore | None = None
         self.jobs = JobsIndex()
-        self.intake = IntakeGate(ctx.settings.intake_limit)
+        self.intake = IntakeGate(ctx.settings.intake_limit, known=lambda job_id: job_id in self.jobs.records)
         self.nodes: dict[str, Node] = {}
         self.nodes_version = 0
         self.quota_state: QuotaState | None = None
