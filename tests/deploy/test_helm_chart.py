@@ -97,6 +97,10 @@ def test_the_default_install_runs_everything_with_a_standby_scheduler() -> None:
     env = {e["name"]: e.get("value") for e in scheduler["spec"]["template"]["spec"]["containers"][0]["env"]}
     assert env["CHAMBER_EXECUTOR"] == "kubernetes"
     assert env["CHAMBER_KUBE_API"] == "in-cluster"
+    gateway = by_name[("Deployment", "chamber-gateway")]["spec"]["template"]["spec"]["containers"][0]["env"]
+    # the gateway checks submits against the executor (a command is refused by a simulated one) and says where a
+    # job's output is: it must know jobs run in Kubernetes too
+    assert {e["name"]: e.get("value") for e in gateway}["CHAMBER_EXECUTOR"] == "kubernetes"
     assert env["CHAMBER_NATS_URL"] == "nats://chamber:$(CHAMBER_NATS_PASSWORD)@chamber-nats:4222"
     assert (env["CHAMBER_SCHEDULER_CONSOLIDATE"], env["CHAMBER_SCHEDULER_RECLAIM_PAST_GUARANTEE"]) == ("true", "true")
     agent = by_name[("DaemonSet", "chamber-node-agent")]["spec"]["template"]["spec"]

@@ -28,16 +28,26 @@ from chamber.gateway.http_edge import bearer, principal
 from chamber.gateway.problems import responses
 from chamber.gateway.state import GatewayState
 
-ELSEWHERE = {
-    "simulated": "the simulated executor runs no process, so there is none (CHAMBER_EXECUTOR=process runs real ones "
-    "through node agents, which keep their output)",
-    "kubernetes": f"the Kubernetes executor runs jobs in pods, whose output Kubernetes keeps: kubectl logs -l "
-    f"{L.JOB_ID}=<job id>",
-}
-"""Where a job's output is, for executors that run it outside the node agents (only those keep output here)."""
 FOLLOW_POLL_S = 0.5
 REQUEST_TIMEOUT_S = 3.0
 TEXT = "text/plain; charset=utf-8"
+
+
+def _elsewhere(executor: str, record: JobRecord) -> str | None:
+    """Where the job's output is when no node agent ran it (only the agents keep output here); None: an agent did."""
+    if executor == "simulated":
+        return (
+            "the simulated executor runs no process, so there is none (CHAMBER_EXECUTOR=process runs real ones "
+            "through node agents, which keep their output)"
+        )
+    if executor == "kubernetes":
+        ref = record.spec.workload
+        namespace = f"-n {ref.namespace} " if ref is not None else ""
+        return (
+            "the Kubernetes executor runs it in pods, whose output Kubernetes keeps: "
+            f"kubectl logs {namespace}-l {L.JOB_ID}={record.id} --prefix --tail=-1"
+        )
+    return None
 
 
 def _gw(request: Request[Any, Any, Any]) -> GatewayState:
@@ -110,7 +120,7 @@ async def job_logs(
     attempt = attempt or record.attempt
     if attempt == 0:
         raise NotFound(f"job {job_id} has not been placed yet: no output", code="no-output")
-    elsewhere = ELSEWHERE.get(gw.settings.executor)
+    elsewhere = _elsewhere(gw.settings.executor, record)
     if elsewhere:
         raise NotFound(f"no output kept by Chamber for job {job_id}: {elsewhere}", code="no-output")
     gpus = await _placement(gw, record, attempt)
