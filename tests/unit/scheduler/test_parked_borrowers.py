@@ -54,3 +54,33 @@ def test_an_arrival_after_a_cycle_without_a_second_pass_may_borrow() -> None:
     assert state.cycle(3.0) == []  # nothing to set aside for a second pass
     decisions = state.submit(pending_from(make_job("u-more").team("u").priority("research").at(4.0).build()), 4.0)
     assert [(type(d), d.job_id) for d in decisions] == [(Place, "u-more")]
+
+
+def test_an_arrival_does_not_borrow_ahead_of_guaranteed_heads_a_cut_first_pass_never_reached() -> None:
+    """A first pass cut short by `max_tests_per_cycle` leaves guaranteed heads undecided: an arrival only borrowing
+    admits must not take their GPUs before they have had their turn (found by review)."""
+    state = SchedulingState(config=SchedulerConfig(max_tests_per_cycle=1))
+    state.index.add_node("n0", pool="default", model="H100", rack="r", zone="z", capacity=8, free=range(8))
+    state.set_quota(pool_quota(8, ("g", "c", 4, None), ("b", "c", 0, None), ("lender", "c", 4, None)))
+    state.add(pending_from(make_job("g-first").team("g").priority("inference").gpus(2).at(1.0).build()))
+    state.add(pending_from(make_job("g-second").team("g").priority("research").gpus(2).at(1.0).build()))
+    placed = [d.job_id for d in state.cycle(2.0) if isinstance(d, Place)]
+    assert placed == ["g-first"]  # the budget of one head ends the walk: g-second (guaranteed, fits) not looked at
+    borrower = make_job("b-more").team("b").priority("research").gpus(6).at(3.0).build()
+    decisions = state.submit(pending_from(borrower), 3.0)
+    assert [d.job_id for d in decisions if isinstance(d, Place)] == []  # borrowing waits for the guarantees
+    assert [d.why.kind for d in decisions if isinstance(d, Wait)] == [WaitKind.QUOTA]  # and says so
+
+
+def test_arrivals_decided_together_give_the_guaranteed_one_its_turn_before_the_borrower() -> None:
+    """Arrivals decided in one batch against the last cycle's context (the scheduler decides up to 256 events at
+    once) are ordered as the cycle's two passes order heads: the one its team's guarantee admits before the one only
+    borrowing admits, which would otherwise take the GPUs first (found by review)."""
+    state = SchedulingState()
+    state.index.add_node("n0", pool="default", model="H100", rack="r", zone="z", capacity=8, free=range(8))
+    state.set_quota(pool_quota(8, ("g", "c", 4, None), ("b", "c", 0, None), ("lender", "c", 4, None)))
+    assert state.cycle(1.0) == []  # nothing waits: the context holds, no second pass
+    state.add(pending_from(make_job("b-borrows").team("b").priority("research").gpus(6).at(2.0).build()))
+    state.add(pending_from(make_job("g-guaranteed").team("g").priority("research").gpus(4).at(2.0).build()))
+    placed = [d.job_id for d in state.decide(2.0) if isinstance(d, Place)]
+    assert "g-guaranteed" in placed  # within its guarantee, on GPUs that were free

@@ -216,19 +216,32 @@ def decide_arrivals(state: SchedulingState, ctx: CycleContext, arrived: Iterable
     ctx.now = now
     cycle = _Cycle(state, ctx)
     decisions: list[Decision] = []
-    for job_id in arrived:
-        job = state.queue.jobs.get(job_id)
-        if job is None:
-            continue
-        if not state.queue.is_head(job):
-            decisions.append(Wait(job.id, QUEUED))
-            continue
-        cycle.consider(job, decisions)
+    may_borrow = ctx.borrowing
+    ctx.borrowing = not state.quota_on  # two passes over the arrivals too: guaranteed ones before borrowers
+    borrowers: list[PendingJob] = []
+    try:
+        for job_id in arrived:
+            job = state.queue.jobs.get(job_id)
+            if job is None:
+                continue
+            if not state.queue.is_head(job):
+                decisions.append(Wait(job.id, QUEUED))
+                continue
+            if cycle.consider(job, decisions) == "borrower":
+                borrowers.append(job)
+    finally:
+        ctx.borrowing = may_borrow
+    for job in borrowers:
+        if not may_borrow:
+            decisions.append(Wait(job.id, BORROW_LATER))
+        elif state.queue.jobs.get(job.id) is job:
+            cycle.consider(job, decisions)
     cycle.consolidate(decisions)
     return decisions
 
 
 QUEUED = Reason(WaitKind.QUEUED, "queued behind earlier jobs of the same priority, team and shape")
+BORROW_LATER = Reason(WaitKind.QUOTA, "waiting: only borrowing admits it, decided after the queue's guaranteed jobs")
 
 
 class _Cycle:
@@ -257,8 +270,10 @@ class _Cycle:
         # the ones that would borrow, so a borrower never takes in a cycle what a guaranteed job needs in it.
         ctx.borrowing = not state.quota_on
         deferred = self._walk(Walk(queue, queue.heads(standing)), decisions)
-        ctx.borrowing = True  # the second pass, and the arrivals decided against this context after it
-        if deferred:
+        # The second pass, and the arrivals decided against this context after it, may borrow: unless the first
+        # pass was cut short by the test budget, leaving guaranteed heads undecided until the next cycle.
+        ctx.borrowing = ctx.tests < self.config.max_tests_per_cycle
+        if deferred and ctx.borrowing:
             self._walk(Walk(queue, [], deferred), decisions)
         self.consolidate(decisions)
         sticky = self.config.sticky_reservations
