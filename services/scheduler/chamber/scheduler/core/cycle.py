@@ -212,7 +212,9 @@ def run_cycle(state: SchedulingState, now: float) -> list[Decision]:
 
 
 def decide_arrivals(state: SchedulingState, ctx: CycleContext, arrived: Iterable[str], now: float) -> list[Decision]:
-    """Decide about jobs that arrived since the last cycle, against what it concluded."""
+    """Decide about jobs that arrived since the last cycle, against what it concluded. Under quotas in two passes,
+    as the cycle's: first the arrivals their team's guarantee admits, then those only borrowing admits (which wait
+    when the cycle's first pass was cut short: heads it never reached may be owed the GPUs)."""
     ctx.now = now
     cycle = _Cycle(state, ctx)
     decisions: list[Decision] = []
