@@ -11,6 +11,8 @@ from chamber.common.workload import workload_problem
 
 BASE: dict[str, Any] = {"name": "j", "team": "t", "gpus_per_replica": 1}
 RUN = {**BASE, "command": ["python", "train.py"]}
+JOB_REF = {"api_version": "batch/v1", "kind": "Job", "namespace": "ml", "name": "train"}
+"""The Kubernetes Job a job stands for (set by the intake, never by API clients)."""
 
 
 @pytest.mark.parametrize(
@@ -33,7 +35,8 @@ RUN = {**BASE, "command": ["python", "train.py"]}
         ("simulated", BASE, None),
         ("simulated", RUN, "CHAMBER_EXECUTOR=process"),
         ("simulated", BASE | {"env": {"A": "1"}}, "env and working_dir need a command"),
-        ("kubernetes", BASE, None),
+        ("kubernetes", BASE | {"workload": JOB_REF}, None),
+        ("kubernetes", BASE, "create a batch/v1 Job"),  # an API submit: nothing in Kubernetes stands for it
     ],
     ids=lambda v: v.split(":")[0].replace(" ", "-") if isinstance(v, str) else "ok" if v is None else "",
 )

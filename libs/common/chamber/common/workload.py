@@ -25,6 +25,12 @@ def workload_problem(spec: JobSpec, executor: str) -> str | None:
             return "command: required; this Chamber runs each replica's command as a process on its node"
         if spec.image is not None:
             return "image: the process executor runs `command` on the node directly and cannot use an image"
+    elif executor == "kubernetes" and spec.workload is None:
+        return (
+            "workload: this Chamber runs jobs as the Kubernetes workloads they stand for (CHAMBER_EXECUTOR="
+            "kubernetes): create a batch/v1 Job, a JobSet, a PyTorchJob or a TrainJob labelled chamber.io/team "
+            "instead (docs/kubernetes.md)"
+        )
     elif executor == "simulated" and (spec.command is not None or spec.env or spec.working_dir or spec.image):
         return (
             "command: this Chamber simulates its jobs (CHAMBER_EXECUTOR=simulated) and would not run it; give "
