@@ -84,3 +84,35 @@ def test_arrivals_decided_together_give_the_guaranteed_one_its_turn_before_the_b
     state.add(pending_from(make_job("g-guaranteed").team("g").priority("research").gpus(4).at(2.0).build()))
     placed = [d.job_id for d in state.decide(2.0) if isinstance(d, Place)]
     assert "g-guaranteed" in placed  # within its guarantee, on GPUs that were free
+
+
+def _lent_to_b(**config: object) -> SchedulingState:
+    """Team b has no guarantee; its cohort-mate lends all 8 GPUs of the one node."""
+    state = SchedulingState(config=SchedulerConfig(**config))  # type: ignore[arg-type]
+    state.index.add_node("n0", pool="default", model="H100", rack="r", zone="z", capacity=8, free=range(8))
+    state.set_quota(pool_quota(8, ("b", "c", 0, None), ("lender", "c", 8, None)))
+    assert state.cycle(1.0) == []
+    return state
+
+
+def test_borrowers_of_one_sub_queue_arriving_together_are_all_decided_as_a_cycle_would() -> None:
+    """A sweep: jobs of one team, priority and shape arriving in one batch share a sub-queue. The first is set aside
+    for the borrowing pass and stays its head; the ones behind it follow it there, not 'queued behind' it until the
+    next cycle (found by review). Each arrival gets exactly one decision."""
+    state = _lent_to_b()
+    for i in range(5):
+        state.add(pending_from(make_job(f"b-{i}").team("b").priority("research").gpus(2).at(2.0).build()))
+    decisions = state.decide(2.0)
+    assert sorted(d.job_id for d in decisions if isinstance(d, Place)) == ["b-0", "b-1", "b-2", "b-3"]
+    assert sorted(d.job_id for d in decisions) == ["b-0", "b-1", "b-2", "b-3", "b-4"]  # b-4: no room left
+
+
+def test_a_first_pass_that_looked_at_every_head_within_the_budget_was_not_cut_short() -> None:
+    """One head and a budget of one: the walk saw every head, so arrivals may borrow after it (found by review)."""
+    state = SchedulingState(config=SchedulerConfig(max_tests_per_cycle=1))
+    state.index.add_node("n0", pool="default", model="H100", rack="r", zone="z", capacity=8, free=range(8))
+    state.set_quota(pool_quota(8, ("g", "c", 4, None), ("b", "c", 0, None), ("lender", "c", 4, None)))
+    state.add(pending_from(make_job("g-only").team("g").priority("research").gpus(2).at(1.0).build()))
+    assert [d.job_id for d in state.cycle(2.0) if isinstance(d, Place)] == ["g-only"]
+    more = make_job("b-more").team("b").priority("research").gpus(2).at(3.0).build()
+    assert [d.job_id for d in state.submit(pending_from(more), 3.0) if isinstance(d, Place)] == ["b-more"]

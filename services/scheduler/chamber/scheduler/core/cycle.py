@@ -218,25 +218,37 @@ def decide_arrivals(state: SchedulingState, ctx: CycleContext, arrived: Iterable
     ctx.now = now
     cycle = _Cycle(state, ctx)
     decisions: list[Decision] = []
+    queue = state.queue
     may_borrow = ctx.borrowing
     ctx.borrowing = not state.quota_on  # two passes over the arrivals too: guaranteed ones before borrowers
-    borrowers: list[PendingJob] = []
+    set_aside: set[str] = set()
+    later: list[PendingJob] = []
+    """Borrowers, and arrivals queued behind one (its sub-queue's next heads), for the second pass in order."""
     try:
         for job_id in arrived:
-            job = state.queue.jobs.get(job_id)
+            job = queue.jobs.get(job_id)
             if job is None:
                 continue
-            if not state.queue.is_head(job):
-                decisions.append(Wait(job.id, QUEUED))
+            if not queue.is_head(job):
+                head = queue.head(queue.key_of(job))
+                if head is not None and head.id in set_aside:
+                    later.append(job)
+                else:
+                    decisions.append(Wait(job.id, QUEUED))
                 continue
             if cycle.consider(job, decisions) == "borrower":
-                borrowers.append(job)
+                set_aside.add(job.id)
+                later.append(job)
     finally:
         ctx.borrowing = may_borrow
-    for job in borrowers:
-        if not may_borrow:
+    for job in later:
+        if queue.jobs.get(job.id) is not job:
+            continue  # placed (or nominated) since
+        if not queue.is_head(job):
+            decisions.append(Wait(job.id, QUEUED))
+        elif not may_borrow:
             decisions.append(Wait(job.id, BORROW_LATER))
-        elif state.queue.jobs.get(job.id) is job:
+        else:
             cycle.consider(job, decisions)
     cycle.consolidate(decisions)
     return decisions
@@ -271,10 +283,11 @@ class _Cycle:
         # Two passes under quotas (as Kueue orders its heads): first every job its team's guarantee admits, then
         # the ones that would borrow, so a borrower never takes in a cycle what a guaranteed job needs in it.
         ctx.borrowing = not state.quota_on
-        deferred = self._walk(Walk(queue, queue.heads(standing)), decisions)
+        first = Walk(queue, queue.heads(standing))
+        deferred = self._walk(first, decisions)
         # The second pass, and the arrivals decided against this context after it, may borrow: unless the first
         # pass was cut short by the test budget, leaving guaranteed heads undecided until the next cycle.
-        ctx.borrowing = ctx.tests < self.config.max_tests_per_cycle
+        ctx.borrowing = ctx.tests < self.config.max_tests_per_cycle or first.pop() is None
         if deferred and ctx.borrowing:
             self._walk(Walk(queue, [], deferred), decisions)
         self.consolidate(decisions)
