@@ -222,8 +222,7 @@ def decide_arrivals(state: SchedulingState, ctx: CycleContext, arrived: Iterable
     may_borrow = ctx.borrowing
     ctx.borrowing = not state.quota_on  # two passes over the arrivals too: guaranteed ones before borrowers
     set_aside: set[str] = set()
-    later: list[PendingJob] = []
-    """Borrowers, and arrivals queued behind one (its sub-queue's next heads), for the second pass in order."""
+    later: list[PendingJob] = []  # borrowers, and arrivals queued behind one: the second pass's, in arrival order
     try:
         for job_id in arrived:
             job = queue.jobs.get(job_id)
