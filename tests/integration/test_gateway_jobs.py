@@ -251,6 +251,22 @@ async def test_a_retry_gets_its_job_even_if_it_could_no_longer_be_accepted(
         assert fresh.status_code == 422, "a new key is a new request"
 
 
+async def test_a_retry_gets_its_job_even_after_the_executor_changed(client: AsyncTestClient[Any]) -> None:
+    """The same for the executor's rules: a job accepted by a simulated Chamber is its retry's answer after the
+    Chamber moved to Kubernetes (which takes no API submits), while a new request is refused."""
+    key = {"Idempotency-Key": "before-the-move-to-kubernetes"}
+    first = await client.post("/v1/jobs", json=JOB, headers=key)
+    assert first.status_code == 201, first.text
+    ctx = client.app.state.gateway.ctx
+    ctx.settings = msgspec.structs.replace(ctx.settings, executor="kubernetes")
+    retry = await client.post("/v1/jobs", json=JOB, headers=key)
+    assert retry.status_code == 201, retry.text
+    assert retry.json()["id"] == first.json()["id"]
+    fresh = await client.post("/v1/jobs", json=JOB, headers={"Idempotency-Key": "after-the-move"})
+    assert fresh.status_code == 400, fresh.text
+    assert fresh.json()["code"] == "bad-workload"
+
+
 async def test_the_timeline_tells_who_preempted_whom(client: AsyncTestClient[Any], settings: Settings) -> None:
     async with running(settings, ("collector", collector.main), ("scheduler", scheduler.main)):
         await _inventory(client)

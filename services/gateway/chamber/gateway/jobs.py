@@ -88,7 +88,7 @@ def check_job_id(job_id: str) -> None:
 
 def admit(gw: GatewayState, who: Principal, body: SubmitJobRequest) -> JobSpec:
     """The spec to publish, or the reason the request is refused whatever the fleet (403 another team's, 413 too
-    large to carry, 400 a workload it may not name); whether it can ever run on this fleet is `check_fits`."""
+    large to carry, 400 a workload it may not name); whether this Chamber can ever run it is `check_fits`."""
     spec = body.to_spec()
     size = len(encode(spec))
     if size > MAX_SPEC_BYTES:
@@ -105,15 +105,16 @@ def admit(gw: GatewayState, who: Principal, body: SubmitJobRequest) -> JobSpec:
             "workload: set by Chamber's Kubernetes intake for the Job it stands for, not by API clients",
             code="workload-not-allowed",
         )
-    workload = workload_problem(spec, gw.ctx.settings.executor)
-    if workload is not None:
-        raise BadRequest(workload, code="bad-workload")
     return spec
 
 
 def check_fits(gw: GatewayState, spec: JobSpec) -> None:
-    """422 when the job can never run on this fleet under these quotas (asked only of a new request: a retry of
-    one already accepted gets its job, whatever changed since)."""
+    """400 when this Chamber's executor cannot run such a job (`workload_problem`), 422 when it can never run on
+    this fleet under these quotas. Asked only of a new request: a retry of one already accepted gets its job,
+    whatever changed since (the executor too)."""
+    workload = workload_problem(spec, gw.ctx.settings.executor)
+    if workload is not None:
+        raise BadRequest(workload, code="bad-workload")
     problems = gw.never_fits(spec)
     if problems:
         raise Unprocessable(
