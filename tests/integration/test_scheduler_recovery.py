@@ -799,3 +799,23 @@ async def test_a_cordon_placed_while_claims_are_restored_keeps_an_unstarted_plac
     assert "placed" not in (await ledger.snapshot()).claims
     assert [type(e) for e in events] == [JobLaunchFailed], "given back, never launched (nor stopped)"
     await s.close()
+
+
+async def test_a_job_placed_in_the_pass_of_its_submission_is_announced_once(
+    settings: Settings, bus: Bus, fleet: None, ledger: Ledger
+) -> None:
+    """A job new in a pass is announced once, as the pass leaves it (created, `previous` empty): placed at once,
+    its `queued` state is not announced before it; one that waits is announced as queued; later changes are each
+    announced with the state they left."""
+    s = await _scheduler(settings, bus, ledger)
+    await s.on_events([_submit("a"), _submit("b"), _submit("x")])  # two nodes of 8 GPUs: x waits
+    await s.on_events([JobStarted(job_id="a", attempt=1, started_at=time.time())])
+
+    async def changes(job: str) -> list[tuple[str, str, bool]]:
+        found = await bus.read_since(DECISIONS, bus.names.decision_state(job), 0, Decoder(JobStateChanged))
+        return [(c.previous, c.record.state.value, c.record.placement is not None) for c in found]
+
+    assert await changes("a") == [("", "pending", True), ("pending", "running", True)]
+    assert await changes("b") == [("", "pending", True)]
+    assert await changes("x") == [("", "pending", False)]
+    await s.close()

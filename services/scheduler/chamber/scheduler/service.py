@@ -93,12 +93,19 @@ class _Pending:
     """`_confirm` found this leader holding the fence over a whole ledger: only then is anything executed."""
 
     def write(self, change: Change) -> None:
-        """The record is written once per pass (its latest version); every change to announce is published."""
+        """The record is written once per pass (its latest version); every change to announce is published,
+        except that a job new in this pass is announced once, as it ends the pass (as created: `previous` None).
+        Most jobs are placed in the pass that takes in their submission, and a `queued` announcement followed by
+        a `placed` one at once told nobody anything the second does not: it cost a stored message per job."""
         first = self.writes.get(change.record.id)
         previous = first.previous if first is not None else change.previous
         self.writes[change.record.id] = Change(change.record, previous, change.publish)
         if change.publish:
-            self.announce.setdefault(change.record.id, []).append(change)
+            announced = self.announce.setdefault(change.record.id, [])
+            if len(announced) == 1 and announced[0].previous is None:
+                announced[0] = Change(change.record, None)
+            else:
+                announced.append(change)
 
 
 class Scheduler:
