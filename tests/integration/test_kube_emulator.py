@@ -460,3 +460,60 @@ async def test_a_burst_of_jobs_passes_the_gateways_intake_gate(cluster: Running,
         await task
         bus.publish = publish
         await kube.close()
+
+
+async def test_jobs_waiting_at_the_intake_gate_hold_up_no_cancel(
+    cluster: Running, bus: Any, settings: Settings
+) -> None:
+    """New Jobs wait for their turn at the gate apart from the watch: a deleted Job's cancel goes out at once
+    behind a burst of waiting Jobs (it used to wait up to a second per Job ahead of it), and a Job deleted while
+    it waits is never submitted."""
+    from chamber.common.clock import SystemClock
+    from chamber.common.jobstore import JobStore
+    from chamber.common.kube.client import JOBS
+    from chamber.common.kube.workloads import job_id_for
+    from chamber.common.runtime import Context
+    from chamber.gateway.intake import IntakeGate
+    from chamber.gateway.kube_intake import Intake
+    from tests.support.kube import gpu_job
+
+    kube = KubeClient.connect(cluster.url)
+    published: list[tuple[str, str]] = []
+    publish = bus.publish
+
+    async def recording(subject: str, value: Any, **kw: Any) -> Any:
+        published.append((type(value).__name__, getattr(value, "job_id", "")))
+        return await publish(subject, value, **kw)
+
+    bus.publish = recording
+    gate = IntakeGate(1, max_wait_s=30.0, forget_s=30.0)
+    intake = Intake(Context(settings, "gateway", SystemClock(), bus.names), bus, kube, await JobStore.open(bus),
+                    gate=gate)  # fmt: skip
+    stop = asyncio.Event()
+    task = asyncio.create_task(intake.run(stop))
+    ids: dict[str, str] = {}
+    try:
+        for name in ("first", "second", "third"):
+            job = gpu_job(name)
+            job["metadata"]["labels"]["chamber.io/managed"] = "true"  # as the mutating webhook marks it
+            job["spec"]["suspend"] = True
+            made = await kube.create(JOBS, job, "default")
+            ids[name] = job_id_for(made["metadata"]["uid"])
+        await eventually(lambda: published == [("JobSubmitted", ids["first"])], what="the first submitted", within=15)
+        await eventually(lambda: len(intake.waiting) == 2, what="the others waiting at the gate", within=15)
+        await kube.delete(JOBS, "first", "default")
+        await eventually(lambda: ("JobCancelRequested", ids["first"]) in published, what="the cancel", within=5)
+        await kube.delete(JOBS, "second", "default")
+        await eventually(lambda: ids["second"] not in intake.waiting, what="the waiting Job gone", within=5)
+        gate.taken(ids["first"])  # the scheduler took the first in
+        await eventually(lambda: ("JobSubmitted", ids["third"]) in published, what="the third submitted", within=15)
+        assert published == [
+            ("JobSubmitted", ids["first"]),
+            ("JobCancelRequested", ids["first"]),
+            ("JobSubmitted", ids["third"]),
+        ], "the second Job, deleted while it waited, was never submitted nor cancelled"
+    finally:
+        stop.set()
+        await task
+        bus.publish = publish
+        await kube.close()

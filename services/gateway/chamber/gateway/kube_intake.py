@@ -192,6 +192,14 @@ class Intake:
         self.client = client
         self.store = store
         self.submitted: set[str] = set()
+        self.waiting: dict[str, JobSubmitted] = {}
+        """New Jobs' submits waiting for their turn at the gate, in the order their Jobs were seen: a worker sends
+        them (`_send_waiting`) while the watch goes on, so a burst of new Jobs does not hold up the events after
+        it (a deleted Job's cancel waited up to a second per Job ahead of it)."""
+        self._sending: str | None = None
+        """The job whose submit the worker is publishing now (its Job deleted meanwhile is cancelled after it)."""
+        self._cancel_after: set[str] = set()
+        self._arrived = asyncio.Event()
         self.unsent = Outbox(bus, "kube_intake")
         """Submits and cancels JetStream did not store (NATS away), published again every `RETRY_S` until stored:
         the Job may not change again for a watch event to bring it back."""
@@ -207,14 +215,18 @@ class Intake:
         job_id = job_id_for(uid)
         if kind == "DELETED":
             self.submitted.discard(job_id)
-            await self._publish(self.bus.names.job_cancel(job_id),
-                                JobCancelRequested(job_id=job_id, requested_at=self.ctx.clock.now()),
-                                f"{job_id}:cancel")  # fmt: skip
+            if self.waiting.pop(job_id, None) is not None:
+                return  # never submitted: nothing to cancel
+            if job_id == self._sending:
+                self._cancel_after.add(job_id)  # its submit is on its way: the cancel goes after it
+                return
+            await self._cancel(job_id)
             return
         if job_outcome(job) is not None:
             self.submitted.discard(job_id)  # finished: the scheduler has its outcome from the executor
+            self.waiting.pop(job_id, None)
             return
-        if job_id in self.submitted:
+        if job_id in self.submitted or job_id in self.waiting or job_id == self._sending:
             return
         try:
             runtime = None
@@ -232,15 +244,42 @@ class Intake:
                         reason=str(exc))  # fmt: skip
             return
         submitted_at = timestamp(meta(job).get("creationTimestamp")) or self.ctx.clock.now()
-        await self.gate.admit(job_id)
-        try:
-            await self._publish(self.bus.names.job_submit(job_id),
-                                JobSubmitted(job_id=job_id, spec=spec, submitted_at=submitted_at), job_id)  # fmt: skip
-        except BaseException:
-            self.gate.taken(job_id)
-            raise
-        self.submitted.add(job_id)
-        log.info("kube_intake.submitted", job_id=job_id, job=spec.name, team=spec.team, gpus=spec.gpus)
+        self.waiting[job_id] = JobSubmitted(job_id=job_id, spec=spec, submitted_at=submitted_at)
+        self._arrived.set()
+
+    async def _send_waiting(self, stop: asyncio.Event) -> None:
+        """Submit the waiting Jobs in the order they were seen, each once the gate lets it through."""
+        while not stop.is_set():
+            if not self.waiting:
+                self._arrived.clear()
+                await wait_event(self._arrived, 0.5)  # (and the stop is looked at twice a second)
+                continue
+            job_id, submit = next(iter(self.waiting.items()))
+            await self.gate.admit(job_id)
+            if self.waiting.get(job_id) is not submit:
+                self.gate.taken(job_id)  # its Job was deleted (or finished) while it waited
+                continue
+            del self.waiting[job_id]
+            self._sending = job_id
+            try:
+                await self._publish(self.bus.names.job_submit(job_id), submit, job_id)
+            except BaseException:
+                self.gate.taken(job_id)
+                raise
+            finally:
+                self._sending = None
+            if job_id in self._cancel_after:
+                self._cancel_after.discard(job_id)
+                await self._cancel(job_id)
+                continue
+            self.submitted.add(job_id)
+            spec = submit.spec
+            log.info("kube_intake.submitted", job_id=job_id, job=spec.name, team=spec.team, gpus=spec.gpus)
+
+    async def _cancel(self, job_id: str) -> None:
+        await self._publish(self.bus.names.job_cancel(job_id),
+                            JobCancelRequested(job_id=job_id, requested_at=self.ctx.clock.now()),
+                            f"{job_id}:cancel")  # fmt: skip
 
     async def _runtime(self, trainjob: Obj) -> Obj | None:
         """The TrainJob's training runtime, retried a few times when the API does not answer."""
@@ -269,9 +308,7 @@ class Intake:
                 and (namespaces is None or ref.namespace in namespaces)
             ):  # fmt: skip
                 log.info("kube_intake.job_gone", job_id=job_id, job=ref.name, namespace=ref.namespace)
-                await self._publish(self.bus.names.job_cancel(job_id),
-                                    JobCancelRequested(job_id=job_id, requested_at=self.ctx.clock.now()),
-                                    f"{job_id}:cancel")  # fmt: skip
+                await self._cancel(job_id)
 
     def _namespaces(self) -> set[str] | None:
         raw = self.ctx.settings.kube_namespaces
@@ -298,7 +335,7 @@ class Intake:
                       on_synced=self.on_synced, name=f"{res.plural}/{ns or '*'}")
             for res in resources for ns in namespaces
         ]  # fmt: skip
-        await asyncio.gather(self._send_unsent(stop), *(r.run(stop) for r in self.reflectors))
+        await asyncio.gather(self._send_unsent(stop), self._send_waiting(stop), *(r.run(stop) for r in self.reflectors))
 
 
 def _ssl(cert_dir: str) -> dict[str, str]:
