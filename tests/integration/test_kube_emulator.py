@@ -467,7 +467,7 @@ async def test_jobs_waiting_at_the_intake_gate_hold_up_no_cancel(
 ) -> None:
     """New Jobs wait for their turn at the gate apart from the watch: a deleted Job's cancel goes out at once
     behind a burst of waiting Jobs (it used to wait up to a second per Job ahead of it), and a Job deleted while
-    it waits is never submitted."""
+    it waits is never submitted (but cancelled: after a restart, a Job an earlier gateway submitted waits too)."""
     from chamber.common.clock import SystemClock
     from chamber.common.jobstore import JobStore
     from chamber.common.kube.client import JOBS
@@ -505,13 +505,113 @@ async def test_jobs_waiting_at_the_intake_gate_hold_up_no_cancel(
         await eventually(lambda: ("JobCancelRequested", ids["first"]) in published, what="the cancel", within=5)
         await kube.delete(JOBS, "second", "default")
         await eventually(lambda: ids["second"] not in intake.waiting, what="the waiting Job gone", within=5)
+        await eventually(lambda: ("JobCancelRequested", ids["second"]) in published, what="its cancel", within=5)
         gate.taken(ids["first"])  # the scheduler took the first in
         await eventually(lambda: ("JobSubmitted", ids["third"]) in published, what="the third submitted", within=15)
         assert published == [
             ("JobSubmitted", ids["first"]),
             ("JobCancelRequested", ids["first"]),
+            ("JobCancelRequested", ids["second"]),
             ("JobSubmitted", ids["third"]),
-        ], "the second Job, deleted while it waited, was never submitted nor cancelled"
+        ], "the second Job, deleted while it waited, was never submitted"
+    finally:
+        stop.set()
+        await task
+        bus.publish = publish
+        await kube.close()
+
+
+async def test_a_relisted_job_deleted_while_it_waits_is_still_cancelled(
+    cluster: Running, bus: Any, settings: Settings
+) -> None:
+    """After a gateway restart the list brings every Job again: one a previous gateway submitted (its record is
+    known) queues behind a new one waiting at the gate. Deleted then, its Chamber job must still be cancelled."""
+    from chamber.common.clock import SystemClock
+    from chamber.common.contracts import JobSubmitted
+    from chamber.common.jobstore import JobStore
+    from chamber.common.kube.client import JOBS
+    from chamber.common.kube.workloads import job_id_for, job_spec
+    from chamber.common.runtime import Context
+    from chamber.gateway.intake import IntakeGate
+    from chamber.gateway.kube_intake import Intake
+    from tests.support.kube import gpu_job
+
+    kube = KubeClient.connect(cluster.url)
+    ids: dict[str, str] = {}
+    for name in ("fresh", "old"):
+        job = gpu_job(name)
+        job["metadata"]["labels"]["chamber.io/managed"] = "true"
+        job["spec"]["suspend"] = True
+        made = await kube.create(JOBS, job, "default")
+        ids[name] = job_id_for(made["metadata"]["uid"])
+        if name == "old":  # submitted by the gateway before it restarted
+            await bus.publish(
+                bus.names.job_submit(ids[name]),
+                JobSubmitted(job_id=ids[name], spec=job_spec(made), submitted_at=0.0),
+                msg_id=ids[name],
+            )
+    published: list[tuple[str, str]] = []
+    publish = bus.publish
+
+    async def recording(subject: str, value: Any, **kw: Any) -> Any:
+        published.append((type(value).__name__, getattr(value, "job_id", "")))
+        return await publish(subject, value, **kw)
+
+    bus.publish = recording
+    gate = IntakeGate(1, max_wait_s=30.0, forget_s=30.0, known=lambda j: j == ids["old"])
+    await gate.admit("an-api-submit")  # the gateway's gate is full with API submits
+    intake = Intake(Context(settings, "gateway", SystemClock(), bus.names), bus, kube, await JobStore.open(bus),
+                    gate=gate)  # fmt: skip
+    stop = asyncio.Event()
+    task = asyncio.create_task(intake.run(stop))
+    try:
+        await eventually(lambda: len(intake.waiting) == 2, what="both relisted Jobs waiting", within=15)
+        await kube.delete(JOBS, "old", "default")
+        await eventually(lambda: ids["old"] not in intake.waiting, what="the delete seen", within=5)
+        await asyncio.sleep(1.0)
+        assert ("JobCancelRequested", ids["old"]) in published, f"the old job is never cancelled: {published}"
+    finally:
+        stop.set()
+        await task
+        bus.publish = publish
+        await kube.close()
+
+
+async def test_one_failed_submit_does_not_end_the_intake(cluster: Running, bus: Any, settings: Settings) -> None:
+    """An unexpected error publishing one submit (anything but a BusError) is logged, and the intake goes on with
+    the next Job (the failed one is tried again at its Job's next event or list), as it did when the watch handler
+    published (`Reflector._deliver` logged it)."""
+    from chamber.common.clock import SystemClock
+    from chamber.common.jobstore import JobStore
+    from chamber.common.kube.client import JOBS
+    from chamber.common.runtime import Context
+    from chamber.gateway.kube_intake import Intake
+    from tests.support.kube import gpu_job
+
+    kube = KubeClient.connect(cluster.url)
+    published: list[str] = []
+    publish = bus.publish
+    failed: list[str] = []
+
+    async def flaky(subject: str, value: Any, **kw: Any) -> Any:
+        if not failed:
+            failed.append(value.job_id)
+            raise RuntimeError("injected: not a BusError")
+        published.append(value.job_id)
+        return await publish(subject, value, **kw)
+
+    bus.publish = flaky
+    intake = Intake(Context(settings, "gateway", SystemClock(), bus.names), bus, kube, await JobStore.open(bus))
+    stop = asyncio.Event()
+    task = asyncio.create_task(intake.run(stop))
+    try:
+        for name in ("first", "second"):
+            job = gpu_job(name)
+            job["metadata"]["labels"]["chamber.io/managed"] = "true"
+            job["spec"]["suspend"] = True
+            await kube.create(JOBS, job, "default")
+            await asyncio.sleep(0.5)
+        await eventually(lambda: len(published) >= 1, what="the second Job submitted", within=10)
     finally:
         stop.set()
         await task

@@ -808,7 +808,8 @@ async def test_a_job_placed_in_the_pass_of_its_submission_is_announced_once(
     its `queued` state is not announced before it; one that waits is announced as queued; later changes are each
     announced with the state they left."""
     s = await _scheduler(settings, bus, ledger)
-    await s.on_events([_submit("a"), _submit("b"), _submit("x")])  # two nodes of 8 GPUs: x waits
+    cancel = JobCancelRequested(job_id="c", requested_at=time.time())
+    await s.on_events([_submit("a"), _submit("b"), _submit("x"), _submit("c"), cancel])  # two nodes of 8 GPUs
     await s.on_events([JobStarted(job_id="a", attempt=1, started_at=time.time())])
 
     async def changes(job: str) -> list[tuple[str, str, bool]]:
@@ -818,4 +819,5 @@ async def test_a_job_placed_in_the_pass_of_its_submission_is_announced_once(
     assert await changes("a") == [("", "pending", True), ("pending", "running", True)]
     assert await changes("b") == [("", "pending", True)]
     assert await changes("x") == [("", "pending", False)]
+    assert await changes("c") == [("", "cancelled", False)]
     await s.close()

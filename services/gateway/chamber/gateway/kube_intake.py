@@ -215,8 +215,10 @@ class Intake:
         job_id = job_id_for(uid)
         if kind == "DELETED":
             self.submitted.discard(job_id)
-            if self.waiting.pop(job_id, None) is not None:
-                return  # never submitted: nothing to cancel
+            # A Job deleted while it waits is not submitted. It is cancelled all the same: one seen again after a
+            # restart waits too, though an earlier gateway submitted it (the scheduler ignores a cancel of a job
+            # it has no record of).
+            self.waiting.pop(job_id, None)
             if job_id == self._sending:
                 self._cancel_after.add(job_id)  # its submit is on its way: the cancel goes after it
                 return
@@ -263,6 +265,11 @@ class Intake:
             self._sending = job_id
             try:
                 await self._publish(self.bus.names.job_submit(job_id), submit, job_id)
+            except Exception:  # not marked submitted: the next event or relist of its Job tries again
+                log.exception("kube_intake.submit_failed", job_id=job_id, job=submit.spec.name)
+                self.gate.taken(job_id)
+                self._cancel_after.discard(job_id)
+                continue
             except BaseException:
                 self.gate.taken(job_id)
                 raise

@@ -80,7 +80,7 @@ class _Pending:
     placed: list[Place] = field(default_factory=list)
     announce: dict[str, list[Change]] = field(default_factory=dict)
     """Every transition of each record in this pass, in order (a job started and finished in one batch is still
-    announced as both on DECISIONS)."""
+    announced as both on DECISIONS), except those of a job new in the pass: it is announced once (`write`)."""
     published: list[Change] = field(default_factory=list)
     conflicts: set[str] = field(default_factory=set)
     placing: dict[str, JobRecord] = field(default_factory=dict)
