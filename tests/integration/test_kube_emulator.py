@@ -3,7 +3,8 @@ Chamber relies on (identity fields, selectors, PUT, binding, eviction with budge
 expire, strategic merge, discovery), and the reflector surviving a 410."""
 
 import asyncio
-from collections.abc import AsyncIterator
+import contextlib
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
@@ -419,46 +420,76 @@ def test_a_malformed_block_in_the_ca_bundle_does_not_drop_the_ca_still_served() 
     assert ca_bundle(new, b"", now) == new
 
 
-async def test_a_burst_of_jobs_passes_the_gateways_intake_gate(cluster: Running, bus: Any, settings: Settings) -> None:
-    """Jobs made in Kubernetes are submitted no faster than the scheduler takes submits in, as API submits are
-    (`IntakeGate`): with one place and nothing taken in, the second Job's submit waits until the first is."""
-    from chamber.common.clock import SystemClock
-    from chamber.common.jobstore import JobStore
-    from chamber.common.kube.client import JOBS
-    from chamber.common.runtime import Context
-    from chamber.gateway.intake import IntakeGate
-    from chamber.gateway.kube_intake import Intake
+def managed_job(name: str) -> dict[str, Any]:
+    """A GPU Job as the mutating webhook leaves it: marked for Chamber and suspended."""
     from tests.support.kube import gpu_job
 
-    kube = KubeClient.connect(cluster.url)
-    submitted: list[str] = []
+    job = gpu_job(name)
+    job["metadata"]["labels"]["chamber.io/managed"] = "true"
+    job["spec"]["suspend"] = True
+    return job
+
+
+@contextlib.contextmanager
+def recorded(bus: Any, *, fail_first: bool = False) -> Iterator[list[tuple[str, str]]]:
+    """Every event published on `bus` meanwhile, as (its type, its job id); `fail_first`: the first publish
+    raises an unexpected error (not a BusError) instead."""
     publish = bus.publish
+    published: list[tuple[str, str]] = []
+    failed: list[bool] = []
 
     async def recording(subject: str, value: Any, **kw: Any) -> Any:
-        submitted.append(getattr(value, "job_id", ""))
+        if fail_first and not failed:
+            failed.append(True)
+            raise RuntimeError("injected: not a BusError")
+        published.append((type(value).__name__, getattr(value, "job_id", "")))
         return await publish(subject, value, **kw)
 
     bus.publish = recording
-    gate = IntakeGate(1, max_wait_s=30.0, forget_s=30.0)
+    try:
+        yield published
+    finally:
+        bus.publish = publish
+
+
+@contextlib.asynccontextmanager
+async def running_intake(settings: Settings, bus: Any, kube: KubeClient, gate: Any = None) -> AsyncIterator[Any]:
+    """The gateway's Kubernetes intake, watching the emulated cluster until the block ends."""
+    from chamber.common.clock import SystemClock
+    from chamber.common.jobstore import JobStore
+    from chamber.common.runtime import Context
+    from chamber.gateway.kube_intake import Intake
+
     intake = Intake(Context(settings, "gateway", SystemClock(), bus.names), bus, kube, await JobStore.open(bus),
                     gate=gate)  # fmt: skip
     stop = asyncio.Event()
     task = asyncio.create_task(intake.run(stop))
     try:
-        for name in ("first", "second"):
-            job = gpu_job(name)
-            job["metadata"]["labels"]["chamber.io/managed"] = "true"  # as the mutating webhook marks it
-            job["spec"]["suspend"] = True
-            await kube.create(JOBS, job, "default")
-        await eventually(lambda: len(submitted) == 1, what="the first Job submitted", within=15)
-        await asyncio.sleep(1.0)
-        assert len(submitted) == 1, "the second waits while the first is not taken in"
-        gate.taken(submitted[0])  # the scheduler wrote its record
-        await eventually(lambda: len(submitted) == 2, what="the second Job submitted", within=15)
+        yield intake
     finally:
         stop.set()
         await task
-        bus.publish = publish
+
+
+async def test_a_burst_of_jobs_passes_the_gateways_intake_gate(cluster: Running, bus: Any, settings: Settings) -> None:
+    """Jobs made in Kubernetes are submitted no faster than the scheduler takes submits in, as API submits are
+    (`IntakeGate`): with one place and nothing taken in, the second Job's submit waits until the first is."""
+    from chamber.common.kube.client import JOBS
+    from chamber.gateway.intake import IntakeGate
+
+    kube = KubeClient.connect(cluster.url)
+    gate = IntakeGate(1, max_wait_s=30.0, forget_s=30.0)
+    try:
+        with recorded(bus) as published:
+            async with running_intake(settings, bus, kube, gate):
+                for name in ("first", "second"):
+                    await kube.create(JOBS, managed_job(name), "default")
+                await eventually(lambda: len(published) == 1, what="the first Job submitted", within=15)
+                await asyncio.sleep(1.0)
+                assert len(published) == 1, "the second waits while the first is not taken in"
+                gate.taken(published[0][1])  # the scheduler wrote its record
+                await eventually(lambda: len(published) == 2, what="the second Job submitted", within=15)
+    finally:
         await kube.close()
 
 
@@ -468,56 +499,39 @@ async def test_jobs_waiting_at_the_intake_gate_hold_up_no_cancel(
     """New Jobs wait for their turn at the gate apart from the watch: a deleted Job's cancel goes out at once
     behind a burst of waiting Jobs (it used to wait up to a second per Job ahead of it), and a Job deleted while
     it waits is never submitted (but cancelled: after a restart, a Job an earlier gateway submitted waits too)."""
-    from chamber.common.clock import SystemClock
-    from chamber.common.jobstore import JobStore
     from chamber.common.kube.client import JOBS
     from chamber.common.kube.workloads import job_id_for
-    from chamber.common.runtime import Context
     from chamber.gateway.intake import IntakeGate
-    from chamber.gateway.kube_intake import Intake
-    from tests.support.kube import gpu_job
 
     kube = KubeClient.connect(cluster.url)
-    published: list[tuple[str, str]] = []
-    publish = bus.publish
-
-    async def recording(subject: str, value: Any, **kw: Any) -> Any:
-        published.append((type(value).__name__, getattr(value, "job_id", "")))
-        return await publish(subject, value, **kw)
-
-    bus.publish = recording
     gate = IntakeGate(1, max_wait_s=30.0, forget_s=30.0)
-    intake = Intake(Context(settings, "gateway", SystemClock(), bus.names), bus, kube, await JobStore.open(bus),
-                    gate=gate)  # fmt: skip
-    stop = asyncio.Event()
-    task = asyncio.create_task(intake.run(stop))
     ids: dict[str, str] = {}
     try:
-        for name in ("first", "second", "third"):
-            job = gpu_job(name)
-            job["metadata"]["labels"]["chamber.io/managed"] = "true"  # as the mutating webhook marks it
-            job["spec"]["suspend"] = True
-            made = await kube.create(JOBS, job, "default")
-            ids[name] = job_id_for(made["metadata"]["uid"])
-        await eventually(lambda: published == [("JobSubmitted", ids["first"])], what="the first submitted", within=15)
-        await eventually(lambda: len(intake.waiting) == 2, what="the others waiting at the gate", within=15)
-        await kube.delete(JOBS, "first", "default")
-        await eventually(lambda: ("JobCancelRequested", ids["first"]) in published, what="the cancel", within=5)
-        await kube.delete(JOBS, "second", "default")
-        await eventually(lambda: ids["second"] not in intake.waiting, what="the waiting Job gone", within=5)
-        await eventually(lambda: ("JobCancelRequested", ids["second"]) in published, what="its cancel", within=5)
-        gate.taken(ids["first"])  # the scheduler took the first in
-        await eventually(lambda: ("JobSubmitted", ids["third"]) in published, what="the third submitted", within=15)
-        assert published == [
-            ("JobSubmitted", ids["first"]),
-            ("JobCancelRequested", ids["first"]),
-            ("JobCancelRequested", ids["second"]),
-            ("JobSubmitted", ids["third"]),
-        ], "the second Job, deleted while it waited, was never submitted"
+        with recorded(bus) as published:
+            async with running_intake(settings, bus, kube, gate) as intake:
+                for name in ("first", "second", "third"):
+                    made = await kube.create(JOBS, managed_job(name), "default")
+                    ids[name] = job_id_for(made["metadata"]["uid"])
+                first = ("JobSubmitted", ids["first"])
+                await eventually(lambda: published == [first], what="the first submitted", within=15)
+                await eventually(lambda: len(intake.waiting) == 2, what="the others waiting at the gate", within=15)
+                await kube.delete(JOBS, "first", "default")
+                cancel = ("JobCancelRequested", ids["first"])
+                await eventually(lambda: cancel in published, what="the cancel", within=5)
+                await kube.delete(JOBS, "second", "default")
+                await eventually(lambda: ids["second"] not in intake.waiting, what="the waiting Job gone", within=5)
+                cancel = ("JobCancelRequested", ids["second"])
+                await eventually(lambda: cancel in published, what="its cancel", within=5)
+                gate.taken(ids["first"])  # the scheduler took the first in
+                third = ("JobSubmitted", ids["third"])
+                await eventually(lambda: third in published, what="the third submitted", within=15)
+                assert published == [
+                    ("JobSubmitted", ids["first"]),
+                    ("JobCancelRequested", ids["first"]),
+                    ("JobCancelRequested", ids["second"]),
+                    ("JobSubmitted", ids["third"]),
+                ], "the second Job, deleted while it waited, was never submitted"
     finally:
-        stop.set()
-        await task
-        bus.publish = publish
         await kube.close()
 
 
@@ -526,54 +540,33 @@ async def test_a_relisted_job_deleted_while_it_waits_is_still_cancelled(
 ) -> None:
     """After a gateway restart the list brings every Job again: one a previous gateway submitted (its record is
     known) queues behind a new one waiting at the gate. Deleted then, its Chamber job must still be cancelled."""
-    from chamber.common.clock import SystemClock
     from chamber.common.contracts import JobSubmitted
-    from chamber.common.jobstore import JobStore
     from chamber.common.kube.client import JOBS
     from chamber.common.kube.workloads import job_id_for, job_spec
-    from chamber.common.runtime import Context
     from chamber.gateway.intake import IntakeGate
-    from chamber.gateway.kube_intake import Intake
-    from tests.support.kube import gpu_job
 
     kube = KubeClient.connect(cluster.url)
     ids: dict[str, str] = {}
-    for name in ("fresh", "old"):
-        job = gpu_job(name)
-        job["metadata"]["labels"]["chamber.io/managed"] = "true"
-        job["spec"]["suspend"] = True
-        made = await kube.create(JOBS, job, "default")
-        ids[name] = job_id_for(made["metadata"]["uid"])
-        if name == "old":  # submitted by the gateway before it restarted
-            await bus.publish(
-                bus.names.job_submit(ids[name]),
-                JobSubmitted(job_id=ids[name], spec=job_spec(made), submitted_at=0.0),
-                msg_id=ids[name],
-            )
-    published: list[tuple[str, str]] = []
-    publish = bus.publish
-
-    async def recording(subject: str, value: Any, **kw: Any) -> Any:
-        published.append((type(value).__name__, getattr(value, "job_id", "")))
-        return await publish(subject, value, **kw)
-
-    bus.publish = recording
-    gate = IntakeGate(1, max_wait_s=30.0, forget_s=30.0, known=lambda j: j == ids["old"])
-    await gate.admit("an-api-submit")  # the gateway's gate is full with API submits
-    intake = Intake(Context(settings, "gateway", SystemClock(), bus.names), bus, kube, await JobStore.open(bus),
-                    gate=gate)  # fmt: skip
-    stop = asyncio.Event()
-    task = asyncio.create_task(intake.run(stop))
     try:
-        await eventually(lambda: len(intake.waiting) == 2, what="both relisted Jobs waiting", within=15)
-        await kube.delete(JOBS, "old", "default")
-        await eventually(lambda: ids["old"] not in intake.waiting, what="the delete seen", within=5)
-        await asyncio.sleep(1.0)
-        assert ("JobCancelRequested", ids["old"]) in published, f"the old job is never cancelled: {published}"
+        for name in ("fresh", "old"):
+            made = await kube.create(JOBS, managed_job(name), "default")
+            ids[name] = job_id_for(made["metadata"]["uid"])
+            if name == "old":  # submitted by the gateway before it restarted
+                await bus.publish(
+                    bus.names.job_submit(ids[name]),
+                    JobSubmitted(job_id=ids[name], spec=job_spec(made), submitted_at=0.0),
+                    msg_id=ids[name],
+                )
+        gate = IntakeGate(1, max_wait_s=30.0, forget_s=30.0, known=lambda j: j == ids["old"])
+        await gate.admit("an-api-submit")  # the gateway's gate is full with API submits
+        with recorded(bus) as published:
+            async with running_intake(settings, bus, kube, gate) as intake:
+                await eventually(lambda: len(intake.waiting) == 2, what="both relisted Jobs waiting", within=15)
+                await kube.delete(JOBS, "old", "default")
+                await eventually(lambda: ids["old"] not in intake.waiting, what="the delete seen", within=5)
+                await asyncio.sleep(1.0)
+                assert ("JobCancelRequested", ids["old"]) in published, f"the old job is never cancelled: {published}"
     finally:
-        stop.set()
-        await task
-        bus.publish = publish
         await kube.close()
 
 
@@ -581,39 +574,15 @@ async def test_one_failed_submit_does_not_end_the_intake(cluster: Running, bus: 
     """An unexpected error publishing one submit (anything but a BusError) is logged, and the intake goes on with
     the next Job (the failed one is tried again at its Job's next event or list), as it did when the watch handler
     published (`Reflector._deliver` logged it)."""
-    from chamber.common.clock import SystemClock
-    from chamber.common.jobstore import JobStore
     from chamber.common.kube.client import JOBS
-    from chamber.common.runtime import Context
-    from chamber.gateway.kube_intake import Intake
-    from tests.support.kube import gpu_job
 
     kube = KubeClient.connect(cluster.url)
-    published: list[str] = []
-    publish = bus.publish
-    failed: list[str] = []
-
-    async def flaky(subject: str, value: Any, **kw: Any) -> Any:
-        if not failed:
-            failed.append(value.job_id)
-            raise RuntimeError("injected: not a BusError")
-        published.append(value.job_id)
-        return await publish(subject, value, **kw)
-
-    bus.publish = flaky
-    intake = Intake(Context(settings, "gateway", SystemClock(), bus.names), bus, kube, await JobStore.open(bus))
-    stop = asyncio.Event()
-    task = asyncio.create_task(intake.run(stop))
     try:
-        for name in ("first", "second"):
-            job = gpu_job(name)
-            job["metadata"]["labels"]["chamber.io/managed"] = "true"
-            job["spec"]["suspend"] = True
-            await kube.create(JOBS, job, "default")
-            await asyncio.sleep(0.5)
-        await eventually(lambda: len(published) >= 1, what="the second Job submitted", within=10)
+        with recorded(bus, fail_first=True) as published:
+            async with running_intake(settings, bus, kube):
+                for name in ("first", "second"):
+                    await kube.create(JOBS, managed_job(name), "default")
+                    await asyncio.sleep(0.5)
+                await eventually(lambda: len(published) >= 1, what="the second Job submitted", within=10)
     finally:
-        stop.set()
-        await task
-        bus.publish = publish
         await kube.close()
