@@ -53,7 +53,7 @@ def build_state(
                     end = run.started_at + max(0.0, total - record.run_s)
                     run.est_end = end if run.est_end is None else min(run.est_end, end)
             state.running[record.id] = run
-            state.by_team.setdefault((run.team, run.pool), {})[run.id] = run
+            state.track(run)
             state.count_preemptible(run, +1)
             for ref in run.gpus:  # two records on one GPU: the one the ledger backs holds it
                 owner = owners.get(ref.slot)

@@ -19,6 +19,7 @@ from chamber.common.priorities import DEFAULT_CLASSES, PriorityClass
 from chamber.common.quota import QuotaBook, QuotaUsage, borrowed_jobs
 from chamber.scheduler.core.decisions import Decision, Place
 from chamber.scheduler.core.estimates import RuntimePredictor
+from chamber.scheduler.core.fill_order import FillOrder
 from chamber.scheduler.core.fleet import FleetIndex
 from chamber.scheduler.core.model import PendingJob, RunningJob
 from chamber.scheduler.core.queue import JobQueue
@@ -109,8 +110,8 @@ class SchedulingState:
         """(team, pool) -> GPUs held, for quota admission."""
         self.budget_blocks: dict[str, str] = {}
         """team -> budget mode in force ("block-preemptible" or "block-all")."""
-        self.by_team: dict[tuple[str, str], dict[str, RunningJob]] = {}
-        """(team, pool) -> its running jobs there."""
+        self.by_team: dict[tuple[str, str], FillOrder] = {}
+        """(team, pool) -> its running jobs there, in the order they fill its quota."""
         self.preemptible_usage: dict[tuple[str, str], dict[int, int]] = {}
         """(team, pool) -> priority -> GPUs held by preemptible jobs: what a team's higher-priority job may displace."""
         self.ctx: CycleContext | None = None
@@ -188,7 +189,7 @@ class SchedulingState:
         job = self.running.pop(job_id, None)
         if job is None:
             return None
-        self.by_team.get((job.team, job.pool), {}).pop(job_id, None)
+        self.untrack(job)
         if self.quota_on:
             self.usage.add(job.team, job.pool, -len(job.gpus))
         self.count_preemptible(job, -1)
@@ -234,7 +235,7 @@ class SchedulingState:
         """A job that already holds its GPUs (re-read from the store); on the slots in `yields` (where it did not
         hold the GPU before) a job that holds it keeps it (see `contested`)."""
         self.running[job.id] = job
-        self.by_team.setdefault((job.team, job.pool), {})[job.id] = job
+        self.track(job)
         self.count_preemptible(job, +1)
         if self.quota_on:
             self.usage.add(job.team, job.pool, len(job.gpus))
@@ -317,7 +318,9 @@ class SchedulingState:
         if job is not None and job.started_at != started_at:
             if job.est_end is not None:
                 job.est_end += started_at - job.started_at
+            self.untrack(job)
             job.started_at = started_at
+            self.track(job)
 
     def cordon(self, slot: str, cordon: Cordon) -> None:
         """A GPU became unschedulable: the next cycle interrupts its job (at once when the cordon is fatal)."""
@@ -364,9 +367,11 @@ class SchedulingState:
         placement marks its own job as it is made, and re-marks its team's jobs in the pool when it was admitted
         by counting the team's lower-priority work as borrowing)."""
         if team is not None and pool is not None:
-            jobs = list(self.by_team.get((team, pool), {}).values())
-        else:
-            jobs = list(self.running.values())
+            order = self.by_team.get((team, pool))
+            if order is not None:
+                order.mark_borrowed(self.quota_nominal(team, pool) if self.quota_on else None)
+            return
+        jobs = list(self.running.values())
         borrowed: set[str] = set()
         if self.quota is not None and self.quota.enabled:
             borrowed = borrowed_jobs(self.quota, ((j.id, j.team, j.pool, len(j.gpus), j.priority, j.started_at)
@@ -401,7 +406,7 @@ class SchedulingState:
         self.queue.remove(job.id)
         pool = self.pool_of(gpus[0].node)
         run = self.running[job.id] = job.start(gpus, now, pool=pool, borrowed=borrowing)
-        self.by_team.setdefault((job.team, pool), {})[job.id] = run
+        self.track(run)
         self.count_preemptible(run, +1)
         if self.quota_on:
             beyond = self.usage.get((job.team, pool)) + len(gpus) > self.quota_nominal(job.team, pool)
@@ -409,6 +414,20 @@ class SchedulingState:
             if beyond and not borrowing:
                 self.mark_borrowed(job.team, pool)  # admitted by counting the team's lower work as borrowing
         return Place(job.id, job.attempt + 1, gpus, reason)
+
+    def track(self, job: RunningJob) -> None:
+        """Keep a running job in its team's fill order (`by_team`)."""
+        order = self.by_team.get((job.team, job.pool))
+        if order is None:
+            order = self.by_team[(job.team, job.pool)] = FillOrder()
+        order.add(job)
+
+    def untrack(self, job: RunningJob) -> None:
+        order = self.by_team.get((job.team, job.pool))
+        if order is not None:
+            order.remove(job.id)
+            if not order:
+                del self.by_team[(job.team, job.pool)]
 
     def count_preemptible(self, job: RunningJob, sign: int) -> None:
         if not job.preemptible:
