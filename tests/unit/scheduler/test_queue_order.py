@@ -2,11 +2,13 @@
 aged, a sub-queue's head is its first job in (aged first, rank, submit time) order, and the look-ahead after the
 head yields each waiting job once, in that order."""
 
+import heapq
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from chamber.scheduler.core.model import PendingJob, Shape
-from chamber.scheduler.core.queue import AGED, JobQueue
+from chamber.scheduler.core.queue import AGED, JobQueue, smallest
 
 SHAPE = Shape(per_replica=1, replicas=1)
 
@@ -45,3 +47,10 @@ def test_heads_and_look_ahead_follow_aged_rank_submit_order(steps: list[tuple[st
     if key is not None:
         after = [j.id for j in queue.after_head(key, 100)]
         assert after == [j.id for j in expected[1:]]
+
+
+@settings(max_examples=300, deadline=None)
+@given(items=st.lists(st.integers(-50, 50)), k=st.integers(0, 12))
+def test_smallest_of_a_heap_is_what_nsmallest_gives(items: list[int], k: int) -> None:
+    heapq.heapify(items)
+    assert smallest(items, k) == heapq.nsmallest(k, items)
