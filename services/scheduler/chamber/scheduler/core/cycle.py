@@ -282,13 +282,18 @@ class _Cycle:
         # Two passes under quotas (as Kueue orders its heads): first every job its team's guarantee admits, then
         # the ones that would borrow, so a borrower never takes in a cycle what a guaranteed job needs in it.
         ctx.borrowing = not state.quota_on
-        first = Walk(queue, queue.heads(standing))
+        items = queue.heads(standing)
+        later: list[Entry] = []
+        groups: list[Entry] = []
+        if state.quota_on and not (self.config.strict_fifo or self.config.strict_fifo_per_team):
+            items, later, groups = self._split_by_guarantee(items)
+        first = Walk(queue, items)
         deferred = self._walk(first, decisions)
         # The second pass, and the arrivals decided against this context after it, may borrow: unless the first
         # pass was cut short by the test budget, leaving guaranteed heads undecided until the next cycle.
         ctx.borrowing = ctx.tests < self.config.max_tests_per_cycle or first.pop() is None
-        if deferred and ctx.borrowing:
-            self._walk(Walk(queue, [], deferred), decisions)
+        if (deferred or later or groups) and ctx.borrowing:
+            self._walk(Walk(queue, later, deferred + groups), decisions)
         self.consolidate(decisions)
         sticky = self.config.sticky_reservations
         if sticky != "none":
@@ -348,6 +353,56 @@ class _Cycle:
         return deferred
 
     # ---- shortcuts that keep a cycle O(sub-queues that can move) ---------------------------------------------
+
+    def _split_by_guarantee(self, items: list[Entry]) -> tuple[list[Entry], list[Entry], list[Entry]]:
+        """The walk's items split, before the first pass, into those whose team's guarantee might admit a head
+        now (the first pass's) and the rest, straight to the second pass: its sub-queues in order, and its parked
+        groups at their first head's turn (as `_walk` hands a group on). A team at or above its
+        guarantee in every pool the head may use, with no lower-priority preemptible work there to displace,
+        can only borrow: the first pass would only set such a head aside for the second (or, when its quota
+        refuses even that, park it, which the second pass does as well, its usage having only grown), and
+        would only decide to hand such a parked group to the second pass (`_wake`). With a thousand teams at
+        their quota that look was most of the first pass. Both only grow harder within a cycle (usage only
+        grows, and a team's lower-priority work placed in the first pass comes after its higher-priority heads),
+        so nothing on the second list could have moved in the first pass."""
+        state, ctx, queue = self.state, self.ctx, self.state.queue
+        book = state.quota
+        assert book is not None
+        floor: dict[tuple[str, str], float] = {}
+        """(team, pool) -> the priority a head must exceed for the guarantee to admit it (-inf: below it)."""
+
+        def floor_of(team: str, pool: str) -> float:
+            found = floor.get((team, pool))
+            if found is None:
+                if state.usage.get((team, pool)) < book.quota(team, pool).nominal:
+                    found = float("-inf")
+                else:
+                    held = state.preemptible_usage.get((team, pool))
+                    found = min((p for p, n in held.items() if n > 0), default=float("inf")) if held else float("inf")
+                floor[(team, pool)] = found
+            return found
+
+        first: list[Entry] = []
+        later: list[Entry] = []
+        parked: list[Entry] = []
+        for item in items:
+            what = item[-1]
+            if isinstance(what, SubQueue):
+                priority, _, team, shape = what.key
+                pools = ctx.pools_of(state, shape)
+                if not pools or any(floor_of(team, pool) < priority for pool in pools):
+                    first.append(item)
+                else:
+                    later.append(item)
+            elif floor_of(what[0], what[1]) < what[3]:
+                first.append(item)
+            else:
+                parked.append(item)
+        groups: list[Entry] = []
+        for item in parked:
+            if queue.current(item) and (order := queue.first_order(item[-1], state.standing)) is not None:
+                groups.append(entry(order, WOKEN, next(ctx.seq), item[-1]))
+        return first, later, groups
 
     def _wake(self, group: ParkGroup) -> tuple[list[SubQueue], bool]:
         """A parked group's turn: wake the sub-queues whose heads its team's quota admits now. In the first pass
