@@ -72,9 +72,10 @@ class Parking:
     entry_order: Order | None = None
     subqueues: list[tuple[int, int, SubQueue]] = field(default_factory=list)
     """(GPUs its head asked for, tie-break, sub-queue), smallest first."""
-    first: tuple[dict[str, float], dict[str, tuple[GpuRef, ...]], Order | None] | None = None
-    """(the standings and reservations it was computed with, the least queue order among its heads now), kept
-    until one of its sub-queues changes (`JobQueue.first_order`)."""
+    first: tuple[dict[str, float], dict[str, tuple[GpuRef, ...]], Order | None, SubQueue | None] | None = None
+    """(the standings and reservations it was computed with, the least queue order among its heads now, the
+    sub-queue of that head), kept while it stays true (`JobQueue.first_order`): a sub-queue parked into the group
+    lowers it at most, and only a change to the first head's sub-queue, or a job entering one, makes it unknown."""
 
     @property
     def min_gpus(self) -> int:
@@ -182,7 +183,7 @@ class JobQueue:
         sq = self._where.pop(job_id, None)
         if sq is not None:
             self._changed.add(sq)
-            self._head_moved(sq)
+            self._head_moved(sq, entered=False)
             counts, gpus = self._waiting[sq.key[2]], sq.key[3].gpus
             counts[gpus] -= 1
             if not counts[gpus]:
@@ -195,15 +196,17 @@ class JobQueue:
 
     def _enter(self, sq: SubQueue, rank: float, job: PendingJob) -> None:
         self._changed.add(sq)
-        self._head_moved(sq)
+        self._head_moved(sq, entered=True)
         self._entries += 1
         self._entry[job.id] = self._entries
         self._rank_of[job.id] = rank
         heapq.heappush(sq.heap, (rank, job.submitted_at, job.id, self._entries))
 
-    def _head_moved(self, sq: SubQueue) -> None:
-        """A job entered or left `sq`: if it is parked, its group's first order is computed again."""
-        if sq.parked is not None and (parking := self.parked.get(sq.parked)) is not None:
+    def _head_moved(self, sq: SubQueue, *, entered: bool) -> None:
+        """A job entered or left `sq`: if it is parked, its group's first order is computed again, unless a job
+        left a sub-queue other than the first head's (the first head is still there, and still first)."""
+        parking = self.parked.get(sq.parked) if sq.parked is not None else None
+        if parking is not None and (entered or parking.first is None or parking.first[3] is sq):
             parking.first = None
 
     def age(self, now: float, max_wait_s: float) -> int:
@@ -262,9 +265,16 @@ class JobQueue:
         cached = parking.first
         if cached is not None and cached[0] is standing and cached[1] is self._reserved:
             return cached[2]
-        orders = [self.order_of(head, standing) for _, _, sq in parking.subqueues if (head := self.head_of(sq))]
-        first = min(orders) if orders else None
-        parking.first = (standing, self._reserved, first)
+        first: Order | None = None
+        first_sq: SubQueue | None = None
+        for _, _, sq in parking.subqueues:
+            head = self.head_of(sq)
+            if head is None:
+                continue
+            order = self.order_of(head, standing)
+            if first is None or order < first:
+                first, first_sq = order, sq
+        parking.first = (standing, self._reserved, first, first_sq)
         return first
 
     def subqueues(self) -> list[SubQueue]:
@@ -357,7 +367,12 @@ class JobQueue:
         if parking is None:
             parking = self.parked[group] = Parking(order, next(self._numbers))
         parking.order = min(parking.order, order)
-        parking.first = None
+        cached = parking.first
+        if cached is not None and self.head_of(sq) is job:  # `order` is its head's, as the queue is now
+            if cached[2] is None or order < cached[2]:
+                parking.first = (cached[0], cached[1], order, sq)
+        else:
+            parking.first = None
         self._changed_groups.add(group)
         bisect.insort(parking.subqueues, (job.shape.gpus, id(sq), sq), key=lambda item: item[:2])
 
@@ -374,7 +389,8 @@ class JobQueue:
             sq.parked = None
             self._changed.add(sq)
         del parking.subqueues[:n]
-        parking.first = None
+        if parking.first is not None and any(sq is parking.first[3] for sq in woken):
+            parking.first = None
         if not parking.subqueues:
             del self.parked[group]
             if parking.entry is not None:
