@@ -3,9 +3,12 @@ guarantee in a pool the head may use, or holding lower-priority preemptible work
 straight to the second pass (`_Cycle._split_by_guarantee`). With a thousand teams at their quota, looking at each
 of them in the first pass only to set it aside was most of that pass.
 
-The claim: this changes no decision. On any quotas, cohorts, running work and queue, two cycles (the second after
-some jobs end) place, preempt and nominate exactly what the unsplit walk does, in the same order, when the test
-budget does not cut a pass short (the split only spends less of it in the first pass)."""
+The claim: this changes no decision. On any quotas in two pools, cohorts, running work (with estimates, so heads
+get reservations and short jobs backfill), queue and arrivals, three decision rounds (a cycle, the arrivals
+against it, a cycle after some jobs end) place, preempt and nominate exactly what the unsplit walk does, in the
+same order, when the test budget does not cut a pass short (the split only spends less of it in the first pass).
+The backfill budget is spent the same: no look-ahead runs behind a head refused outright (every job behind it is
+refused too), wherever the walk meets that head."""
 
 from dataclasses import dataclass
 from unittest.mock import patch
@@ -13,6 +16,8 @@ from unittest.mock import patch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from chamber.common.contracts import OrgConfig, PoolConfig, QuotaConfig, TeamConfig, TeamQuota
+from chamber.common.quota import QuotaBook, validate
 from chamber.scheduler.core.cycle import _Cycle
 from chamber.scheduler.core.decisions import Decision, Wait
 from chamber.scheduler.core.model import PendingJob, pending_from
@@ -22,68 +27,98 @@ from chamber.scheduler.core.state import SchedulerConfig, SchedulingState
 from tests.support.builders import make_job, pool_quota
 
 TEAMS = ["a", "b", "c", "d", "e"]
+POOLS = ["default", "other"]
 CLASSES = ["inference", "train", "research", "best-effort"]
 SIZES = [1, 1, 2, 4, 8]
 
-Job = tuple[str, str, int]
-"""(team, priority class, GPUs)."""
-jobs = st.tuples(st.sampled_from(TEAMS), st.sampled_from(CLASSES), st.sampled_from(SIZES))
+Job = tuple[str, str, int, str | None, float | None]
+"""(team, priority class, GPUs, pool (None: any), estimate)."""
+jobs = st.tuples(
+    st.sampled_from(TEAMS), st.sampled_from(CLASSES), st.sampled_from(SIZES),
+    st.sampled_from([None, *POOLS]), st.none() | st.sampled_from([50.0, 500.0]),
+)  # fmt: skip
 
 
 @dataclass
 class Situation:
-    nodes: int
-    teams: list[tuple[str, str, int, int | None]]
-    """(name, cohort, nominal, borrowing limit)."""
-    unassigned: int
+    nodes: dict[str, int]
+    """Nodes per pool."""
+    quotas: dict[tuple[str, str], tuple[int, int | None]]
+    """(team, pool) -> (nominal, borrowing limit)."""
+    cohorts: dict[str, str]
     running: list[Job]
     queued: list[Job]
     ends: list[int]
     standing: dict[str, float]
+    backfill_budget: int
 
 
 @st.composite
 def situations(draw: st.DrawFn) -> Situation:
     return Situation(
-        nodes=draw(st.integers(2, 5)),
-        teams=[
-            (t, draw(st.sampled_from(["c1", "c2"])), draw(st.integers(0, 12)), draw(st.none() | st.integers(0, 8)))
-            for t in TEAMS
-        ],
-        unassigned=draw(st.integers(0, 8)),
+        nodes={p: draw(st.integers(1, 3)) for p in POOLS},
+        quotas={(t, p): (draw(st.integers(0, 10)), draw(st.none() | st.integers(0, 8))) for t in TEAMS for p in POOLS},
+        cohorts={t: draw(st.sampled_from(["c1", "c2"])) for t in TEAMS},
         running=draw(st.lists(jobs, max_size=20)),
         queued=draw(st.lists(jobs, min_size=1, max_size=30)),
         ends=draw(st.lists(st.integers(0, 19), max_size=6)),
         standing={t: draw(st.sampled_from([-1.0, 0.0, 1.0])) for t in TEAMS},
+        backfill_budget=draw(st.sampled_from([1, 3, 512])),
     )
 
 
-def job(job_id: str, team: str, cls: str, gpus: int, at: float) -> PendingJob:
-    return pending_from(make_job(job_id).team(team).priority(cls).gpus(gpus).at(at).build())
+def book(situation: Situation) -> QuotaBook:
+    teams = [
+        TeamConfig(name=t, org="org", cohort=situation.cohorts[t], quotas=[
+            TeamQuota(pool=p, nominal=situation.quotas[(t, p)][0], borrowing_limit=situation.quotas[(t, p)][1])
+            for p in POOLS
+        ])
+        for t in TEAMS
+    ]  # fmt: skip
+    config = QuotaConfig(pools=[PoolConfig(name=p, gpu_model="H100") for p in POOLS], orgs=[OrgConfig(name="org")],
+                         teams=teams)  # fmt: skip
+    capacity = {p: max(8 * situation.nodes[p], sum(situation.quotas[(t, p)][0] for t in TEAMS)) for p in POOLS}
+    return validate(config, capacity=capacity)
+
+
+def job(job_id: str, spec: Job, at: float) -> PendingJob:
+    team, cls, gpus, pool, estimate = spec
+    built = make_job(job_id).team(team).priority(cls).gpus(gpus).at(at)
+    if pool is not None:
+        built = built.pool(pool)
+    if estimate is not None:
+        built = built.estimate(estimate)
+    return pending_from(built.build())
 
 
 def decide(situation: Situation) -> list[list[Decision]]:
-    """Two cycles on the situation: the first, then another after some running jobs end."""
-    state = SchedulingState(SchedulerConfig(max_tests_per_cycle=10**9))
-    for i in range(situation.nodes):
-        state.index.add_node(f"n{i}", pool="default", model="H100", rack="r", zone="z", capacity=8, free=range(8))
-    capacity = max(situation.nodes * 8, sum(t[2] for t in situation.teams) + situation.unassigned)
-    state.set_quota(pool_quota(capacity, *situation.teams), standing=situation.standing)
+    """Two cycles on the situation (with arrivals decided in between): the first, then another after some
+    running jobs end."""
+    state = SchedulingState(SchedulerConfig(max_tests_per_cycle=10**9, backfill_budget=situation.backfill_budget))
+    for pool in POOLS:
+        for i in range(situation.nodes[pool]):
+            state.index.add_node(f"{pool}-{i}", pool=pool, model="H100", rack="r", zone="z", capacity=8,
+                                 free=range(8))  # fmt: skip
+    state.set_quota(book(situation), standing=situation.standing)
     running = []
-    for i, (team, cls, gpus) in enumerate(situation.running):
-        pending = job(f"r{i}", team, cls, gpus, float(i))
+    for i, spec in enumerate(situation.running):
+        pending = job(f"r{i}", spec, float(i))
         where = find_placement(state.index, pending.shape)
         if where is not None:
             state.place(pending, where, "running", float(i), borrowing=False)
             running.append(pending.id)
     state.mark_borrowed()
-    for i, (team, cls, gpus) in enumerate(situation.queued):
-        state.add(job(f"q{i}", team, cls, gpus, 100.0 + i))
-    out = [state.cycle(200.0)]
+    half = len(situation.queued) // 2
+    for i, spec in enumerate(situation.queued[:half]):
+        state.add(job(f"q{i}", spec, 100.0 + i))
+    out = [state.decide(200.0)]
+    for i, spec in enumerate(situation.queued[half:], start=half):  # arrivals, against the first cycle
+        state.add(job(f"q{i}", spec, 100.0 + i))
+    out.append(state.decide(210.0))
     for i in situation.ends:
         if running and state.running.get(running[i % len(running)]) is not None:
             state.release(running[i % len(running)])
-    out.append(state.cycle(300.0))
+    out.append(state.decide(300.0))
     return out
 
 
@@ -102,3 +137,42 @@ def test_walking_only_guaranteed_heads_first_changes_no_decision(situation: Situ
     with patch.object(_Cycle, "_split_by_guarantee", unsplit):
         whole = decide(situation)
     assert moves(split) == moves(whole)
+
+
+def backfill_behind_refused_heads(config: SchedulerConfig, refused_teams: int, behind: int) -> list[Decision]:
+    """One 8-GPU node; d runs 4 GPUs until t=1000. a (guarantee 8) waits with an 8-GPU job: it is reserved the
+    node, holding its 4 free GPUs. Teams b0.. (no guarantee, may not borrow) wait each with a refused head and
+    `behind` jobs after it. c waits with a 1-GPU head without an estimate (blocked) and a 1-GPU job of 100 s
+    behind it, which ends before a's reserved start: it backfills if its look-ahead gets some of the budget.
+    Order: a, the b teams, c (found by review: the look-ahead behind refused heads used up the budget)."""
+    teams: list[tuple[str, str, int, int | None]] = [("a", "c1", 8, None), ("c", "c1", 4, None), ("d", "c1", 4, None)]
+    teams += [(f"b{i}", "c1", 0, 0) for i in range(refused_teams)]
+    state = SchedulingState(config)
+    state.index.add_node("n0", pool="default", model="H100", rack="r", zone="z", capacity=8, free=range(8))
+    state.set_quota(pool_quota(16, *teams))
+    running = job("r", ("d", "train", 4, None, 1000.0), 0.0)
+    where = find_placement(state.index, running.shape)
+    assert where is not None
+    state.place(running, where, "running", 0.0, borrowing=False)
+    state.mark_borrowed()
+    at = 100.0
+    state.add(job("a1", ("a", "research", 8, None, None), at))
+    for i in range(refused_teams):
+        for k in range(behind + 1):
+            at += 1
+            state.add(job(f"b{i}-{k}", (f"b{i}", "research", 1, None, None), at))
+    state.add(job("c1", ("c", "research", 1, None, None), at + 1))
+    state.add(job("c2", ("c", "research", 1, None, 100.0), at + 2))
+    return state.cycle(200.0)
+
+
+def test_no_look_ahead_behind_a_refused_head_spends_the_backfill_budget() -> None:
+    """Behind a head its team's quota refuses, every job is refused too: looking at them spent the backfill
+    budget (512 jobs by default, 16 behind each head) before a guaranteed team's short job was looked at. Now
+    the look-ahead skips them, and the split walk and the whole walk backfill the same job."""
+    for config, teams, behind in ((SchedulerConfig(backfill_budget=1), 1, 1), (SchedulerConfig(), 32, 16)):
+        split = moves([backfill_behind_refused_heads(config, teams, behind)])
+        with patch.object(_Cycle, "_split_by_guarantee", unsplit):
+            whole = moves([backfill_behind_refused_heads(config, teams, behind)])
+        assert split == whole
+        assert [(type(d).__name__, d.job_id) for d in split[0]] == [("Place", "c2")]

@@ -337,7 +337,7 @@ class _Cycle:
                 deferred.append(popped)
                 ctx.tests -= 1  # only set aside: it is decided, and counted, in the second pass
                 continue
-            if outcome in ("blocked", "reserved"):
+            if outcome in ("blocked", "reserved", "refused"):
                 if self.config.strict_fifo:
                     break
                 if self.config.strict_fifo_per_team:
@@ -345,7 +345,8 @@ class _Cycle:
                     continue
                 if outcome == "reserved":
                     ctx.tests += self._reserve_behind(sq.key, decisions)
-                ctx.tests += self._backfill_behind(sq.key, decisions)
+                if outcome != "refused":  # behind a refused head every job is refused too: no look-ahead
+                    ctx.tests += self._backfill_behind(sq.key, decisions)
                 continue
             nxt = queue.head_of(sq)
             if nxt is not None:
@@ -364,7 +365,8 @@ class _Cycle:
         would only decide to hand such a parked group to the second pass (`_wake`). With a thousand teams at
         their quota that look was most of the first pass. Both only grow harder within a cycle (usage only
         grows, and a team's lower-priority work placed in the first pass comes after its higher-priority heads),
-        so nothing on the second list could have moved in the first pass."""
+        so nothing on the second list could have moved in the first pass. Nor does the split move where the
+        backfill budget goes: a head refused outright gets no look-ahead in either pass."""
         state, ctx, queue = self.state, self.ctx, self.state.queue
         book = state.quota
         assert book is not None
@@ -564,22 +566,25 @@ class _Cycle:
     # ---- one job -------------------------------------------------------------------------------------------
 
     def consider(self, job: PendingJob, decisions: list[Decision]) -> str:
-        """Place, backfill, preempt for, reserve for, or keep waiting one job. Returns what happened to it."""
+        """Place, backfill, preempt for, reserve for, or keep waiting one job. Returns what happened to it:
+        "placed", "nominated", "reserved", "borrower" (set aside for the second pass), "blocked" (it waits for
+        capacity), or "refused" (it may not start now whatever the capacity: unschedulable, its team's budget or
+        quota; so may no job behind it in its sub-queue, which asks the same of the same team)."""
         state, ctx = self.state, self.ctx
         missing = self._unschedulable(job)
         if missing:
             decisions.append(Wait(job.id, Reason(WaitKind.UNSCHEDULABLE, f"unschedulable: {missing}")))
-            return "blocked"
+            return "refused"
         refusal = budget_refusal(state, job)
         if refusal:
             decisions.append(Wait(job.id, Reason(WaitKind.BUDGET, f"waiting: {refusal}")))
-            return "blocked"
+            return "refused"
         kind = (job.team, job.shape.pool, job.shape.gpu_model, job.preemptible, job.priority)
         known = ctx.refused.get(kind)
         if known is not None and job.shape.gpus >= known[0]:
             self._park(job)
             decisions.append(Wait(job.id, known[1]))
-            return "blocked"
+            return "refused"
         adm = admissions(state, job, ctx)
         if not ctx.borrowing and adm.options and all(o.borrowing for o in adm.options):
             return "borrower"  # its turn comes after every job its team's guarantee admits
@@ -614,7 +619,7 @@ class _Cycle:
                 ctx.refused[kind] = (job.shape.gpus, why)
                 self._park(job)
             decisions.append(Wait(job.id, why))
-            return "blocked"
+            return "refused"
         if len(ctx.reservations) < self.config.max_reservations:
             pinned = replace(job, shape=adm.options[0].shape)
             taken = {g.slot for r in ctx.reservations for g in r.gpus}
@@ -882,8 +887,8 @@ class _Cycle:
             tested += 1
             if job.estimate is None or budget_refusal(self.state, job):
                 continue
-            # The head may have been refused by its team's quota: each job behind it is admitted on its own (in
-            # the first pass, only within the guarantee), or it does not start.
+            # Each job behind the blocked head is admitted on its own (in the first pass, only within the
+            # guarantee), or it does not start. Behind a head refused outright nothing is looked at (`_walk`).
             options = [o for o in admissions(self.state, job, ctx).options if ctx.borrowing or not o.borrowing]
             if options:
                 self._backfill_into_reservation(job, decisions, options)
