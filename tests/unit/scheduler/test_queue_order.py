@@ -4,7 +4,7 @@ head yields each waiting job once, in that order."""
 
 import heapq
 
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from chamber.scheduler.core.model import PendingJob, Shape
@@ -54,3 +54,50 @@ def test_heads_and_look_ahead_follow_aged_rank_submit_order(steps: list[tuple[st
 def test_smallest_of_a_heap_is_what_nsmallest_gives(items: list[int], k: int) -> None:
     heapq.heapify(items)
     assert smallest(items, k) == heapq.nsmallest(k, items)
+
+
+group_ops = st.lists(
+    st.tuples(
+        st.sampled_from(["push", "push", "remove", "park", "park", "wake", "age"]),
+        st.integers(0, 7),
+        st.integers(1, 3),
+        st.integers(0, 200),
+    ),
+    min_size=5,
+    max_size=60,
+)
+
+
+@settings(max_examples=2000, deadline=None)
+@given(group_ops)
+@example([("push", 1, 1, 100), ("push", 3, 2, 150), ("park", 1, 1, 0), ("park", 3, 1, 0), ("push", 4, 2, 10)])
+@example([("push", 5, 1, 100), ("park", 5, 1, 0), ("push", 6, 2, 50), ("push", 7, 2, 150), ("park", 7, 1, 0)])
+def test_a_parked_groups_first_order_is_what_computing_it_afresh_gives(steps: list[tuple[str, int, int, int]]) -> None:
+    """`first_order` is kept between parks, wakes and jobs coming and going where that cannot change it; whatever
+    happens, it is the least order among the group's heads, as computed from scratch."""
+    queue = JobQueue()
+    standing: dict[str, float] = {}
+    group = ("team", "default", True, 0)
+    for op, n, gpus, t in steps:
+        job_id = f"j{n}"
+        if op == "push" and job_id not in queue.jobs:
+            queue.push(PendingJob(job_id, "team", 0, Shape(gpus, 1), float(t), 0, 0, None, preemptible=True))
+        elif op == "remove":
+            queue.remove(job_id)
+        elif op == "park" and job_id in queue.jobs:
+            sq = queue._where[job_id]
+            head = queue.head_of(sq)
+            if head is not None:  # a head, or (as the reservation look-ahead may) a job behind it
+                job = queue.jobs[job_id]
+                queue.park(job, group, queue.order_of(job, standing))
+        elif op == "wake":
+            queue.wake(group, gpus)
+        else:
+            queue.age(now=float(t), max_wait_s=100.0)
+        parking = queue.parked.get(group)
+        kept = queue.first_order(group, standing)  # kept for the next step, where it is still current
+        if parking is None:
+            assert kept is None
+            continue
+        heads = [h for _, _, sq in parking.subqueues if (h := queue.head_of(sq)) is not None]
+        assert kept == min((queue.order_of(h, standing) for h in heads), default=None)
