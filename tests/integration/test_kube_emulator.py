@@ -535,6 +535,36 @@ async def test_jobs_waiting_at_the_intake_gate_hold_up_no_cancel(
         await kube.close()
 
 
+async def test_a_job_deleted_at_the_gate_gives_its_turn_to_the_next(
+    cluster: Running, bus: Any, settings: Settings
+) -> None:
+    """The Job whose turn at the gate the worker awaits is deleted: the worker stops waiting for it and goes on to
+    the next at once (it used to wait out the gate for the deleted Job, up to `max_wait_s`)."""
+    from chamber.common.kube.client import JOBS
+    from chamber.common.kube.workloads import job_id_for
+    from chamber.gateway.intake import IntakeGate
+
+    kube = KubeClient.connect(cluster.url)
+    gate = IntakeGate(1, max_wait_s=30.0, forget_s=30.0)
+    ids: dict[str, str] = {}
+    try:
+        with recorded(bus) as published:
+            async with running_intake(settings, bus, kube, gate) as intake:
+                for name in ("first", "second", "third"):
+                    made = await kube.create(JOBS, managed_job(name), "default")
+                    ids[name] = job_id_for(made["metadata"]["uid"])
+                await eventually(lambda: published == [("JobSubmitted", ids["first"])], what="the first", within=15)
+                await eventually(lambda: intake.at_the_gate == ids["second"], what="the second's turn", within=15)
+                await kube.delete(JOBS, "second", "default")
+                await eventually(lambda: intake.at_the_gate == ids["third"], what="the third's turn", within=5)
+                gate.taken(ids["first"])  # the scheduler took the first in: the third goes
+                third = ("JobSubmitted", ids["third"])
+                await eventually(lambda: third in published, what="the third submitted", within=15)
+                assert ("JobSubmitted", ids["second"]) not in published
+    finally:
+        await kube.close()
+
+
 async def test_a_relisted_job_deleted_while_it_waits_is_still_cancelled(
     cluster: Running, bus: Any, settings: Settings
 ) -> None:

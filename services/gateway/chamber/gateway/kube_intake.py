@@ -196,6 +196,8 @@ class Intake:
         """New Jobs' submits waiting for their turn at the gate, in the order their Jobs were seen: a worker sends
         them (`_send_waiting`) while the watch goes on, so a burst of new Jobs does not hold up the events after
         it (a deleted Job's cancel waited up to a second per Job ahead of it)."""
+        self._turn: tuple[str, asyncio.Task[None]] | None = None
+        """The job whose turn at the gate the worker awaits, and that wait: its Job deleted, the wait is ended."""
         self._sending: str | None = None
         """The job whose submit the worker is publishing now (its Job deleted meanwhile is cancelled after it)."""
         self._cancel_after: set[str] = set()
@@ -218,7 +220,7 @@ class Intake:
             # A Job deleted while it waits is not submitted. It is cancelled all the same: one seen again after a
             # restart waits too, though an earlier gateway submitted it (the scheduler ignores a cancel of a job
             # it has no record of).
-            self.waiting.pop(job_id, None)
+            self._unqueue(job_id)
             if job_id == self._sending:
                 self._cancel_after.add(job_id)  # its submit is on its way: the cancel goes after it
                 return
@@ -226,7 +228,7 @@ class Intake:
             return
         if job_outcome(job) is not None:
             self.submitted.discard(job_id)  # finished: the scheduler has its outcome from the executor
-            self.waiting.pop(job_id, None)
+            self._unqueue(job_id)
             return
         if job_id in self.submitted or job_id in self.waiting or job_id == self._sending:
             return
@@ -249,6 +251,17 @@ class Intake:
         self.waiting[job_id] = JobSubmitted(job_id=job_id, spec=spec, submitted_at=submitted_at)
         self._arrived.set()
 
+    @property
+    def at_the_gate(self) -> str | None:
+        """The job whose turn at the gate the worker awaits now (None: none)."""
+        return self._turn[0] if self._turn is not None else None
+
+    def _unqueue(self, job_id: str) -> None:
+        """`job_id`'s Job is gone (or finished): its submit waits no more, also not for its turn at the gate."""
+        self.waiting.pop(job_id, None)
+        if self._turn is not None and self._turn[0] == job_id:
+            self._turn[1].cancel()
+
     async def _send_waiting(self, stop: asyncio.Event) -> None:
         """Submit the waiting Jobs in the order they were seen, each once the gate lets it through."""
         while not stop.is_set():
@@ -257,7 +270,18 @@ class Intake:
                 await wait_event(self._arrived, 0.5)  # (and the stop is looked at twice a second)
                 continue
             job_id, submit = next(iter(self.waiting.items()))
-            await self.gate.admit(job_id)
+            turn = asyncio.ensure_future(self.gate.admit(job_id))
+            self._turn = (job_id, turn)
+            try:
+                await asyncio.wait([turn])
+            except BaseException:
+                turn.cancel()
+                raise
+            finally:
+                self._turn = None
+            if turn.cancelled():
+                continue  # its Job was deleted (or finished) while it waited: the turn goes to the next
+            turn.result()
             if self.waiting.get(job_id) is not submit:
                 self.gate.taken(job_id)  # its Job was deleted (or finished) while it waited
                 continue
