@@ -101,3 +101,20 @@ def test_a_parked_groups_first_order_is_what_computing_it_afresh_gives(steps: li
             continue
         heads = [h for _, _, sq in parking.subqueues if (h := queue.head_of(sq)) is not None]
         assert kept == min((queue.order_of(h, standing) for h in heads), default=None)
+
+
+def test_a_reserved_job_that_becomes_its_sub_queues_head_can_be_the_groups_first() -> None:
+    """Within a sub-queue jobs follow (rank, submit time), but the queue order puts a reserved job ahead: when the
+    head before it leaves, the group's first order can go down though the first head's sub-queue did not change
+    (found by review)."""
+    queue = JobQueue()
+    standing: dict[str, float] = {}
+    group = ("team", "default", True, 0)
+    queue.reserved = {"b2": ()}  # b2 holds a reservation (sticky), though b1 is ahead of it in its sub-queue
+    for job_id, gpus, t in (("a1", 1, 10.0), ("b1", 2, 50.0), ("b2", 2, 60.0)):
+        queue.push(PendingJob(job_id, "team", 0, Shape(gpus, 1), t, 0, 0, None, preemptible=True))
+    for job_id in ("a1", "b1"):
+        queue.park(queue.jobs[job_id], group, queue.order_of(queue.jobs[job_id], standing))
+    assert queue.first_order(group, standing) == queue.order_of(queue.jobs["a1"], standing)
+    queue.remove("b1")
+    assert queue.first_order(group, standing) == queue.order_of(queue.jobs["b2"], standing)

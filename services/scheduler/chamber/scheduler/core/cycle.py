@@ -390,7 +390,7 @@ class _Cycle:
         for item in items:
             what = item[-1]
             if isinstance(what, SubQueue):
-                priority, _, team, shape = what.key
+                priority, _, team, shape, _ = what.key
                 pools = ctx.pools_of(state, shape)
                 if not pools or any(floor_of(team, pool) < priority for pool in pools):
                     first.append(item)

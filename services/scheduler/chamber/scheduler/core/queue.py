@@ -9,9 +9,10 @@ job of its priority that is not, in submit order, so no job waits without bound 
 cycles, so the small jobs of a team with a better standing do not take every GPU its draining node frees (off by
 default: in the contended replays it starved the widest gangs, see docs/simulator.md).
 
-Jobs are kept in sub-queues of identical (priority, standing, team, shape). Within one, later jobs can do nothing
-an earlier blocked one could not (same needs, same rights), so a cycle looks only at sub-queue heads, merged in
-queue order: a cycle costs O(sub-queues), not O(jobs), with 100,000 jobs waiting.
+Jobs are kept in sub-queues of identical (priority, standing, team, shape, preemptible: a job may override its
+class's preemptibility, and only preemptible jobs borrow). Within one, later jobs can do nothing an earlier blocked
+one could not (same needs, same rights), so a cycle looks only at sub-queue heads, merged in queue order: a cycle
+costs O(sub-queues), not O(jobs), with 100,000 jobs waiting.
 
 A sub-queue whose head its team's quota refuses is **parked** under (team, pool, preemptible, priority) until that
 team may be admitted for such a head again (Kueue keeps inadmissible workloads aside the same way): with a
@@ -28,7 +29,8 @@ from typing import Any
 from chamber.common.contracts import GpuRef
 from chamber.scheduler.core.model import PendingJob, Shape
 
-QueueKey = tuple[int, int, str, Shape]
+QueueKey = tuple[int, int, str, Shape, bool]
+"""(priority, preemption standing, team, shape, preemptible): what a sub-queue's jobs share."""
 Order = tuple[int, bool, bool, int, float, float, float, str]
 """(-priority, not aged, not reserved, -preemption standing, -fair-share standing, rank, submitted at, id):
 smaller first."""
@@ -160,7 +162,7 @@ class JobQueue:
         self._reserved = reserved
 
     def key_of(self, job: PendingJob) -> QueueKey:
-        return (job.priority, min(job.preemptions, self.standing_cap), job.team, job.shape)
+        return (job.priority, min(job.preemptions, self.standing_cap), job.team, job.shape, job.preemptible)
 
     def push(self, job: PendingJob) -> None:
         if job.id in self.jobs:
@@ -204,9 +206,10 @@ class JobQueue:
 
     def _head_moved(self, sq: SubQueue, *, entered: bool) -> None:
         """A job entered or left `sq`: if it is parked, its group's first order is computed again, unless a job
-        left a sub-queue other than the first head's (the first head is still there, and still first)."""
+        left a sub-queue other than the first head's (the first head is still there, and still first: the next
+        head there comes no earlier than the one that left, unless a reservation orders a job ahead of its head)."""
         parking = self.parked.get(sq.parked) if sq.parked is not None else None
-        if parking is not None and (entered or parking.first is None or parking.first[3] is sq):
+        if parking is not None and (entered or self._reserved or parking.first is None or parking.first[3] is sq):
             parking.first = None
 
     def age(self, now: float, max_wait_s: float) -> int:
