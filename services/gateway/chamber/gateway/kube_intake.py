@@ -274,7 +274,9 @@ class Intake:
             self._turn = (job_id, turn)
             try:
                 await asyncio.wait([turn])
-            except BaseException:
+            except BaseException:  # the worker stopped: a turn that came meanwhile is given back
+                if turn.done() and not turn.cancelled() and turn.exception() is None:
+                    self.gate.taken(job_id)
                 turn.cancel()
                 raise
             finally:
