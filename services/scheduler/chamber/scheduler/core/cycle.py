@@ -356,17 +356,17 @@ class _Cycle:
     # ---- shortcuts that keep a cycle O(sub-queues that can move) ---------------------------------------------
 
     def _split_by_guarantee(self, items: list[Entry]) -> tuple[list[Entry], list[Entry], list[Entry]]:
-        """The walk's items split, before the first pass, into those whose team's guarantee might admit a head
-        now (the first pass's) and the rest, straight to the second pass: its sub-queues in order, and its parked
-        groups at their first head's turn (as `_walk` hands a group on). A team at or above its
-        guarantee in every pool the head may use, with no lower-priority preemptible work there to displace,
-        can only borrow: the first pass would only set such a head aside for the second (or, when its quota
-        refuses even that, park it, which the second pass does as well, its usage having only grown), and
-        would only decide to hand such a parked group to the second pass (`_wake`). With a thousand teams at
-        their quota that look was most of the first pass. Both only grow harder within a cycle (usage only
-        grows, and a team's lower-priority work placed in the first pass comes after its higher-priority heads),
-        so nothing on the second list could have moved in the first pass. Nor does the split move where the
-        backfill budget goes: a head refused outright gets no look-ahead in either pass."""
+        """The walk's items split, before the first pass, into those whose team's guarantee might admit a head now (the
+        first pass's) and the rest, straight to the second pass: its sub-queues in order, and its parked groups at
+        their first head's turn (as `_walk` hands a group on). A team at or above its guarantee in every pool the
+        head may use, with no lower-priority preemptible work there to displace, can only borrow: the first pass
+        would only set such a head aside for the second (or, when its quota refuses even that, park it, which the
+        second pass does as well, its usage having only grown), and would only decide to hand such a parked group to
+        the second pass (`_wake`). With a thousand teams at their quota that look was most of the first pass. Both
+        only grow harder within a cycle (usage only grows, and a team's lower-priority work placed in the first pass
+        comes after its higher-priority heads), so nothing on the second list could have moved in the first pass.
+        Nor does the split move where the backfill budget goes: a head refused outright gets no look-ahead in either
+        pass."""
         state, ctx, queue = self.state, self.ctx, self.state.queue
         book = state.quota
         assert book is not None
