@@ -452,6 +452,18 @@ def recorded(bus: Any, *, fail_first: bool = False) -> Iterator[list[tuple[str, 
         bus.publish = publish
 
 
+async def create_managed(kube: KubeClient, *names: str) -> dict[str, str]:
+    """Managed Jobs made in the emulated cluster, in order: name -> its Chamber job id."""
+    from chamber.common.kube.client import JOBS
+    from chamber.common.kube.workloads import job_id_for
+
+    ids = {}
+    for name in names:
+        made = await kube.create(JOBS, managed_job(name), "default")
+        ids[name] = job_id_for(made["metadata"]["uid"])
+    return ids
+
+
 @contextlib.asynccontextmanager
 async def running_intake(settings: Settings, bus: Any, kube: KubeClient, gate: Any = None) -> AsyncIterator[Any]:
     """The gateway's Kubernetes intake, watching the emulated cluster until the block ends."""
@@ -500,18 +512,14 @@ async def test_jobs_waiting_at_the_intake_gate_hold_up_no_cancel(
     behind a burst of waiting Jobs (it used to wait up to a second per Job ahead of it), and a Job deleted while
     it waits is never submitted (but cancelled: after a restart, a Job an earlier gateway submitted waits too)."""
     from chamber.common.kube.client import JOBS
-    from chamber.common.kube.workloads import job_id_for
     from chamber.gateway.intake import IntakeGate
 
     kube = KubeClient.connect(cluster.url)
     gate = IntakeGate(1, max_wait_s=30.0, forget_s=30.0)
-    ids: dict[str, str] = {}
     try:
         with recorded(bus) as published:
             async with running_intake(settings, bus, kube, gate) as intake:
-                for name in ("first", "second", "third"):
-                    made = await kube.create(JOBS, managed_job(name), "default")
-                    ids[name] = job_id_for(made["metadata"]["uid"])
+                ids = await create_managed(kube, "first", "second", "third")
                 first = ("JobSubmitted", ids["first"])
                 await eventually(lambda: published == [first], what="the first submitted", within=15)
                 await eventually(lambda: len(intake.waiting) == 2, what="the others waiting at the gate", within=15)
@@ -541,18 +549,14 @@ async def test_a_job_deleted_at_the_gate_gives_its_turn_to_the_next(
     """The Job whose turn at the gate the worker awaits is deleted: the worker stops waiting for it and goes on to
     the next at once (it used to wait out the gate for the deleted Job, up to `max_wait_s`)."""
     from chamber.common.kube.client import JOBS
-    from chamber.common.kube.workloads import job_id_for
     from chamber.gateway.intake import IntakeGate
 
     kube = KubeClient.connect(cluster.url)
     gate = IntakeGate(1, max_wait_s=30.0, forget_s=30.0)
-    ids: dict[str, str] = {}
     try:
         with recorded(bus) as published:
             async with running_intake(settings, bus, kube, gate) as intake:
-                for name in ("first", "second", "third"):
-                    made = await kube.create(JOBS, managed_job(name), "default")
-                    ids[name] = job_id_for(made["metadata"]["uid"])
+                ids = await create_managed(kube, "first", "second", "third")
                 await eventually(lambda: published == [("JobSubmitted", ids["first"])], what="the first", within=15)
                 await eventually(lambda: intake.at_the_gate == ids["second"], what="the second's turn", within=15)
                 await kube.delete(JOBS, "second", "default")
