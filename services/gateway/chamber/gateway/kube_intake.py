@@ -23,6 +23,7 @@ Runs inside the gateway (the API edge) when `CHAMBER_KUBE_API` is set:
 import asyncio
 import base64
 import contextlib
+import functools
 import hashlib
 import json
 import os
@@ -196,6 +197,8 @@ class Intake:
         """New Jobs' submits waiting for their turn at the gate, in the order their Jobs were seen: a worker sends
         them (`_send_waiting`) while the watch goes on, so a burst of new Jobs does not hold up the events after
         it (a deleted Job's cancel waited up to a second per Job ahead of it)."""
+        self._reading: dict[str, asyncio.Task[None]] = {}
+        """TrainJobs whose training runtime is being read, before their submit can queue (ended if deleted)."""
         self._turn: tuple[str, asyncio.Task[None]] | None = None
         """The job whose turn at the gate the worker awaits, and that wait: its Job deleted, the wait is ended."""
         self._sending: str | None = None
@@ -230,12 +233,26 @@ class Intake:
             self.submitted.discard(job_id)  # finished: the scheduler has its outcome from the executor
             self._unqueue(job_id)
             return
-        if job_id in self.submitted or job_id in self.waiting or job_id == self._sending:
+        if job_id in self.submitted or job_id in self.waiting or job_id == self._sending or job_id in self._reading:
             return
+        if kind_of(job) == TRAINJOB:  # its runtime is read apart from the watch (with retries, it can take seconds)
+            task = asyncio.create_task(self._queue(job_id, job), name=f"kube-intake-runtime-{job_id}")
+            self._reading[job_id] = task
+            task.add_done_callback(functools.partial(self._read, job_id))
+            return
+        await self._queue(job_id, job)
+
+    def _read(self, job_id: str, task: "asyncio.Task[None]") -> None:
+        """A TrainJob's runtime read ended (its submit queued, refused, or to be tried at its next event)."""
+        if self._reading.get(job_id) is task:
+            del self._reading[job_id]
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            log.error("kube_intake.trainjob_failed", job_id=job_id, error=repr(exc))
+
+    async def _queue(self, job_id: str, job: Obj) -> None:
+        """Queue a new Job's submit for its turn at the gate (a TrainJob's once its runtime is read)."""
         try:
-            runtime = None
-            if kind_of(job) == TRAINJOB:
-                runtime = await self._runtime(job)
+            runtime = await self._runtime(job) if kind_of(job) == TRAINJOB else None
             spec = job_spec(job, runtime=runtime)
             refusal = self.teams.refusal(spec.team, job)
             if refusal:
@@ -257,7 +274,11 @@ class Intake:
         return self._turn[0] if self._turn is not None else None
 
     def _unqueue(self, job_id: str) -> None:
-        """`job_id`'s Job is gone (or finished): its submit waits no more, also not for its turn at the gate."""
+        """`job_id`'s Job is gone (or finished): its submit waits no more, also not for its runtime or its turn at
+        the gate."""
+        reading = self._reading.pop(job_id, None)
+        if reading is not None:
+            reading.cancel()
         self.waiting.pop(job_id, None)
         if self._turn is not None and self._turn[0] == job_id:
             self._turn[1].cancel()
@@ -368,7 +389,12 @@ class Intake:
                       on_synced=self.on_synced, name=f"{res.plural}/{ns or '*'}")
             for res in resources for ns in namespaces
         ]  # fmt: skip
-        await asyncio.gather(self._send_unsent(stop), self._send_waiting(stop), *(r.run(stop) for r in self.reflectors))
+        try:
+            await asyncio.gather(self._send_unsent(stop), self._send_waiting(stop),
+                                 *(r.run(stop) for r in self.reflectors))  # fmt: skip
+        finally:
+            for reading in list(self._reading.values()):
+                reading.cancel()
 
 
 def _ssl(cert_dir: str) -> dict[str, str]:

@@ -1,0 +1,51 @@
+"""A TrainJob's training runtime is read apart from the Kubernetes intake's watch: the read retries with sleeps
+when the API errors, and a deleted Job's cancel must not wait behind it."""
+
+import asyncio
+from types import SimpleNamespace
+from typing import Any
+from unittest.mock import AsyncMock
+
+from chamber.common.contracts import QuotaConfig, TeamConfig
+from chamber.gateway.kube_intake import Intake, TeamNamespaces
+from tests.support.kube import training_runtime, trainjob
+
+
+def teams() -> TeamNamespaces:
+    known = TeamNamespaces()
+    known.update(QuotaConfig(teams=[TeamConfig(name="nlp", org="research", namespaces=["nlp"])]))
+    return known
+
+
+async def test_a_trainjobs_runtime_is_read_apart_from_the_watch() -> None:
+    """The events after a TrainJob are not held up by its runtime read, its submit queues once the runtime is
+    read, and a TrainJob deleted meanwhile ends the read and never queues (its cancel goes out at once)."""
+    bus = SimpleNamespace(names=SimpleNamespace(job_submit=lambda job_id: f"submit.{job_id}"))
+    ctx = SimpleNamespace(clock=SimpleNamespace(now=lambda: 100.0))
+    intake = Intake(ctx, bus, client=None, store=None, teams=teams())  # type: ignore[arg-type]
+    intake._cancel = AsyncMock()  # type: ignore[method-assign]
+    release = asyncio.Event()
+    reads: list[str] = []
+
+    async def slow_runtime(tj: dict[str, Any]) -> dict[str, Any]:
+        reads.append(tj["metadata"]["name"])
+        await release.wait()
+        return training_runtime()
+
+    intake.runtimes = slow_runtime
+    kept, deleted = trainjob("kept"), trainjob("deleted")
+    for tj, uid in ((kept, "u-kept"), (deleted, "u-deleted")):
+        tj["metadata"] |= {"namespace": "nlp", "uid": uid}
+        await asyncio.wait_for(intake.on_job("ADDED", tj), 1.0)  # returns while the runtime is being read
+    assert reads == ["kept", "deleted"]
+    assert not intake.waiting
+    await asyncio.wait_for(intake.on_job("DELETED", deleted), 1.0)
+    intake._cancel.assert_awaited_once_with("k8s-u-deleted")
+    release.set()
+    for _ in range(100):
+        if intake.waiting:
+            break
+        await asyncio.sleep(0.01)
+    assert list(intake.waiting) == ["k8s-u-kept"], "the kept TrainJob queues; the deleted one never does"
+    await asyncio.sleep(0.05)
+    assert list(intake.waiting) == ["k8s-u-kept"]
