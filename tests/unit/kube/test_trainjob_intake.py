@@ -7,6 +7,7 @@ from typing import Any
 from unittest.mock import AsyncMock
 
 from chamber.common.contracts import QuotaConfig, TeamConfig
+from chamber.common.kube.errors import KubeUnavailable
 from chamber.gateway.kube_intake import Intake, TeamNamespaces
 from tests.support.kube import training_runtime, trainjob
 
@@ -49,3 +50,33 @@ async def test_a_trainjobs_runtime_is_read_apart_from_the_watch() -> None:
     assert list(intake.waiting) == ["k8s-u-kept"], "the kept TrainJob queues; the deleted one never does"
     await asyncio.sleep(0.05)
     assert list(intake.waiting) == ["k8s-u-kept"]
+
+
+async def test_a_trainjob_changed_during_a_failing_runtime_read_is_read_again() -> None:
+    """The API errs for a whole read (its three tries); the TrainJob's status changed meanwhile (the trainer updates
+    it right after creation). That event is not lost: the read is made again, and the submit queues (found by
+    review: the event was dropped, and a suspended TrainJob may see no other for a long time)."""
+    bus = SimpleNamespace(names=SimpleNamespace(job_submit=lambda job_id: f"submit.{job_id}"))
+    ctx = SimpleNamespace(clock=SimpleNamespace(now=lambda: 100.0))
+    intake = Intake(ctx, bus, client=None, store=None, teams=teams())  # type: ignore[arg-type]
+    calls = 0
+
+    async def flaky_runtime(tj: dict[str, Any]) -> dict[str, Any]:
+        nonlocal calls
+        calls += 1
+        if calls <= 3:
+            raise KubeUnavailable("GET clustertrainingruntimes/torch-chamber: connection refused")
+        return training_runtime()
+
+    intake.runtimes = flaky_runtime
+    tj = trainjob("t")
+    tj["metadata"] |= {"namespace": "nlp", "uid": "u-t", "resourceVersion": "1"}
+    await intake.on_job("ADDED", tj)
+    await asyncio.sleep(0.1)  # the first try failed; the read pauses before its second
+    modified = dict(tj, metadata=dict(tj["metadata"], resourceVersion="2"), status={"conditions": []})
+    await intake.on_job("MODIFIED", modified)
+    for _ in range(300):
+        if intake.waiting:
+            break
+        await asyncio.sleep(0.01)
+    assert list(intake.waiting) == ["k8s-u-t"], f"runtime read {calls} times"

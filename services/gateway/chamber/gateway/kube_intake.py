@@ -169,6 +169,9 @@ class _Server(uvicorn.Server):
 RETRY_S = 2.0
 """How often submits and cancels JetStream did not store are published again."""
 
+RUNTIME_READS = 4
+"""TrainJob runtime reads in flight at once (each may retry for seconds when the API errors)."""
+
 
 class Intake:
     """Managed Jobs in, job events out."""
@@ -194,11 +197,15 @@ class Intake:
         self.store = store
         self.submitted: set[str] = set()
         self.waiting: dict[str, JobSubmitted] = {}
-        """New Jobs' submits waiting for their turn at the gate, in the order their Jobs were seen: a worker sends
+        """New Jobs' submits waiting for their turn at the gate, in the order their Jobs were seen (a TrainJob's once
+        its runtime is read): a worker sends
         them (`_send_waiting`) while the watch goes on, so a burst of new Jobs does not hold up the events after
         it (a deleted Job's cancel waited up to a second per Job ahead of it)."""
         self._reading: dict[str, asyncio.Task[None]] = {}
         """TrainJobs whose training runtime is being read, before their submit can queue (ended if deleted)."""
+        self._seen_meanwhile: dict[str, Obj] = {}
+        """The latest object of a TrainJob whose Job changed while its runtime was being read."""
+        self._reads = asyncio.Semaphore(RUNTIME_READS)
         self._turn: tuple[str, asyncio.Task[None]] | None = None
         """The job whose turn at the gate the worker awaits, and that wait: its Job deleted, the wait is ended."""
         self._sending: str | None = None
@@ -233,26 +240,42 @@ class Intake:
             self.submitted.discard(job_id)  # finished: the scheduler has its outcome from the executor
             self._unqueue(job_id)
             return
-        if job_id in self.submitted or job_id in self.waiting or job_id == self._sending or job_id in self._reading:
+        if job_id in self._reading:
+            self._seen_meanwhile[job_id] = job  # looked at again if this read does not queue it
+            return
+        if job_id in self.submitted or job_id in self.waiting or job_id == self._sending:
             return
         if kind_of(job) == TRAINJOB:  # its runtime is read apart from the watch (with retries, it can take seconds)
-            task = asyncio.create_task(self._queue(job_id, job), name=f"kube-intake-runtime-{job_id}")
-            self._reading[job_id] = task
-            task.add_done_callback(functools.partial(self._read, job_id))
+            self._start_read(job_id, job)
             return
         await self._queue(job_id, job)
 
+    def _start_read(self, job_id: str, job: Obj) -> None:
+        task = asyncio.create_task(self._queue(job_id, job), name=f"kube-intake-runtime-{job_id}")
+        self._reading[job_id] = task
+        task.add_done_callback(functools.partial(self._read, job_id))
+
     def _read(self, job_id: str, task: "asyncio.Task[None]") -> None:
-        """A TrainJob's runtime read ended (its submit queued, refused, or to be tried at its next event)."""
-        if self._reading.get(job_id) is task:
-            del self._reading[job_id]
-        if not task.cancelled() and (exc := task.exception()) is not None:
-            log.error("kube_intake.trainjob_failed", job_id=job_id, error=repr(exc))
+        """A TrainJob's runtime read ended: its submit queued, or refused, or not (the API erred). Where its Job
+        changed meanwhile and it is not queued, it is read again as it is now (that event came during the read)."""
+        if self._reading.get(job_id) is not task:
+            return  # ended with its Job (`_unqueue`)
+        del self._reading[job_id]
+        latest = self._seen_meanwhile.pop(job_id, None)
+        if task.cancelled():
+            return
+        if (exc := task.exception()) is not None:
+            log.error("kube_intake.trainjob_failed", job_id=job_id, exc_info=exc)
+        elif latest is not None and job_id not in self.waiting:
+            self._start_read(job_id, latest)
 
     async def _queue(self, job_id: str, job: Obj) -> None:
         """Queue a new Job's submit for its turn at the gate (a TrainJob's once its runtime is read)."""
         try:
-            runtime = await self._runtime(job) if kind_of(job) == TRAINJOB else None
+            runtime = None
+            if kind_of(job) == TRAINJOB:
+                async with self._reads:  # a relist of many TrainJobs reads a few runtimes at a time
+                    runtime = await self._runtime(job)
             spec = job_spec(job, runtime=runtime)
             refusal = self.teams.refusal(spec.team, job)
             if refusal:
@@ -276,6 +299,7 @@ class Intake:
     def _unqueue(self, job_id: str) -> None:
         """`job_id`'s Job is gone (or finished): its submit waits no more, also not for its runtime or its turn at
         the gate."""
+        self._seen_meanwhile.pop(job_id, None)
         reading = self._reading.pop(job_id, None)
         if reading is not None:
             reading.cancel()
