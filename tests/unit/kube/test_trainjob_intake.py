@@ -12,18 +12,19 @@ from chamber.gateway.kube_intake import Intake, TeamNamespaces
 from tests.support.kube import training_runtime, trainjob
 
 
-def teams() -> TeamNamespaces:
-    known = TeamNamespaces()
-    known.update(QuotaConfig(teams=[TeamConfig(name="nlp", org="research", namespaces=["nlp"])]))
-    return known
+def watcher_only() -> Intake:
+    """An intake with only what its watch handler needs: team nlp's namespace is nlp."""
+    teams = TeamNamespaces()
+    teams.update(QuotaConfig(teams=[TeamConfig(name="nlp", org="research", namespaces=["nlp"])]))
+    bus = SimpleNamespace(names=SimpleNamespace(job_submit=lambda job_id: f"submit.{job_id}"))
+    ctx = SimpleNamespace(clock=SimpleNamespace(now=lambda: 100.0))
+    return Intake(ctx, bus, client=None, store=None, teams=teams)  # type: ignore[arg-type]
 
 
 async def test_a_trainjobs_runtime_is_read_apart_from_the_watch() -> None:
     """The events after a TrainJob are not held up by its runtime read, its submit queues once the runtime is
     read, and a TrainJob deleted meanwhile ends the read and never queues (its cancel goes out at once)."""
-    bus = SimpleNamespace(names=SimpleNamespace(job_submit=lambda job_id: f"submit.{job_id}"))
-    ctx = SimpleNamespace(clock=SimpleNamespace(now=lambda: 100.0))
-    intake = Intake(ctx, bus, client=None, store=None, teams=teams())  # type: ignore[arg-type]
+    intake = watcher_only()
     intake._cancel = AsyncMock()  # type: ignore[method-assign]
     release = asyncio.Event()
     reads: list[str] = []
@@ -56,9 +57,7 @@ async def test_a_trainjob_changed_during_a_failing_runtime_read_is_read_again() 
     """The API errs for a whole read (its three tries); the TrainJob's status changed meanwhile (the trainer updates
     it right after creation). That event is not lost: the read is made again, and the submit queues (found by
     review: the event was dropped, and a suspended TrainJob may see no other for a long time)."""
-    bus = SimpleNamespace(names=SimpleNamespace(job_submit=lambda job_id: f"submit.{job_id}"))
-    ctx = SimpleNamespace(clock=SimpleNamespace(now=lambda: 100.0))
-    intake = Intake(ctx, bus, client=None, store=None, teams=teams())  # type: ignore[arg-type]
+    intake = watcher_only()
     calls = 0
 
     async def flaky_runtime(tj: dict[str, Any]) -> dict[str, Any]:

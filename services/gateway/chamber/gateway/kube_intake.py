@@ -201,7 +201,7 @@ class Intake:
         its runtime is read): a worker sends
         them (`_send_waiting`) while the watch goes on, so a burst of new Jobs does not hold up the events after
         it (a deleted Job's cancel waited up to a second per Job ahead of it)."""
-        self._reading: dict[str, asyncio.Task[None]] = {}
+        self._reading: dict[str, asyncio.Task[bool]] = {}
         """TrainJobs whose training runtime is being read, before their submit can queue (ended if deleted)."""
         self._seen_meanwhile: dict[str, Obj] = {}
         """The latest object of a TrainJob whose Job changed while its runtime was being read."""
@@ -255,7 +255,7 @@ class Intake:
         self._reading[job_id] = task
         task.add_done_callback(functools.partial(self._read, job_id))
 
-    def _read(self, job_id: str, task: "asyncio.Task[None]") -> None:
+    def _read(self, job_id: str, task: "asyncio.Task[bool]") -> None:
         """A TrainJob's runtime read ended: its submit queued, or refused, or not (the API erred). Where its Job
         changed meanwhile and it is not queued, it is read again as it is now (that event came during the read)."""
         if self._reading.get(job_id) is not task:
@@ -266,11 +266,12 @@ class Intake:
             return
         if (exc := task.exception()) is not None:
             log.error("kube_intake.trainjob_failed", job_id=job_id, exc_info=exc)
-        elif latest is not None and job_id not in self.waiting:
+        elif latest is not None and not task.result():  # (queued, the worker may have taken it already)
             self._start_read(job_id, latest)
 
-    async def _queue(self, job_id: str, job: Obj) -> None:
-        """Queue a new Job's submit for its turn at the gate (a TrainJob's once its runtime is read)."""
+    async def _queue(self, job_id: str, job: Obj) -> bool:
+        """Queue a new Job's submit for its turn at the gate (a TrainJob's once its runtime is read); False when
+        it was refused or its runtime could not be read."""
         try:
             runtime = None
             if kind_of(job) == TRAINJOB:
@@ -282,14 +283,15 @@ class Intake:
                 raise Rejection(refusal)
         except KubeError as exc:
             log.warning("kube_intake.runtime_unreadable", job=meta(job).get("name"), error=str(exc))
-            return  # not marked submitted: the next event or relist tries again
+            return False  # not marked submitted: the next event or relist tries again
         except Rejection as exc:
             log.warning("kube_intake.rejected", job=meta(job).get("name"), namespace=meta(job).get("namespace"),
                         reason=str(exc))  # fmt: skip
-            return
+            return False
         submitted_at = timestamp(meta(job).get("creationTimestamp")) or self.ctx.clock.now()
         self.waiting[job_id] = JobSubmitted(job_id=job_id, spec=spec, submitted_at=submitted_at)
         self._arrived.set()
+        return True
 
     @property
     def at_the_gate(self) -> str | None:
