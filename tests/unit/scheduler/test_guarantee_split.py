@@ -91,15 +91,15 @@ def job(job_id: str, spec: Job, at: float) -> PendingJob:
     return pending_from(built.build())
 
 
-def decide(situation: Situation) -> list[list[Decision]]:
+def decide(situation: Situation, *, quota: bool = True) -> list[list[Decision]]:
     """Two cycles on the situation (with arrivals decided in between): the first, then another after some
-    running jobs end."""
+    running jobs end. Without `quota`, the same jobs with quotas off."""
     state = SchedulingState(SchedulerConfig(max_tests_per_cycle=10**9, backfill_budget=situation.backfill_budget))
     for pool in POOLS:
         for i in range(situation.nodes[pool]):
             state.index.add_node(f"{pool}-{i}", pool=pool, model="H100", rack="r", zone="z", capacity=8,
                                  free=range(8))  # fmt: skip
-    state.set_quota(book(situation), standing=situation.standing)
+    state.set_quota(book(situation) if quota else None, standing=situation.standing)
     running = []
     for i, spec in enumerate(situation.running):
         pending = job(f"r{i}", spec, float(i))

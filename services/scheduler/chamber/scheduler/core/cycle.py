@@ -88,6 +88,9 @@ class CycleContext:
     """Multi-GPU jobs the walk found no room for, in queue order: room is opened for them after it."""
     consolidation_failed: set[Shape] = field(default_factory=set)
     """Shapes no consolidation plan opened room for in this context (room only gets scarcer within it)."""
+    unfit: set[tuple[str, Shape]] = field(default_factory=set)
+    """(reservation's job, shape): the shape fits neither on that reservation's held GPUs nor with free ones, so
+    no job of it backfills there in this context (held and free GPUs only get fewer within it)."""
     _on_node: dict[str, list[RunningJob]] | None = None
     _smallest: dict[str, int] | None = None
 
@@ -171,10 +174,15 @@ class CycleContext:
             key = (job.team, job.pool)
             self._stopping[key] = self._stopping.get(key, 0) + len(job.gpus)
 
-    def may_backfill(self, ends: float) -> bool:
-        """Some reservation holding free GPUs starts no earlier than `ends` (a job ending then could backfill)."""
+    def may_backfill(self, ends: float | None, shapes: Iterable[Shape]) -> bool:
+        """Some reservation holding free GPUs starts no earlier than `ends` (a job ending then could backfill; None:
+        at any known start), and one of `shapes` was not found unable to fit on its GPUs (`unfit`)."""
         pairs = zip(self.reservations, self.held, strict=True)
-        return any(held and res.start is not None and ends <= res.start for res, held in pairs)
+        return any(
+            held and res.start is not None and (ends is None or ends <= res.start)
+            and any((res.job_id, s) not in self.unfit for s in shapes)
+            for res, held in pairs
+        )  # fmt: skip
 
     @property
     def reserved_free(self) -> bool:
@@ -521,27 +529,53 @@ class _Cycle:
         return ctx.lowest_victim is None or job.priority <= ctx.lowest_victim
 
     def _hopeless(self, job: PendingJob) -> bool:
-        """Already known this cycle: its shape does not fit, it may not preempt, and nothing is left to try."""
-        ctx, shape = self.ctx, job.shape
-        if len(ctx.reservations) < self.config.max_reservations:
+        """Already known this cycle: its shape does not fit, it may neither preempt nor backfill, and nothing is
+        left to try for it but opening room after the walk (`consolidate`), in which case it joins that list here,
+        at its turn, as `consider` would have added it (in the second pass only: in the first, `consider` might
+        set it aside for the second, where it would join the list later)."""
+        ctx, shape, config = self.ctx, job.shape, self.config
+        if len(ctx.reservations) < config.max_reservations:
             return False  # it might be a head to reserve for
-        if self.config.consolidate and shape.gpus > 1:
-            pools = ctx.pools_of(self.state, shape) if self.state.quota_on else [shape.pool]
-            if any(ctx.pinned(shape, p) not in ctx.consolidation_failed for p in pools if p is not None) or (
-                not self.state.quota_on and shape not in ctx.consolidation_failed
-            ):
-                return False  # room might be opened for it by moving small jobs
-        if job.estimate is not None and ctx.may_backfill(ctx.now + job.estimate):
+        shapes = [ctx.pinned(shape, p) for p in ctx.pools_of(self.state, shape)] if self.state.quota_on else [shape]
+        consolidate = False
+        if config.consolidate and shape.gpus > 1:
+            if any(r.job_id == job.id for r in ctx.reservations):
+                return False  # its own reservation's GPUs are free for it when room is opened (`consolidate`)
+            if any(self._may_consolidate(s) for s in shapes):
+                if not ctx.borrowing or config.strict_fifo or config.strict_fifo_per_team:
+                    return False
+                consolidate = True  # room might be opened for it by moving small jobs
+            if self._may_look_ahead() and ctx.may_backfill(None, shapes):
+                return False  # a job behind it might backfill (`_backfill_behind`, after a blocked head)
+            known = ctx.refused.get((job.team, shape.pool, shape.gpu_model, job.preemptible, job.priority))
+            if known is not None and shape.gpus >= known[0]:
+                return False  # its quota refuses it: `consider` parks its sub-queue
+        if job.estimate is not None and ctx.may_backfill(ctx.now + job.estimate, shapes):
             return False  # it might backfill
         if not self.state.quota_on:
-            if shape not in ctx.blocked:
-                return False
-            return not (
+            hopeless = shape in ctx.blocked and not (
                 ctx.lowest_victim is not None
                 and job.priority > ctx.lowest_victim
                 and job.priority > ctx.preempt_failed.get((shape, ""), NO_PRIORITY)
             )
-        return all(self._hopeless_in(job, pool) for pool in ctx.pools_of(self.state, shape))
+        else:
+            hopeless = all(self._hopeless_in(job, pool) for pool in ctx.pools_of(self.state, shape))
+        if hopeless and consolidate:
+            ctx.to_consolidate.append(job)
+        return hopeless
+
+    def _may_consolidate(self, shape: Shape) -> bool:
+        """Whether `consolidate` might still open room for `shape` after the walk: no plan failed for it in this
+        context, it has no topology requirement, and its pool has as many GPUs free as it asks for (a plan needs
+        them, and within a context free GPUs only get fewer; only a job's own reservation is given back to it
+        there, which `_hopeless` leaves to `consider`). On a full fleet most blocked gangs fail the last test, and
+        each was otherwise looked at in full, in every cycle, only to be added to the list `consolidate` skips."""
+        index = self.state.index
+        return (
+            shape not in self.ctx.consolidation_failed
+            and shape.level is None
+            and index.free_in(index.partitions_for(shape)) >= shape.gpus
+        )
 
     def _hopeless_in(self, job: PendingJob, pool: str) -> bool:
         """Under quotas: its shape in `pool` does not fit, and it may neither preempt its team's lower-priority
@@ -838,14 +872,19 @@ class _Cycle:
         fitting = [
             (res.start, i) for i, res in enumerate(ctx.reservations) if res.start is not None and ends <= res.start
         ]
+        unfit = ctx.unfit
         for _, i in sorted(fitting, reverse=True):
             held = ctx.held[i]
             if not held:
                 continue
+            holder = ctx.reservations[i].job_id
             for option in options:
+                if (holder, option.shape) in unfit:
+                    continue
                 gpus = find_placement(index, option.shape, bonus=held)
                 if gpus is not None:
                     break
+                unfit.add((holder, option.shape))
             else:
                 continue
             assert gpus is not None
@@ -876,12 +915,22 @@ class _Cycle:
                 break
         return tested
 
+    def _may_look_ahead(self) -> bool:
+        """Whether `_backfill_behind` would look behind a blocked head: a reservation holds GPUs free until a known
+        start, and the cycle's backfill budget is not spent."""
+        ctx = self.ctx
+        return (
+            ctx.reserved_free
+            and ctx.backfill_tested < self.config.backfill_budget
+            and any(r.start is not None for r in ctx.reservations)
+        )
+
     def _backfill_behind(self, key: object, decisions: list[Decision]) -> int:
         """After a blocked sub-queue head, look a little further for jobs short enough to backfill."""
         ctx = self.ctx
-        budget = self.config.backfill_budget - ctx.backfill_tested
-        if not ctx.reserved_free or budget <= 0 or all(r.start is None for r in ctx.reservations):
+        if not self._may_look_ahead():
             return 0
+        budget = self.config.backfill_budget - ctx.backfill_tested
         tested = 0
         for job in list(self.state.queue.after_head(key, min(budget, self.config.backfill_lookahead))):  # type: ignore[arg-type]
             tested += 1

@@ -1,0 +1,232 @@
+"""A head the walk finds hopeless is not looked at in full (`_Cycle._hopeless`): its shape is blocked, it may not
+preempt, and nothing it or a job behind it could backfill onto is left. Two refinements keep a contended cycle
+from looking at most blocked gangs in full only to find that again:
+
+- a gang is hopeless although no consolidation was tried yet in the cycle when its pool has fewer GPUs free than
+  it asks for (no plan can open room then, and free GPUs only get fewer within a cycle); when a plan might, it is
+  added to the list `consolidate` works through after the walk, at its turn, as `consider` would have added it;
+- a shape found not to fit on a reservation's held GPUs (with the free ones) is not tried there again in the
+  context (`CycleContext.unfit`), and a head of it is not kept from being hopeless by that reservation.
+
+The claim: this changes no placement, preemption or nomination. On any quotas (or none), running work, queue and
+arrivals (the situations of `test_guarantee_split`), three decision rounds decide exactly what the previous rule
+decides: every multi-GPU head looked at in full until consolidation failed for its shape after the walk, every
+head with an estimate whenever a reservation it would end before holds GPUs, and no fit remembered."""
+
+from dataclasses import dataclass
+from unittest.mock import patch
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from chamber.common.contracts import GpuRef
+from chamber.scheduler.core.admission import Option
+from chamber.scheduler.core.cycle import NO_PRIORITY, _Cycle
+from chamber.scheduler.core.decisions import Decision, Nominate, Place
+from chamber.scheduler.core.model import PendingJob
+from chamber.scheduler.core.placement import find_placement
+from chamber.scheduler.core.state import SchedulerConfig, SchedulingState
+from tests.support.builders import pool_quota
+from tests.unit.scheduler.test_guarantee_split import Situation, decide, job, moves, situations
+
+_backfill_into_reservation = _Cycle._backfill_into_reservation
+
+
+def previous_rule(self: _Cycle, job: PendingJob) -> bool:
+    """`_hopeless` before the refinements."""
+    ctx, shape = self.ctx, job.shape
+    if len(ctx.reservations) < self.config.max_reservations:
+        return False
+    if self.config.consolidate and shape.gpus > 1:
+        pools = ctx.pools_of(self.state, shape) if self.state.quota_on else [shape.pool]
+        if any(ctx.pinned(shape, p) not in ctx.consolidation_failed for p in pools if p is not None) or (
+            not self.state.quota_on and shape not in ctx.consolidation_failed
+        ):
+            return False
+    if job.estimate is not None:
+        ends = ctx.now + job.estimate
+        pairs = zip(ctx.reservations, ctx.held, strict=True)
+        if any(held and res.start is not None and ends <= res.start for res, held in pairs):
+            return False
+    if not self.state.quota_on:
+        if shape not in ctx.blocked:
+            return False
+        return not (
+            ctx.lowest_victim is not None
+            and job.priority > ctx.lowest_victim
+            and job.priority > ctx.preempt_failed.get((shape, ""), NO_PRIORITY)
+        )
+    return all(self._hopeless_in(job, pool) for pool in ctx.pools_of(self.state, shape))
+
+
+def forgetting_no_fit(self: _Cycle, job: PendingJob, decisions: list[Decision], options: list[Option]) -> bool:
+    self.ctx.unfit.clear()
+    return _backfill_into_reservation(self, job, decisions, options)
+
+
+def previously(situation: Situation, *, quota: bool) -> list[list[Decision]]:
+    with (
+        patch.object(_Cycle, "_hopeless", previous_rule),
+        patch.object(_Cycle, "_backfill_into_reservation", forgetting_no_fit),
+    ):
+        return decide(situation, quota=quota)
+
+
+TEAMS = ["a", "b", "c", "d", "e"]
+ESTIMATES = st.none() | st.sampled_from([50.0, 500.0, 5000.0])
+
+
+@dataclass
+class Fragmented:
+    """A pool full of small jobs of one priority, some of which ended (the free GPUs are scattered), and gangs of
+    that priority and others waiting: the gangs cannot preempt the small jobs, only move them."""
+
+    nodes: int
+    running: list[tuple[str, int, float | None]]
+    """(team, GPUs, estimate), all `research`, placed best fit in order."""
+    ended: set[int]
+    """Running jobs that end before the first round."""
+    later: set[int]
+    """Running jobs that end before the third round."""
+    queued: list[tuple[str, str, int, float | None]]
+    """(team, priority class, GPUs, estimate)."""
+    quotas: list[tuple[str, str, int, int | None]] | None
+    """(team, cohort, nominal, borrowing limit) in the one pool; None: quotas off."""
+    reservations: int
+    """`max_reservations` (0: every head may be found hopeless from the first)."""
+
+
+@st.composite
+def fragmented(draw: st.DrawFn) -> Fragmented:
+    nodes = draw(st.integers(3, 6))
+    small = st.tuples(st.sampled_from(TEAMS), st.sampled_from([1, 1, 2]), ESTIMATES)
+    classes = st.sampled_from(["research", "research", "best-effort", "train"])
+    return Fragmented(
+        nodes=nodes,
+        running=draw(st.lists(small, min_size=4 * nodes, max_size=6 * nodes)),
+        ended=draw(st.sets(st.integers(0, 6 * nodes - 1), min_size=nodes, max_size=4 * nodes)),
+        later=draw(st.sets(st.integers(0, 6 * nodes - 1), max_size=4)),
+        queued=draw(st.lists(st.tuples(st.sampled_from(TEAMS), classes, st.sampled_from([1, 2, 2, 4, 8]), ESTIMATES),
+                             min_size=1, max_size=24)),
+        quotas=draw(st.none() | st.lists(
+            st.tuples(st.integers(0, 12), st.none() | st.integers(0, 8), st.sampled_from(["c1", "c2"])),
+            min_size=5, max_size=5).map(lambda qs: [(t, c, n, lim) for t, (n, lim, c) in zip(TEAMS, qs, strict=True)])),
+        reservations=draw(st.sampled_from([0, 1, 2])),
+    )  # fmt: skip
+
+
+def decide_fragmented(case: Fragmented) -> list[list[Decision]]:
+    """Three rounds: a cycle, the arrivals against it, a cycle after more small jobs end."""
+    state = SchedulingState(SchedulerConfig(max_tests_per_cycle=10**9, max_reservations=case.reservations))
+    for i in range(case.nodes):
+        state.index.add_node(f"n{i}", pool="default", model="H100", rack="r", zone="z", capacity=8, free=range(8))
+    if case.quotas is not None:
+        state.set_quota(pool_quota(max(8 * case.nodes, sum(q[2] for q in case.quotas)), *case.quotas))
+    running: list[str] = []
+    for i, (team, gpus, estimate) in enumerate(case.running):
+        pending = job(f"r{i}", (team, "research", gpus, None, estimate), float(i))
+        where = find_placement(state.index, pending.shape)
+        if where is not None:
+            state.place(pending, where, "running", float(i), borrowing=False)
+            running.append(pending.id)
+    state.mark_borrowed()
+    for i in sorted(case.ended):
+        if i < len(running):
+            state.release(running[i])
+    half = len(case.queued) // 2
+    for i, (team, cls, gpus, estimate) in enumerate(case.queued):
+        if i == half:
+            out = [state.decide(200.0)]
+        state.add(job(f"q{i}", (team, cls, gpus, None, estimate), 100.0 + i))
+    if half == 0:
+        out = [[]]
+    out.append(state.decide(210.0))
+    for i in sorted(case.later):
+        if i < len(running) and running[i] in state.running:
+            state.release(running[i])
+    out.append(state.decide(300.0))
+    return out
+
+
+@settings(max_examples=400, deadline=None)
+@given(fragmented())
+def test_skipping_hopeless_gangs_on_a_fragmented_pool_changes_no_decision(case: Fragmented) -> None:
+    now = decide_fragmented(case)
+    with (
+        patch.object(_Cycle, "_hopeless", previous_rule),
+        patch.object(_Cycle, "_backfill_into_reservation", forgetting_no_fit),
+    ):
+        before = decide_fragmented(case)
+    assert moves(now) == moves(before)
+
+
+@settings(max_examples=300, deadline=None)
+@given(situations())
+def test_skipping_hopeless_gangs_changes_no_decision_under_quotas(situation: Situation) -> None:
+    assert moves(decide(situation)) == moves(previously(situation, quota=True))
+
+
+@settings(max_examples=200, deadline=None)
+@given(situations())
+def test_skipping_hopeless_gangs_changes_no_decision_without_quotas(situation: Situation) -> None:
+    assert moves(decide(situation, quota=False)) == moves(previously(situation, quota=False))
+
+
+def small_jobs_everywhere(nodes: int, busy: int) -> SchedulingState:
+    """`nodes` nodes of 8 GPUs, each with `busy` one-GPU research jobs (no estimates: nobody's end is known)."""
+    state = SchedulingState()
+    for n in range(nodes):
+        state.index.add_node(f"n{n}", pool="default", model="H100", rack="r", zone="z", capacity=8, free=range(8))
+    for n in range(nodes):
+        for i in range(busy):
+            small = job(f"s{n}-{i}", ("x", "research", 1, None, None), 0.0)
+            state.place(small, (GpuRef(f"n{n}", i),), "running", 0.0, borrowing=False)
+    return state
+
+
+def test_a_second_gang_of_a_blocked_shape_joins_the_consolidation_list_without_being_looked_at() -> None:
+    """Four nodes with 3 GPUs free each (12 in all, none with 4): gang a is looked at, blocked and reserved for;
+    gang b, of the same shape and priority, may neither preempt nor backfill, so the walk does not look at it in
+    full, but room may still be opened for it (8 GPUs are free besides a's reservation). After the walk both are
+    given room, each by moving one small job."""
+    state = small_jobs_everywhere(nodes=4, busy=5)
+    state.add(job("a", ("a", "research", 4, None, None), 10.0))
+    state.add(job("b", ("b", "research", 4, None, None), 11.0))
+    with patch.object(_Cycle, "consider", autospec=True, side_effect=_Cycle.consider) as consider:
+        decisions = state.cycle(100.0)
+    assert [call.args[1].id for call in consider.call_args_list] == ["a"]
+    nominated = [d for d in decisions if isinstance(d, Nominate)]
+    assert [d.job_id for d in nominated] == ["a", "b"]
+    assert all(len(d.victims) == 1 for d in nominated)
+
+
+def test_a_gang_wider_than_the_free_gpus_is_not_looked_at_in_full() -> None:
+    """Two nodes with 3 GPUs free each: gang a (4 GPUs) is blocked and reserved for, which holds 3 of the 6 free
+    GPUs; gang b (4 GPUs) then has only 3 free to be given room with, so neither consolidation nor anything else
+    can start it in this cycle and the walk passes it by. a is given room after the walk (its own reservation's
+    GPUs count for it)."""
+    state = small_jobs_everywhere(nodes=2, busy=5)
+    state.add(job("a", ("a", "research", 4, None, None), 10.0))
+    state.add(job("b", ("b", "research", 4, None, None), 11.0))
+    with patch.object(_Cycle, "consider", autospec=True, side_effect=_Cycle.consider) as consider:
+        decisions = state.cycle(100.0)
+    assert [call.args[1].id for call in consider.call_args_list] == ["a"]
+    assert [d.job_id for d in decisions if isinstance(d, Nominate)] == ["a"]
+
+
+def test_a_shape_that_backfilled_onto_a_reservation_may_backfill_there_again() -> None:
+    """One node: r runs 4 GPUs until t=1000, gang g (8 GPUs) is reserved the node from then, holding its 4 free
+    GPUs. Two one-GPU jobs of other teams, each ending by t=300, both backfill there: a fit is remembered only when
+    the shape did not fit (`CycleContext.unfit`); a 4-GPU job of 100 s then finds no room left there."""
+    state = SchedulingState()
+    state.index.add_node("n0", pool="default", model="H100", rack="r", zone="z", capacity=8, free=range(8))
+    running = job("r", ("r", "research", 4, None, 1000.0), 0.0)
+    state.place(running, tuple(GpuRef("n0", i) for i in range(4)), "running", 0.0, borrowing=False)
+    state.add(job("g", ("g", "research", 8, None, None), 10.0))
+    state.add(job("b", ("b", "research", 1, None, 100.0), 11.0))
+    state.add(job("c", ("c", "research", 1, None, 100.0), 12.0))
+    state.add(job("d", ("d", "research", 4, None, 100.0), 13.0))
+    decisions = state.cycle(200.0)
+    assert [d.job_id for d in decisions if isinstance(d, Place)] == ["b", "c"]
+    assert state.ctx is not None
+    assert {shape.gpus for _, shape in state.ctx.unfit} == {4}
