@@ -8,12 +8,15 @@ from looking at most blocked gangs in full only to find that again:
 - a shape found not to fit on a reservation's held GPUs (with the free ones) is not tried there again in the
   context (`CycleContext.unfit`), and a head of it is not kept from being hopeless by that reservation.
 
-The claim: this changes no placement, preemption or nomination. On any quotas (or none), running work, queue and
-arrivals (the situations of `test_guarantee_split`), three decision rounds decide exactly what the previous rule
-decides: every multi-GPU head looked at in full until consolidation failed for its shape after the walk, every
-head with an estimate whenever a reservation it would end before holds GPUs, and no fit remembered."""
+The claim: this changes no placement, preemption or nomination while the cycle's backfill budget lasts. On any
+quotas (or none), running work, queue and arrivals (the situations of `test_guarantee_split`, and a fragmented
+pool), three decision rounds decide exactly what the previous rule decides: every multi-GPU head looked at in full
+until consolidation failed for its shape after the walk, every head with an estimate whenever a reservation it
+would end before holds GPUs, and no fit remembered. The budget itself now goes further: the look-ahead behind a
+head stops once its shape fits on no reservation (every job behind it has that shape), where it used to spend
+the budget on jobs that could not backfill (the last test)."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from unittest.mock import patch
 
 from hypothesis import given, settings
@@ -117,7 +120,9 @@ def fragmented(draw: st.DrawFn) -> Fragmented:
 
 def decide_fragmented(case: Fragmented) -> list[list[Decision]]:
     """Three rounds: a cycle, the arrivals against it, a cycle after more small jobs end."""
-    state = SchedulingState(SchedulerConfig(max_tests_per_cycle=10**9, max_reservations=case.reservations))
+    state = SchedulingState(
+        SchedulerConfig(max_tests_per_cycle=10**9, max_reservations=case.reservations, backfill_budget=UNSPENT)
+    )
     for i in range(case.nodes):
         state.index.add_node(f"n{i}", pool="default", model="H100", rack="r", zone="z", capacity=8, free=range(8))
     if case.quotas is not None:
@@ -160,15 +165,21 @@ def test_skipping_hopeless_gangs_on_a_fragmented_pool_changes_no_decision(case: 
     assert moves(now) == moves(before)
 
 
+UNSPENT = 10**9
+"""A backfill budget no test spends (see the module's docstring)."""
+
+
 @settings(max_examples=300, deadline=None)
 @given(situations())
 def test_skipping_hopeless_gangs_changes_no_decision_under_quotas(situation: Situation) -> None:
+    situation = replace(situation, backfill_budget=UNSPENT)
     assert moves(decide(situation)) == moves(previously(situation, quota=True))
 
 
 @settings(max_examples=200, deadline=None)
 @given(situations())
 def test_skipping_hopeless_gangs_changes_no_decision_without_quotas(situation: Situation) -> None:
+    situation = replace(situation, backfill_budget=UNSPENT)
     assert moves(decide(situation, quota=False)) == moves(previously(situation, quota=False))
 
 
@@ -230,3 +241,24 @@ def test_a_shape_that_backfilled_onto_a_reservation_may_backfill_there_again() -
     assert [d.job_id for d in decisions if isinstance(d, Place)] == ["b", "c"]
     assert state.ctx is not None
     assert {shape.gpus for _, shape in state.ctx.unfit} == {4}
+
+
+def test_the_look_ahead_behind_a_gang_that_fits_on_no_reservation_leaves_the_budget_to_others() -> None:
+    """One node: r runs 4 GPUs until t=1000; g (8 GPUs) is reserved the node from then, holding its 4 free GPUs.
+    h waits with 8-GPU jobs, 16 of them short, behind a head without an estimate: none can fit on 4 GPUs. c waits
+    with a one-GPU head without an estimate and a short one behind it. With a budget of 16, h's look-ahead used to
+    spend it all; now it stops at its first job, and c's short job backfills."""
+    state = SchedulingState(SchedulerConfig(order="fifo", backfill_budget=16))
+    state.index.add_node("n0", pool="default", model="H100", rack="r", zone="z", capacity=8, free=range(8))
+    running = job("r", ("r", "research", 4, None, 1000.0), 0.0)
+    state.place(running, tuple(GpuRef("n0", i) for i in range(4)), "running", 0.0, borrowing=False)
+    state.add(job("g", ("g", "research", 8, None, None), 10.0))
+    state.add(job("h0", ("h", "research", 8, None, None), 11.0))
+    for i in range(1, 17):
+        state.add(job(f"h{i}", ("h", "research", 8, None, 100.0), 11.0 + i))
+    state.add(job("c1", ("c", "research", 1, None, None), 30.0))
+    state.add(job("c2", ("c", "research", 1, None, 100.0), 31.0))
+    decisions = state.cycle(200.0)
+    assert [d.job_id for d in decisions if isinstance(d, Place)] == ["c2"]
+    assert state.ctx is not None
+    assert state.ctx.backfill_tested == 2

@@ -46,7 +46,7 @@ from chamber.scheduler.core.preemption import (
     plan_preemption,
     victim_cost,
 )
-from chamber.scheduler.core.queue import WOKEN, Entry, ParkGroup, Parking, SubQueue, Walk, entry
+from chamber.scheduler.core.queue import WOKEN, Entry, ParkGroup, Parking, QueueKey, SubQueue, Walk, entry
 from chamber.scheduler.core.reasons import Reason, WaitKind, placed_on
 from chamber.scheduler.core.state import SchedulingState
 
@@ -536,7 +536,7 @@ class _Cycle:
         ctx, shape, config = self.ctx, job.shape, self.config
         if len(ctx.reservations) < config.max_reservations:
             return False  # it might be a head to reserve for
-        shapes = [ctx.pinned(shape, p) for p in ctx.pools_of(self.state, shape)] if self.state.quota_on else [shape]
+        shapes = self._pinned_shapes(shape)
         consolidate = False
         if config.consolidate and shape.gpus > 1:
             if any(r.job_id == job.id for r in ctx.reservations):
@@ -902,21 +902,26 @@ class _Cycle:
             return True
         return False
 
-    def _reserve_behind(self, key: object, decisions: list[Decision]) -> int:
+    def _reserve_behind(self, key: QueueKey, decisions: list[Decision]) -> int:
         """The head of a sub-queue got a reservation and more may be made: the jobs after it (same shape, same
         rights) get theirs too, in order, until one does not."""
         left = self.config.max_reservations - len(self.ctx.reservations)
         if left <= 0:
             return 0
         tested = 0
-        for job in list(self.state.queue.after_head(key, left)):  # type: ignore[arg-type]
+        for job in list(self.state.queue.after_head(key, left)):
             tested += 1
             if self.consider(job, decisions) != "reserved":
                 break
         return tested
 
+    def _pinned_shapes(self, shape: Shape) -> list[Shape]:
+        """The shape pinned to each pool it may use (as `admissions` pins its options); itself without quotas."""
+        ctx = self.ctx
+        return [ctx.pinned(shape, p) for p in ctx.pools_of(self.state, shape)] if self.state.quota_on else [shape]
+
     def _may_look_ahead(self) -> bool:
-        """Whether `_backfill_behind` would look behind a blocked head: a reservation holds GPUs free until a known
+        """Whether `_backfill_behind` might look behind a blocked head: a reservation holds GPUs free until a known
         start, and the cycle's backfill budget is not spent."""
         ctx = self.ctx
         return (
@@ -925,14 +930,17 @@ class _Cycle:
             and any(r.start is not None for r in ctx.reservations)
         )
 
-    def _backfill_behind(self, key: object, decisions: list[Decision]) -> int:
-        """After a blocked sub-queue head, look a little further for jobs short enough to backfill."""
+    def _backfill_behind(self, key: QueueKey, decisions: list[Decision]) -> int:
+        """After a blocked sub-queue head, look a little further for jobs short enough to backfill. The jobs behind
+        it have its shape: once that shape is known to fit on no reservation's held GPUs (`CycleContext.unfit`),
+        none of them is looked at, and the cycle's budget is kept for heads of other shapes."""
         ctx = self.ctx
-        if not self._may_look_ahead():
+        shapes = self._pinned_shapes(key[3])
+        if not self._may_look_ahead() or not ctx.may_backfill(None, shapes):
             return 0
         budget = self.config.backfill_budget - ctx.backfill_tested
         tested = 0
-        for job in list(self.state.queue.after_head(key, min(budget, self.config.backfill_lookahead))):  # type: ignore[arg-type]
+        for job in list(self.state.queue.after_head(key, min(budget, self.config.backfill_lookahead))):
             tested += 1
             if job.estimate is None or budget_refusal(self.state, job):
                 continue
@@ -941,6 +949,8 @@ class _Cycle:
             options = [o for o in admissions(self.state, job, ctx).options if ctx.borrowing or not o.borrowing]
             if options:
                 self._backfill_into_reservation(job, decisions, options)
+                if not ctx.may_backfill(None, shapes):
+                    break
         ctx.backfill_tested += tested
         return tested
 
