@@ -16,6 +16,7 @@ would end before holds GPUs, and no fit remembered. The budget itself now goes f
 head stops once its shape fits on no reservation (every job behind it has that shape), where it used to spend
 the budget on jobs that could not backfill (the last test)."""
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from unittest.mock import patch
 
@@ -25,11 +26,11 @@ from hypothesis import strategies as st
 from chamber.common.contracts import GpuRef
 from chamber.scheduler.core.admission import Option
 from chamber.scheduler.core.cycle import NO_PRIORITY, _Cycle
-from chamber.scheduler.core.decisions import Decision, Nominate, Place
-from chamber.scheduler.core.model import PendingJob
+from chamber.scheduler.core.decisions import Decision, Nominate, Place, Wait
+from chamber.scheduler.core.model import PendingJob, pending_from
 from chamber.scheduler.core.placement import find_placement
 from chamber.scheduler.core.state import SchedulerConfig, SchedulingState
-from tests.support.builders import pool_quota
+from tests.support.builders import make_job, pool_quota
 from tests.unit.scheduler.test_guarantee_split import Situation, decide, job, moves, situations
 
 _backfill_into_reservation = _Cycle._backfill_into_reservation
@@ -97,6 +98,8 @@ class Fragmented:
     """(team, cohort, nominal, borrowing limit) in the one pool; None: quotas off."""
     reservations: int
     """`max_reservations` (0: every head may be found hopeless from the first)."""
+    strict: str
+    """"", "fifo" or "per team": `strict_fifo` or `strict_fifo_per_team` on."""
 
 
 @st.composite
@@ -115,14 +118,20 @@ def fragmented(draw: st.DrawFn) -> Fragmented:
             st.tuples(st.integers(0, 12), st.none() | st.integers(0, 8), st.sampled_from(["c1", "c2"])),
             min_size=5, max_size=5).map(lambda qs: [(t, c, n, lim) for t, (n, lim, c) in zip(TEAMS, qs, strict=True)])),
         reservations=draw(st.sampled_from([0, 1, 2])),
+        strict=draw(st.sampled_from(["", "", "fifo", "per team"])),
     )  # fmt: skip
 
 
 def decide_fragmented(case: Fragmented) -> list[list[Decision]]:
     """Three rounds: a cycle, the arrivals against it, a cycle after more small jobs end."""
-    state = SchedulingState(
-        SchedulerConfig(max_tests_per_cycle=10**9, max_reservations=case.reservations, backfill_budget=UNSPENT)
+    config = SchedulerConfig(
+        max_tests_per_cycle=10**9,
+        max_reservations=case.reservations,
+        backfill_budget=UNSPENT,
+        strict_fifo=case.strict == "fifo",
+        strict_fifo_per_team=case.strict == "per team",
     )
+    state = SchedulingState(config)
     for i in range(case.nodes):
         state.index.add_node(f"n{i}", pool="default", model="H100", rack="r", zone="z", capacity=8, free=range(8))
     if case.quotas is not None:
@@ -262,3 +271,92 @@ def test_the_look_ahead_behind_a_gang_that_fits_on_no_reservation_leaves_the_bud
     assert [d.job_id for d in decisions if isinstance(d, Place)] == ["c2"]
     assert state.ctx is not None
     assert state.ctx.backfill_tested == 2
+
+
+def two_nodes_six_busy(config: SchedulerConfig) -> SchedulingState:
+    """Two nodes with 6 of 8 GPUs busy each (research jobs whose ends are unknown)."""
+    state = SchedulingState(config)
+    for i in range(2):
+        state.index.add_node(f"n{i}", pool="default", model="H100", rack="r", zone="z", capacity=8, free=range(8))
+        busy = job(f"r{i}", ("r", "research", 6, None, None), float(i))
+        state.place(busy, tuple(GpuRef(f"n{i}", k) for k in range(6)), "running", float(i), borrowing=False)
+    return state
+
+
+def test_a_gang_passed_by_still_ends_its_teams_turn_under_strict_fifo_per_team() -> None:
+    """Found by review. g is reserved for (holding 2 free GPUs), h0 is blocked; team c's gang h cannot be given
+    room (2 GPUs free), but under `strict_fifo_per_team` its blocked head still ends team c's turn: c's 1-GPU job
+    j waits behind it."""
+    state = two_nodes_six_busy(SchedulerConfig(strict_fifo_per_team=True))
+    for i, (name, team, gpus) in enumerate((("g", "a", 8), ("h0", "b", 8), ("h", "c", 8), ("j", "c", 1))):
+        state.add(job(name, (team, "research", gpus, None, None), 10.0 + i))
+    assert not [d for d in state.cycle(200.0) if isinstance(d, Place)]
+
+
+def test_a_gang_passed_by_still_ends_a_strict_fifo_walk() -> None:
+    """Found by review. Without reservations, h0 (train) preempts for its 8 GPUs; h (research) may not preempt,
+    and under `strict_fifo` its blocked head ends the walk: j, behind it, is not placed."""
+    state = two_nodes_six_busy(SchedulerConfig(strict_fifo=True, max_reservations=0))
+    state.index.add_node("n2", pool="default", model="H100", rack="r", zone="z", capacity=8, free=range(8))
+    busy = job("r2", ("r", "research", 4, None, None), 2.0)
+    state.place(busy, tuple(GpuRef("n2", k) for k in range(4)), "running", 2.0, borrowing=False)
+    for i, (name, cls, gpus) in enumerate((("h0", "train", 8), ("h", "research", 8), ("j", "research", 1))):
+        state.add(job(name, (name, cls, gpus, None, None), 10.0 + i))
+    moved = [(type(d).__name__, d.job_id) for d in state.cycle(200.0) if not isinstance(d, Wait)]
+    assert ("Nominate", "h0") in moved
+    assert ("Place", "j") not in moved
+
+
+def test_a_cancelled_nominee_gives_its_gpus_back_for_a_full_cycle() -> None:
+    """Found by review. p was nominated 4 GPUs on n0 (2 free, 2 of v's, stopping). g is reserved n1 from t=1000,
+    holding its 2 free GPUs; h0 (2 x 2 GPUs) found no room there. p is cancelled: the GPUs it was given are free
+    again, so what the cycle concluded (h0's shape fits nowhere) no longer holds. The next decision, when k (of
+    h0's shape) arrives, is a full cycle: h0, ahead of k, backfills on n1's held GPUs and n0's returned ones (it
+    used to be decided against the stale conclusion, and nothing started)."""
+    state = SchedulingState()
+    for i in range(2):
+        state.index.add_node(f"n{i}", pool="default", model="H100", rack="r", zone="z", capacity=8, free=range(8))
+    for name, cls, gpus, where, estimate in (
+        ("w", "research", 4, ("n0", range(4)), None), ("v", "best-effort", 2, ("n0", range(4, 6)), None),
+        ("r", "research", 6, ("n1", range(6)), 1000.0),
+    ):  # fmt: skip
+        running = job(name, (name, cls, gpus, None, estimate), 0.0)
+        state.place(running, tuple(GpuRef(where[0], k) for k in where[1]), "running", 0.0, borrowing=False)
+    p = job("p", ("p", "train", 4, None, None), 1.0)
+    state.add(p)
+    state.mark_stopping("v")
+    p.waiting_for = ("v/0",)
+    state.nominate(p, tuple(GpuRef("n0", k) for k in range(4, 8)))
+    state.add(job("g", ("g", "research", 8, None, None), 10.0))
+    state.add(pending_from(make_job("h0").team("h").priority("research").gpus(2, 2).at(11.0).estimate(100.0).build()))
+    assert not [d for d in state.cycle(200.0) if isinstance(d, Place)]
+    state.withdraw("p")
+    state.add(pending_from(make_job("k").team("k").priority("research").gpus(2, 2).at(20.0).estimate(100.0).build()))
+    assert [d.job_id for d in state.decide(210.0) if isinstance(d, Place)] == ["h0"]
+
+
+def test_a_reservation_given_up_after_its_job_was_given_room_elsewhere_frees_what_it_held() -> None:
+    """Found by review. a (8 GPUs, any pool) is reserved x0 (holding its 6 free GPUs), then given room on y0 by
+    moving four small jobs; b (8 GPUs in X) is reserved x1 from t=2000, holding 4. h0 (2 x 4 GPUs in X) found no
+    room. Once a's reservation is given up, x0's 6 GPUs are free: k, of h0's shape, arriving next, backfills on
+    them and b's held GPUs."""
+    state = SchedulingState(SchedulerConfig(max_reservations=2))
+    for name, pool in (("x0", "X"), ("x1", "X"), ("y0", "Y"), ("y1", "Y")):
+        state.index.add_node(name, pool=pool, model="H100", rack="r", zone="z", capacity=8, free=range(8))
+    running: list[tuple[str, str, str, Sequence[int], float | None]] = [
+        ("nx", "train", "x0", range(2), 1000.0), ("nb", "train", "x1", range(4), 2000.0),
+        ("y", "research", "y1", range(4), None), *((f"m{k}", "research", "y0", [k], None) for k in range(4)),
+    ]  # fmt: skip
+    for name, cls, node, indices, estimate in running:
+        built = make_job(name).team("run").priority(cls).gpus(len(indices)).at(0.0)
+        placed = pending_from((built.estimate(estimate) if estimate else built).build())
+        state.place(placed, tuple(GpuRef(node, k) for k in indices), "running", 0.0, borrowing=False)
+    state.add(pending_from(make_job("a").team("a").priority("research").gpus(8).at(10.0).build()))
+    state.add(pending_from(make_job("b").team("b").priority("research").gpus(8).pool("X").at(11.0).build()))
+    h0 = make_job("h0").team("h").priority("research").gpus(4, 2).pool("X").at(12.0).estimate(100.0)
+    state.add(pending_from(h0.build()))
+    nominated = [(d.job_id, len(d.victims)) for d in state.cycle(200.0) if isinstance(d, Nominate)]
+    assert nominated == [("a", 4)]
+    k = make_job("k").team("k").priority("research").gpus(4, 2).pool("X").at(20.0).estimate(100.0)
+    state.add(pending_from(k.build()))
+    assert [d.job_id for d in state.decide(210.0) if isinstance(d, Place)] == ["k"]

@@ -90,7 +90,7 @@ class CycleContext:
     """Shapes no consolidation plan opened room for in this context (room only gets scarcer within it)."""
     unfit: set[tuple[str, Shape]] = field(default_factory=set)
     """(reservation's job, shape): the shape fits neither on that reservation's held GPUs nor with free ones, so
-    no job of it backfills there in this context (held and free GPUs only get fewer within it)."""
+    no job of it backfills there in this context (held and free GPUs only get fewer within it, see `more_free`)."""
     _on_node: dict[str, list[RunningJob]] | None = None
     _smallest: dict[str, int] | None = None
 
@@ -173,6 +173,15 @@ class CycleContext:
         if self._stopping is not None:
             key = (job.team, job.pool)
             self._stopping[key] = self._stopping.get(key, 0) + len(job.gpus)
+
+    def more_free(self) -> None:
+        """GPUs became free within the context (a reservation given up with some of its held GPUs unused): what
+        was concluded from their absence (shapes that do not fit, failed plans) no longer holds; the next decisions
+        find out again."""
+        self.blocked.clear()
+        self.unfit.clear()
+        self.consolidation_failed.clear()
+        self.preempt_failed.clear()
 
     def may_backfill(self, ends: float | None, shapes: Iterable[Shape]) -> bool:
         """Some reservation holding free GPUs starts no earlier than `ends` (a job ending then could backfill; None:
@@ -541,8 +550,12 @@ class _Cycle:
         if config.consolidate and shape.gpus > 1:
             if any(r.job_id == job.id for r in ctx.reservations):
                 return False  # its own reservation's GPUs are free for it when room is opened (`consolidate`)
+            if (config.strict_fifo or config.strict_fifo_per_team) and any(
+                s not in ctx.consolidation_failed for s in shapes
+            ):
+                return False  # "blocked" ends a strict walk (or the team's turn): `consider` says so
             if any(self._may_consolidate(s) for s in shapes):
-                if not ctx.borrowing or config.strict_fifo or config.strict_fifo_per_team:
+                if not ctx.borrowing:
                     return False
                 consolidate = True  # room might be opened for it by moving small jobs
             if self._may_look_ahead() and ctx.may_backfill(None, shapes):
@@ -815,8 +828,9 @@ class _Cycle:
             moved = any(self._try_consolidation(job, decisions, o) for o in admissions(state, job, ctx).options)
             if mine is None:
                 continue
-            if moved:
+            if moved:  # the GPUs its reservation held and its new place does not use are free now
                 del ctx.reservations[mine], ctx.held[mine]
+                ctx.more_free()
             else:
                 for node, indices in ctx.held[mine].items():
                     state.index.take(node, indices)

@@ -302,9 +302,11 @@ class SchedulingState:
         self.invalidate()
 
     def withdraw(self, job_id: str) -> None:
-        """A waiting job left (cancelled): out of the queue, its nomination (if any) given back."""
+        """A waiting job left (cancelled): out of the queue, its nomination (if any) given back (free GPUs: the
+        next decision is a full cycle, as after a release)."""
         if job_id in self.nominated:
             self.drop_nomination(job_id, requeue=False)
+            self.invalidate()
         self.queue.remove(job_id)
 
     def mark_stopping(self, job_id: str) -> None:
