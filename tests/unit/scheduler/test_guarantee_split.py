@@ -122,8 +122,8 @@ def decide(situation: Situation, *, quota: bool = True) -> list[list[Decision]]:
     return out
 
 
-def unsplit(self: _Cycle, items: list[Entry]) -> tuple[list[Entry], list[Entry], list[Entry]]:
-    return items, [], []
+def unsplit(self: _Cycle, items: list[Entry]) -> tuple[list[Entry], list[Entry], dict[tuple[str, str], list[Entry]]]:
+    return items, [], {}
 
 
 def moves(cycles: list[list[Decision]]) -> list[list[Decision]]:

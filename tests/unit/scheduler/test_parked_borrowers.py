@@ -3,8 +3,12 @@ woken in the first pass; it has its turn again in the second, where borrowers ar
 turn must come no later than its first head's: a head's order moves while its group is parked (it ages, for
 one), and a group looked at in its old place let later borrowers take what the cohort had to lend first."""
 
+from unittest.mock import patch
+
+from chamber.scheduler.core.cycle import _Cycle
 from chamber.scheduler.core.decisions import Place, Wait
 from chamber.scheduler.core.model import pending_from
+from chamber.scheduler.core.queue import SubQueue
 from chamber.scheduler.core.reasons import WaitKind
 from chamber.scheduler.core.state import SchedulerConfig, SchedulingState
 from tests.support.builders import make_job, make_node, pool_quota
@@ -116,3 +120,53 @@ def test_a_first_pass_that_looked_at_every_head_within_the_budget_was_not_cut_sh
     assert [d.job_id for d in state.cycle(2.0) if isinstance(d, Place)] == ["g-only"]
     more = make_job("b-more").team("b").priority("research").gpus(2).at(3.0).build()
     assert [d.job_id for d in state.submit(pending_from(more), 3.0) if isinstance(d, Place)] == ["b-more"]
+
+
+def cohort_lending(one_gpu: bool) -> tuple[SchedulingState, list[Place]]:
+    """Cohort c (x, y, z, at their guarantees of 2) borrows from the pool's 4 unassigned GPUs; w, in cohort d with
+    no guarantee, borrows all 4. x waits with a 2-GPU job, y with a 1-GPU one (or, without `one_gpu`, a 2-GPU one),
+    z with a 2-GPU one: all are refused and parked. Then one of w's jobs ends: c may borrow 1 GPU again."""
+    quota = pool_quota(10, ("x", "c", 2, None), ("y", "c", 2, None), ("z", "c", 2, None), ("w", "d", 0, None))
+    teams = [(t, i) for t in "xyz" for i in range(2)] + [("w", i) for i in range(4)]
+    records = [
+        make_job(f"{team}-running{i}").team(team).priority("research").running_on(("n0", gpu)).started_at(0.0).build()
+        for gpu, (team, i) in enumerate(teams)
+    ]
+    records += [
+        make_job("x-waits").team("x").priority("research").gpus(2).at(100.0).build(),
+        make_job("y-waits").team("y").priority("research").gpus(1 if one_gpu else 2).at(200.0).build(),
+        make_job("z-waits").team("z").priority("research").gpus(2).at(300.0).build(),
+    ]
+    owners = {g.slot: r.id for r in records if r.placement for g in r.placement.gpus}
+    state = SchedulingState.from_snapshot([make_node("n0").gpus(10).build()], owners, {}, records)
+    state.set_quota(quota)
+    assert not [d for d in state.cycle(1000.0) if isinstance(d, Place)]
+    assert {group[0] for group in state.queue.parked} == {"x", "y", "z"}
+    state.release("w-running0")
+    return state, [d for d in state.cycle(1100.0) if isinstance(d, Place)]
+
+
+def test_a_group_the_cohort_cannot_lend_enough_for_leaves_the_cohorts_later_groups_their_turn() -> None:
+    """x's group comes first and wakes nothing (1 GPU to lend, its job asks for 2); y's group, of the same cohort,
+    still has its turn: its 1-GPU job borrows the GPU."""
+    _, placed = cohort_lending(one_gpu=True)
+    assert [d.job_id for d in placed] == ["y-waits"]
+
+
+def test_once_a_cohort_lends_nothing_more_its_later_groups_are_not_looked_at() -> None:
+    """When the cohort has nothing left to lend, no later group of its teams at their guarantee can wake in the
+    cycle (what it may borrow only shrinks): once a group finds that, the second pass looks at no more of them
+    (`Walk.close`)."""
+    state, _ = cohort_lending(one_gpu=False)
+    state.release("w-running1")  # c may borrow 2: x's 2-GPU job takes both, y's group wakes nothing after it
+    looked: list[tuple[str, str, bool, int]] = []
+    wake = _Cycle._wake
+
+    def counting(self: _Cycle, group: tuple[str, str, bool, int]) -> tuple[list[SubQueue], bool]:
+        looked.append(group)
+        return wake(self, group)
+
+    with patch.object(_Cycle, "_wake", counting):
+        placed = [d.job_id for d in state.cycle(1200.0) if isinstance(d, Place)]
+    assert placed == ["x-waits"]
+    assert [group[0] for group in looked] == ["x", "y"]

@@ -157,3 +157,53 @@ def test_what_the_queue_keeps_for_a_cycle_is_never_stale(steps: list[tuple[str, 
         for job in queue.jobs.values():
             smallest[job.team] = min(job.shape.gpus, smallest.get(job.team, job.shape.gpus))
         assert queue.smallest_by_team() == smallest
+
+
+class _AllCurrent:
+    """A queue whose kept items are all current (what `Walk` asks of its queue)."""
+
+    def current(self, item: Entry) -> bool:
+        return True
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.integers(0, 50), max_size=20),
+    st.lists(st.integers(0, 50), max_size=20),
+    st.dictionaries(st.sampled_from("abc"), st.lists(st.integers(0, 50), max_size=10), max_size=3),
+    st.lists(st.tuples(st.integers(0, 50), st.sampled_from("abc") | st.none()), max_size=20),
+)
+def test_lanes_are_merged_in_order_and_a_closed_lane_gives_no_more(
+    ordered: list[int], pushed: list[int], lanes: dict[str, list[int]], steps: list[tuple[int, str | None]]
+) -> None:
+    """A walk over kept items, pushed items and lanes gives them all in the order one heap of them would, items
+    pushed on the way included; once a lane is closed (after any item) none of its items comes any more."""
+    numbers = itertools.count()
+
+    def items(values: list[int], tag: str) -> list[Entry]:
+        return sorted((v, next(numbers), tag) for v in values)
+
+    kept, extra = items(ordered, "kept"), items(pushed, "pushed")
+    lane_items = {key: items(values, key) for key, values in lanes.items()}
+    walk = Walk(_AllCurrent(), kept, list(extra), lane_items)  # type: ignore[arg-type]
+    heap = [*kept, *extra, *(item for lane in lane_items.values() for item in lane)]
+    heapq.heapify(heap)
+    closed: set[str] = set()
+    for value, close in steps:
+        expected = None
+        while heap:
+            candidate = heapq.heappop(heap)
+            if candidate[2] not in closed:
+                expected = candidate
+                break
+        got = walk.pop()
+        assert got == expected
+        if got is None:
+            break
+        assert walk.lane == (got[2] if got[2] in lane_items else None)
+        item = (value, next(numbers), "pushed")
+        walk.push(item)
+        heapq.heappush(heap, item)
+        if close is not None:
+            walk.close(close)
+            closed.add(close)

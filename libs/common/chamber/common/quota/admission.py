@@ -55,6 +55,10 @@ class QuotaUsage:
     def __len__(self) -> int:
         return len(self.used)
 
+    def cohort_of(self, team: str, pool: str) -> tuple[str, str]:
+        """(pool, cohort): where `team` borrows in `pool`."""
+        return self._cohort_and_quota(team, pool)[0]
+
     def _cohort_and_quota(self, team: str, pool: str) -> tuple[tuple[str, str], TeamQuota]:
         found = self._of.get((team, pool))
         if found is None:

@@ -301,16 +301,16 @@ class _Cycle:
         ctx.borrowing = not state.quota_on
         items = queue.heads(standing)
         later: list[Entry] = []
-        groups: list[Entry] = []
+        lanes: dict[tuple[str, str], list[Entry]] = {}
         if state.quota_on and not (self.config.strict_fifo or self.config.strict_fifo_per_team):
-            items, later, groups = self._split_by_guarantee(items)
+            items, later, lanes = self._split_by_guarantee(items)
         first = Walk(queue, items)
         deferred = self._walk(first, decisions)
         # The second pass, and the arrivals decided against this context after it, may borrow: unless the first
         # pass was cut short by the test budget, leaving guaranteed heads undecided until the next cycle.
         ctx.borrowing = ctx.tests < self.config.max_tests_per_cycle or first.pop() is None
-        if (deferred or later or groups) and ctx.borrowing:
-            self._walk(Walk(queue, later, deferred + groups), decisions)
+        if (deferred or later or lanes) and ctx.borrowing:
+            self._walk(Walk(queue, later, deferred, lanes), decisions)
         self.consolidate(decisions)
         sticky = self.config.sticky_reservations
         if sticky != "none":
@@ -329,6 +329,8 @@ class _Cycle:
             kind, number, item = popped[-3:]
             if not isinstance(item, SubQueue):
                 woken, borrowers = self._wake(item)
+                if not woken and heads.lane is not None and state.usage.borrowable(item[0], item[1]) <= 0:
+                    heads.close(heads.lane)  # its cohort lends nothing more this cycle: no group of it wakes
                 for sq in woken:
                     head = queue.head_of(sq)
                     if head is not None:
@@ -372,7 +374,9 @@ class _Cycle:
 
     # ---- shortcuts that keep a cycle O(sub-queues that can move) ---------------------------------------------
 
-    def _split_by_guarantee(self, items: list[Entry]) -> tuple[list[Entry], list[Entry], list[Entry]]:
+    def _split_by_guarantee(
+        self, items: list[Entry]
+    ) -> tuple[list[Entry], list[Entry], dict[tuple[str, str], list[Entry]]]:
         """The walk's items split, before the first pass, into those whose team's guarantee might admit a head now (the
         first pass's) and the rest, straight to the second pass: its sub-queues in order, and its parked groups at
         their first head's turn (as `_walk` hands a group on). A team at or above its guarantee in every pool the
@@ -383,7 +387,14 @@ class _Cycle:
         only grow harder within a cycle (usage only grows, and a team's lower-priority work placed in the first pass
         comes after its higher-priority heads), so nothing on the second list could have moved in the first pass.
         Nor does the split move where the backfill budget goes: a head refused outright gets no look-ahead in either
-        pass."""
+        pass.
+
+        The parked groups for the second pass come in lanes, one per (pool, cohort), each in queue order (`Walk`
+        merges them with the rest). Their teams borrow for them or not at all, and what a cohort may lend only
+        shrinks within the cycle, so once one of a lane's groups finds it lends nothing, the lane is closed (`_walk`):
+        its other groups would wake nothing (with a thousand teams at their quota, most of the second pass's groups
+        were looked at only for that). A group of non-preemptible jobs of such a team is left out at once: only
+        preemptible jobs borrow."""
         state, ctx, queue = self.state, self.ctx, self.state.queue
         book = state.quota
         assert book is not None
@@ -417,11 +428,17 @@ class _Cycle:
                 first.append(item)
             else:
                 parked.append(item)
-        groups: list[Entry] = []
+        lanes: dict[tuple[str, str], list[Entry]] = {}
+        cohort_of = state.usage.cohort_of
         for item in parked:
-            if queue.current(item) and (order := queue.first_order(item[-1], state.standing)) is not None:
-                groups.append(entry(order, WOKEN, next(ctx.seq), item[-1]))
-        return first, later, groups
+            group = item[-1]
+            if not group[2] or not queue.current(item):
+                continue  # a team at its guarantee borrows only with preemptible jobs: such a group never wakes
+            if (order := queue.first_order(group, state.standing)) is not None:
+                lanes.setdefault(cohort_of(group[0], group[1]), []).append(entry(order, WOKEN, next(ctx.seq), group))
+        for lane in lanes.values():
+            lane.sort()
+        return first, later, lanes
 
     def _wake(self, group: ParkGroup) -> tuple[list[SubQueue], bool]:
         """A parked group's turn: wake the sub-queues whose heads its team's quota admits now. In the first pass

@@ -87,29 +87,64 @@ class Parking:
 class Walk:
     """A cycle's items in queue order: the kept order of `JobQueue.heads` read once from the front, merged with
     the items pushed during the cycle (sub-queues with a new head, woken sub-queues), as one heap of them all
-    would give them, without building that heap."""
+    would give them, without building that heap.
 
-    def __init__(self, queue: "JobQueue", ordered: list[Entry], pushed: list[Entry] | None = None) -> None:
+    Items may also come in `lanes`, each already in queue order, merged in the same way; a lane `close`d gives
+    no more items (the cycle found that none of its items left could do anything: see `_Cycle._walk`)."""
+
+    def __init__(
+        self,
+        queue: "JobQueue",
+        ordered: list[Entry],
+        pushed: list[Entry] | None = None,
+        lanes: dict[Any, list[Entry]] | None = None,
+    ) -> None:
         self._current = queue.current
         self._ordered = ordered
         self._next = 0
         self._pushed = pushed or []
         heapq.heapify(self._pushed)
+        self._lanes = lanes or {}
+        self._fronts: list[tuple[Entry, Any, int]] = [(lane[0], key, 0) for key, lane in self._lanes.items() if lane]
+        """(the next item of a lane, the lane, its index there): a heap of the lanes' fronts."""
+        heapq.heapify(self._fronts)
+        self._closed: set[Any] = set()
+        self.lane: Any = None
+        """The lane the item last popped came from (None: not from a lane)."""
 
     def pop(self) -> Entry | None:
         """The next item, or None when there are no more."""
-        ordered, current, i, pushed = self._ordered, self._current, self._next, self._pushed
+        ordered, current, i, pushed, fronts = self._ordered, self._current, self._next, self._pushed, self._fronts
         n = len(ordered)
         while i < n and not current(ordered[i]):
             i += 1
-        if i < n and not (pushed and pushed[0] < ordered[i]):
-            self._next = i + 1
-            return ordered[i]
         self._next = i
-        return heapq.heappop(pushed) if pushed else None
+        while fronts and fronts[0][1] in self._closed:
+            heapq.heappop(fronts)
+        best = ordered[i] if i < n else None
+        if pushed and (best is None or pushed[0] < best):
+            best = pushed[0]
+        if fronts and (best is None or fronts[0][0] < best):
+            item, key, at = heapq.heappop(fronts)
+            lane = self._lanes[key]
+            if at + 1 < len(lane):
+                heapq.heappush(fronts, (lane[at + 1], key, at + 1))
+            self.lane = key
+            return item
+        self.lane = None
+        if best is None:
+            return None
+        if i < n and best is ordered[i]:
+            self._next = i + 1
+            return best
+        return heapq.heappop(pushed)
 
     def push(self, item: Entry) -> None:
         heapq.heappush(self._pushed, item)
+
+    def close(self, lane: Any) -> None:
+        """No more items from `lane`."""
+        self._closed.add(lane)
 
 
 def _fifo(job: PendingJob) -> float:
