@@ -22,7 +22,7 @@ from chamber.scheduler.core.cycle import _Cycle
 from chamber.scheduler.core.decisions import Decision, Wait
 from chamber.scheduler.core.model import PendingJob, pending_from
 from chamber.scheduler.core.placement import find_placement
-from chamber.scheduler.core.queue import Entry
+from chamber.scheduler.core.queue import Entry, ParkGroup, SubQueue, Walk
 from chamber.scheduler.core.state import SchedulerConfig, SchedulingState
 from tests.support.builders import make_job, pool_quota
 
@@ -176,3 +176,27 @@ def test_no_look_ahead_behind_a_refused_head_spends_the_backfill_budget() -> Non
             whole = moves([backfill_behind_refused_heads(config, teams, behind)])
         assert split == whole
         assert [(type(d).__name__, d.job_id) for d in split[0]] == [("Place", "c2")]
+
+
+@settings(max_examples=200, deadline=None)
+@given(situations())
+def test_every_group_the_second_pass_takes_from_a_lane_waits_on_its_cohort_alone(situation: Situation) -> None:
+    """A cohort's lane is closed once one of its groups finds the cohort lends nothing more, which skips the rest:
+    that is sound only while every group in it is, at its turn, of a team at or above its guarantee with no
+    lower-priority preemptible work in the pool (`_Cycle._borrower_only`), whose turn depends on that lending
+    alone. Checked at every group taken from a lane, in every round."""
+    from_lane: list[object] = []
+    pop, wake = Walk.pop, _Cycle._wake
+
+    def popping(self: Walk) -> Entry | None:
+        item = pop(self)
+        from_lane.append(item[-1] if item is not None and self.lane is not None else None)
+        return item
+
+    def checking(self: _Cycle, group: ParkGroup) -> tuple[list[SubQueue], bool]:
+        if from_lane and from_lane[-1] == group:
+            assert self._borrower_only(group) is not None
+        return wake(self, group)
+
+    with patch.object(Walk, "pop", popping), patch.object(_Cycle, "_wake", checking):
+        decide(situation)

@@ -5,9 +5,12 @@ one), and a group looked at in its old place let later borrowers take what the c
 
 from unittest.mock import patch
 
+from chamber.common.contracts import OrgConfig, PoolConfig, QuotaConfig, TeamConfig, TeamQuota
+from chamber.common.quota import validate
 from chamber.scheduler.core.cycle import _Cycle
 from chamber.scheduler.core.decisions import Place, Wait
-from chamber.scheduler.core.model import pending_from
+from chamber.scheduler.core.model import PendingJob, pending_from
+from chamber.scheduler.core.placement import find_placement
 from chamber.scheduler.core.queue import SubQueue
 from chamber.scheduler.core.reasons import WaitKind
 from chamber.scheduler.core.state import SchedulerConfig, SchedulingState
@@ -170,3 +173,43 @@ def test_once_a_cohort_lends_nothing_more_its_later_groups_are_not_looked_at() -
         placed = [d.job_id for d in state.cycle(1200.0) if isinstance(d, Place)]
     assert placed == ["x-waits"]
     assert [group[0] for group in looked] == ["x", "y"]
+
+
+def test_a_team_given_preemptible_work_in_the_first_pass_leaves_its_cohorts_lane() -> None:
+    """Found by review. T's 1-GPU job in p0 waits parked (cohort c lends nothing there). In the next cycle T's job
+    J, which may use p1 (within T's guarantee, but full) or p0 (borrowing), is placed in p0 in the first pass: T
+    now holds lower-priority preemptible work in p0, so T's group no longer depends on c's lending alone and must
+    not be skipped with c's lane when U's group, before it, finds c lends nothing more. With a budget of two head
+    looks, T's woken head takes the second (as before lanes): Z is not reached in the cycle."""
+    pools = {"p0": 4, "p1": 2, "p2": 1}
+    teams = [("T", "c", {"p0": 1, "p1": 2}), ("U", "c", {"p0": 1}), ("L", "c", {"p0": 2}), ("V", "c", {}),
+             ("W", "w", {})]  # fmt: skip
+    config = QuotaConfig(
+        pools=[PoolConfig(name=p, gpu_model="H100") for p in pools], orgs=[OrgConfig(name="org")],
+        teams=[TeamConfig(name=name, org="org", cohort=cohort,
+                          quotas=[TeamQuota(pool=p, nominal=n) for p, n in nominal.items()])
+               for name, cohort, nominal in teams],
+    )  # fmt: skip
+    state = SchedulingState(SchedulerConfig(max_tests_per_cycle=2))
+    for pool, gpus in pools.items():
+        state.index.add_node(f"{pool}-n", pool=pool, model="H100", rack="r", zone="z", capacity=gpus, free=range(gpus))
+    state.set_quota(validate(config, capacity=pools))
+
+    def job(job_id: str, team: str, cls: str, gpus: int, pool: str | None, *, at: float = 0.0) -> PendingJob:
+        built = make_job(job_id).team(team).priority(cls).gpus(gpus).at(at)
+        return pending_from((built.pool(pool) if pool else built).build())
+
+    for running in (job("A", "T", "research", 1, "p0"), job("B", "U", "inference", 1, "p0"),
+                    job("L1", "L", "inference", 1, "p0"), job("L2", "L", "inference", 1, "p0"),
+                    job("V1", "V", "research", 2, "p1")):  # fmt: skip
+        state.place(running, find_placement(state.index, running.shape) or (), "running", 0.0, borrowing=False)
+    state.mark_borrowed()
+    state.add(job("U-wait", "U", "research", 1, "p0", at=10.0))
+    state.add(job("T-wait", "T", "research", 1, "p0", at=11.0))
+    assert not [d for d in state.cycle(100.0) if isinstance(d, Place)]
+    state.release("L1")
+    state.release("L2")
+    state.add(job("J", "T", "best-effort", 2, None, at=20.0))
+    state.add(job("Z", "W", "best-effort", 1, "p2", at=21.0))
+    assert [d.job_id for d in state.cycle(200.0) if isinstance(d, Place)] == ["J"]
+    assert sorted(group[0] for group in state.queue.parked) == ["U"]

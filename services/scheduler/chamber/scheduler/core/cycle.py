@@ -279,6 +279,8 @@ class _Cycle:
         self.state = state
         self.ctx = ctx
         self.config = state.config
+        self.gained: set[tuple[str, str]] = set()
+        """(team, pool) where the first pass placed or nominated a preemptible job (see `_relane`)."""
 
     def run(self) -> list[Decision]:
         state, ctx = self.state, self.ctx
@@ -310,6 +312,8 @@ class _Cycle:
         # pass was cut short by the test budget, leaving guaranteed heads undecided until the next cycle.
         ctx.borrowing = ctx.tests < self.config.max_tests_per_cycle or first.pop() is None
         if (deferred or later or lanes) and ctx.borrowing:
+            if self.gained:
+                self._relane(lanes, deferred)
             self._walk(Walk(queue, later, deferred, lanes), decisions)
         self.consolidate(decisions)
         sticky = self.config.sticky_reservations
@@ -394,7 +398,8 @@ class _Cycle:
         shrinks within the cycle, so once one of a lane's groups finds it lends nothing, the lane is closed (`_walk`):
         its other groups would wake nothing (with a thousand teams at their quota, most of the second pass's groups
         were looked at only for that). A group of non-preemptible jobs of such a team is left out at once: only
-        preemptible jobs borrow."""
+        preemptible jobs borrow. A team the first pass gives lower-priority preemptible work in the pool is the one
+        exception to "such a team stays such": its groups leave their lanes before the second pass (`_relane`)."""
         state, ctx, queue = self.state, self.ctx, self.state.queue
         book = state.quota
         assert book is not None
@@ -439,6 +444,23 @@ class _Cycle:
         for lane in lanes.values():
             lane.sort()
         return first, later, lanes
+
+    def _relane(self, lanes: dict[tuple[str, str], list[Entry]], deferred: list[Entry]) -> None:
+        """Before the second pass: a lane's group whose team the first pass gave preemptible work of lower priority
+        in the pool (a job that may use several pools can be placed by borrowing in one whose guarantee it did not
+        need) may displace that work now, so its turn no longer depends on its cohort's lending alone; it leaves
+        its lane for the second pass's other items (found by review: a closed lane skipped it)."""
+        for key, lane in lanes.items():
+            if not any((item[-1][0], item[-1][1]) in self.gained for item in lane):
+                continue
+            kept = []
+            for item in lane:
+                group = item[-1]
+                if (group[0], group[1]) in self.gained and self._borrower_only(group) is None:
+                    deferred.append(item)
+                else:
+                    kept.append(item)
+            lanes[key] = kept
 
     def _wake(self, group: ParkGroup) -> tuple[list[SubQueue], bool]:
         """A parked group's turn: wake the sub-queues whose heads its team's quota admits now. In the first pass
@@ -992,6 +1014,11 @@ class _Cycle:
     ) -> None:
         decisions.append(self.state.place(job, gpus, reason, self.ctx.now, borrowing))
         self.ctx.fresh.add(job.id)
+        self._gains(job, gpus)
+
+    def _gains(self, job: PendingJob, gpus: tuple[GpuRef, ...]) -> None:
+        if job.preemptible and not self.ctx.borrowing and gpus:
+            self.gained.add((job.team, self.state.pool_of(gpus[0].node)))
 
     def _preempt_for(
         self,
@@ -1014,6 +1041,7 @@ class _Cycle:
             )  # fmt: skip
         job.waiting_for = tuple(f"{v.id}/{v.attempt}" for v in victims)
         self.state.nominate(job, gpus)
+        self._gains(job, gpus)
         reason = f"preempting {', '.join(names)}{why} for {job.shape.describe()}; starts when they stop"
         decisions.append(Nominate(job.id, gpus, reason, victims=tuple(names)))
 
