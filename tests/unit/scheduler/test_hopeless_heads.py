@@ -204,18 +204,24 @@ def small_jobs_everywhere(nodes: int, busy: int) -> SchedulingState:
     return state
 
 
+def two_gangs(nodes: int) -> tuple[list[str], list[Nominate]]:
+    """`small_jobs_everywhere(nodes, busy=5)` (3 GPUs free per node) with gangs a and b of 4 research GPUs waiting,
+    in that order: the jobs the cycle looked at in full (`consider`), and its nominations."""
+    state = small_jobs_everywhere(nodes, busy=5)
+    state.add(job("a", ("a", "research", 4, None, None), 10.0))
+    state.add(job("b", ("b", "research", 4, None, None), 11.0))
+    with patch.object(_Cycle, "consider", autospec=True, side_effect=_Cycle.consider) as consider:
+        decisions = state.cycle(100.0)
+    return [call.args[1].id for call in consider.call_args_list], [d for d in decisions if isinstance(d, Nominate)]
+
+
 def test_a_second_gang_of_a_blocked_shape_joins_the_consolidation_list_without_being_looked_at() -> None:
     """Four nodes with 3 GPUs free each (12 in all, none with 4): gang a is looked at, blocked and reserved for;
     gang b, of the same shape and priority, may neither preempt nor backfill, so the walk does not look at it in
     full, but room may still be opened for it (8 GPUs are free besides a's reservation). After the walk both are
     given room, each by moving one small job."""
-    state = small_jobs_everywhere(nodes=4, busy=5)
-    state.add(job("a", ("a", "research", 4, None, None), 10.0))
-    state.add(job("b", ("b", "research", 4, None, None), 11.0))
-    with patch.object(_Cycle, "consider", autospec=True, side_effect=_Cycle.consider) as consider:
-        decisions = state.cycle(100.0)
-    assert [call.args[1].id for call in consider.call_args_list] == ["a"]
-    nominated = [d for d in decisions if isinstance(d, Nominate)]
+    looked_at, nominated = two_gangs(nodes=4)
+    assert looked_at == ["a"]
     assert [d.job_id for d in nominated] == ["a", "b"]
     assert all(len(d.victims) == 1 for d in nominated)
 
@@ -225,13 +231,9 @@ def test_a_gang_wider_than_the_free_gpus_is_not_looked_at_in_full() -> None:
     GPUs; gang b (4 GPUs) then has only 3 free to be given room with, so neither consolidation nor anything else
     can start it in this cycle and the walk passes it by. a is given room after the walk (its own reservation's
     GPUs count for it)."""
-    state = small_jobs_everywhere(nodes=2, busy=5)
-    state.add(job("a", ("a", "research", 4, None, None), 10.0))
-    state.add(job("b", ("b", "research", 4, None, None), 11.0))
-    with patch.object(_Cycle, "consider", autospec=True, side_effect=_Cycle.consider) as consider:
-        decisions = state.cycle(100.0)
-    assert [call.args[1].id for call in consider.call_args_list] == ["a"]
-    assert [d.job_id for d in decisions if isinstance(d, Nominate)] == ["a"]
+    looked_at, nominated = two_gangs(nodes=2)
+    assert looked_at == ["a"]
+    assert [d.job_id for d in nominated] == ["a"]
 
 
 def test_a_shape_that_backfilled_onto_a_reservation_may_backfill_there_again() -> None:

@@ -437,7 +437,9 @@ class _Cycle:
         cohort_of = state.usage.cohort_of
         for item in parked:
             group = item[-1]
-            if not group[2] or not queue.current(item):
+            if not queue.current(item):
+                continue
+            if not group[2]:
                 continue  # a team at its guarantee borrows only with preemptible jobs: such a group never wakes
             if (order := queue.first_order(group, state.standing)) is not None:
                 lanes.setdefault(cohort_of(group[0], group[1]), []).append(entry(order, WOKEN, next(ctx.seq), group))
