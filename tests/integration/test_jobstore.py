@@ -1,8 +1,12 @@
-"""The job records: compare-and-set writes, and a start-up read that never misses a record."""
+"""The job records: compare-and-set writes, a start-up read that never misses a record, and following them."""
+
+import asyncio
+from collections.abc import Callable
 
 import pytest
 
 from chamber.common.bus import Bus
+from chamber.common.contracts import JobRecord
 from chamber.common.jobstore import JobStore, StaleWrite
 from tests.support.builders import make_job
 
@@ -23,3 +27,36 @@ async def test_load_all_sees_every_record_at_its_latest_revision(bus: Bus) -> No
         assert {k: rev for k, (_, rev) in loaded.items()} == revisions
     with pytest.raises(StaleWrite):
         await store.update(first, 1)
+
+
+async def _until(predicate: Callable[[], bool], timeout_s: float = 5.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not predicate():
+        assert asyncio.get_running_loop().time() < deadline, "timed out"
+        await asyncio.sleep(0.01)
+
+
+async def test_follow_hands_over_current_records_then_every_change_and_survives_bad_entries(bus: Bus) -> None:
+    store = await JobStore.open(bus)
+    revisions = {f"j{i}": await store.create(make_job(f"j{i}").build()) or 0 for i in range(3)}
+    await store.kv.delete("j2")  # deleted before the follow: not handed over
+    seen: list[tuple[str, str]] = []
+
+    def on_record(record: JobRecord) -> None:
+        seen.append((record.id, record.state.value))
+        if record.id == "boom":
+            raise RuntimeError("a follower's bug")
+
+    stop = await store.follow(on_record)
+    await _until(lambda: len(seen) == 2)
+    assert sorted(seen) == [("j0", "pending"), ("j1", "pending")]
+    await store.kv.put("garbage", b"not a record")  # skipped, and the follow goes on
+    await store.create(make_job("boom").build())  # its callback raises: the follow goes on
+    await store.kv.delete("j0")  # a delete is no record
+    await store.update(make_job("j1").running_on(("n1", 0)).build(), revisions["j1"])
+    await _until(lambda: ("j1", "running") in seen)
+    assert seen[2:] == [("boom", "pending"), ("j1", "running")]
+    await stop()
+    await store.create(make_job("after").build())
+    await asyncio.sleep(0.3)
+    assert ("after", "pending") not in seen, "stopped means stopped"

@@ -5,14 +5,15 @@ scheduler writes many records at once (`write_many`: async publishes with one wa
 placements costs one round trip, not one per job.
 """
 
-import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 import nats.errors
 import nats.js.errors
+from nats.aio.msg import Msg
 from nats.js.api import DeliverPolicy
-from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
+from nats.js.kv import KV_DEL, KV_OP, KV_PURGE, KeyValue
 
 from chamber.common.bus import Bus, BusError, WrongLastSequence, read_stream
 from chamber.common.codec import DecodeError, Decoder, encode
@@ -24,6 +25,14 @@ log = get_logger(__name__)
 
 _decoder = Decoder(JobRecord)
 EXPECTED_LAST_SUBJECT_SEQUENCE = "Nats-Expected-Last-Subject-Sequence"
+KV_OPERATION = KV_OP
+"""The header that marks a KV entry as a delete or a purge (a put has none)."""
+MARKER_REASON = "Nats-Marker-Reason"
+"""The header of an entry the server itself placed when a key expired or was removed (nats-server 2.11+)."""
+FOLLOW_PENDING_MSGS = 1_000_000
+FOLLOW_PENDING_BYTES = 1024 * 1024 * 1024
+"""A follower falls behind during a burst (a few records a job, at thousands of jobs a second) and catches up:
+nats-py's defaults (512 Ki messages, 128 MiB) would drop records as a slow consumer."""
 
 
 class StaleWrite(BusError):
@@ -119,32 +128,40 @@ class JobStore:
         return records
 
     async def follow(self, on_record: Callable[[JobRecord], Awaitable[None] | None]) -> Callable[[], Awaitable[None]]:
-        """Call `on_record` for every current record and every later change; returns a stop function."""
-        watcher = await self.kv.watchall()
+        """Call `on_record` for every current record and every later change; returns a stop function.
 
-        async def pump() -> None:
-            async for entry in watcher:
-                if entry is None or entry.value is None or entry.operation in (KV_DEL, KV_PURGE):
-                    continue
-                try:
-                    record = _decoder.decode(entry.value)
-                except DecodeError:
-                    continue
+        An ordered consumer of the bucket's stream (the last entry of each key, then every new one) with the
+        callback on its subscription, not nats-py's KV watcher: the watcher hands each entry through a second
+        queue and task, and the gateway and the collector follow every transition of every job (three a job),
+        so that hop cost them more than decoding the record."""
+        prefix = self.prefix
+
+        async def on_msg(msg: Msg) -> None:
+            headers = msg.headers
+            if not msg.data or (headers and (KV_OPERATION in headers or MARKER_REASON in headers)):
+                return  # a delete, a purge, or (nats-server 2.11+) a marker left by an expiry
+            try:
+                record = _decoder.decode(msg.data)
+            except DecodeError:
+                log.error("jobstore.undecodable_record", job_id=msg.subject[len(prefix) :])
+                return
+            try:
                 result = on_record(record)
                 if result is not None:
                     await result
+            except Exception as exc:  # one bad record never ends the follow
+                log.error("jobstore.follow_failed", job_id=record.id, error=repr(exc))
 
-        task = asyncio.create_task(pump(), name="jobstore-follow")
-        task.add_done_callback(
-            lambda t: (
-                t.cancelled()
-                or t.exception() is None
-                or log.error("jobstore.follow_crashed", error=repr(t.exception()))
-            )
-        )
+        try:
+            sub = await self.bus.js.subscribe(
+                f"{prefix}>", cb=on_msg, ordered_consumer=True, deliver_policy=DeliverPolicy.LAST_PER_SUBJECT,
+                pending_msgs_limit=FOLLOW_PENDING_MSGS, pending_bytes_limit=FOLLOW_PENDING_BYTES,
+            )  # fmt: skip
+        except nats.errors.Error as exc:
+            raise BusError(f"cannot follow the job records: {exc}") from exc
 
         async def stop() -> None:
-            await watcher.stop()  # type: ignore[no-untyped-call]
-            task.cancel()
+            with contextlib.suppress(nats.errors.Error):
+                await sub.unsubscribe()
 
         return stop
