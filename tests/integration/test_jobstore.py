@@ -56,6 +56,8 @@ async def test_follow_hands_over_current_records_then_every_change_and_survives_
     await store.update(make_job("j1").running_on(("n1", 0)).build(), revisions["j1"])
     await _until(lambda: ("j1", "running") in seen)
     assert seen[2:] == [("boom", "pending"), ("j1", "running")]
+    (consumer,) = await bus.js.consumers_info(store.stream)
+    assert (consumer.config.inactive_threshold or 0) >= 300, "a short disconnect must not delete the follow's consumer"
     await stop()
     await store.create(make_job("after").build())
     await asyncio.sleep(0.3)

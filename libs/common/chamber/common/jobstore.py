@@ -33,6 +33,10 @@ FOLLOW_PENDING_MSGS = 1_000_000
 FOLLOW_PENDING_BYTES = 1024 * 1024 * 1024
 """A follower falls behind during a burst (a few records a job, at thousands of jobs a second) and catches up:
 nats-py's defaults (512 Ki messages, 128 MiB) would drop records as a slow consumer."""
+FOLLOW_INACTIVE_S = 300.0
+"""How long the server keeps the follow's consumer while its client is away (as nats-py's KV watcher does). The
+server's default, 5 s, deleted it during a short disconnect, and the follower then heard nothing until the
+missed heartbeats made nats-py recreate it (~13 s after reconnecting, measured)."""
 
 
 class StaleWrite(BusError):
@@ -156,6 +160,7 @@ class JobStore:
             sub = await self.bus.js.subscribe(
                 f"{prefix}>", cb=on_msg, ordered_consumer=True, deliver_policy=DeliverPolicy.LAST_PER_SUBJECT,
                 pending_msgs_limit=FOLLOW_PENDING_MSGS, pending_bytes_limit=FOLLOW_PENDING_BYTES,
+                inactive_threshold=FOLLOW_INACTIVE_S,
             )  # fmt: skip
         except nats.errors.Error as exc:
             raise BusError(f"cannot follow the job records: {exc}") from exc

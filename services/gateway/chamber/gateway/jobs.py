@@ -72,8 +72,14 @@ sorted has the fingerprint it had before, so a retry across an upgrade still fin
 
 
 def request_fingerprint(spec: JobSpec) -> str:
-    """What an idempotency key is bound to: the spec, whatever order its mappings came in (`_canonical`)."""
-    return hashlib.sha256(_canonical.encode(spec)).hexdigest()
+    """What an idempotency key is bound to: the spec, whatever order its mappings came in (`_canonical`).
+
+    Every field is in it, those at their default too, as the spec was encoded before it left them out
+    (`omit_defaults`): a key bound by an older gateway (keys last a day) still finds its job."""
+    fields = (
+        _canonical.encode(name) + b":" + _canonical.encode(getattr(spec, name)) for name in spec.__struct_fields__
+    )
+    return hashlib.sha256(b"{" + b",".join(fields) + b"}").hexdigest()
 
 
 def new_job_id(now: float) -> str:
