@@ -40,7 +40,7 @@ CONSUMED: dict[str, Any] = {
     "TelemetryEvent (health, collector)": TelemetryEvent,
     "HealthCommand (health)": HealthCommand,
     "GpuHealthVerdict (health, gateway)": GpuHealthVerdict,
-    "JobStateChanged (quota)": JobStateChanged,
+    "JobStateChanged (process executor, timelines)": JobStateChanged,
     "Decision (audit, chaos checker)": Decision,
     "NodeInventory (every service)": NodeInventory,
     "QuotaState (scheduler, gateway)": QuotaState,

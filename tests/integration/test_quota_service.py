@@ -130,3 +130,31 @@ async def test_an_exhausted_budget_blocks_new_work(
 
 async def _is(awaitable: Any, expected: str) -> bool:
     return bool(await awaitable == expected)
+
+
+async def test_the_durable_consumer_older_versions_left_on_decisions_is_deleted(
+    settings: Settings, cleanup: None
+) -> None:
+    """Quota follows the job records now; the `decisions.state` consumer of older versions would sit on DECISIONS
+    unacked for ever."""
+    from nats.js.api import AckPolicy, ConsumerConfig
+
+    from chamber.common.bus import Bus
+    from chamber.common.subjects import DECISIONS, Names
+
+    names = Names(settings.namespace)
+    bus = await Bus.connect(settings.nats_url, names, "test")
+    try:
+        await bus.ensure_streams()
+        stream = names.stream(DECISIONS)
+        await bus.js.add_consumer(
+            stream, ConsumerConfig(durable_name=quota.OLD_CONSUMER, ack_policy=AckPolicy.EXPLICIT)
+        )
+        async with running(settings, ("quota", quota.main)):
+
+            async def gone() -> bool:
+                return not [c for c in await bus.js.consumers_info(stream) if c.name == quota.OLD_CONSUMER]
+
+            await eventually(gone, what="the old consumer is deleted")
+    finally:
+        await bus.close()

@@ -84,7 +84,9 @@ SUBJECTS: tuple[SubjectSpec, ...] = (
         "scheduler",
     ),
     SubjectSpec("decisions.placed.<job>", "DECISIONS", "JobPlaced", "scheduler", "(audit, dashboard)"),
-    SubjectSpec("decisions.state.<job>", "DECISIONS", "JobStateChanged", "scheduler", "quota"),
+    SubjectSpec(
+        "decisions.state.<job>", "DECISIONS", "JobStateChanged", "scheduler", "gateway (timelines), process executor"
+    ),
     SubjectSpec("inventory.<node>", "INVENTORY", "NodeInventory", "collector", "scheduler, gateway"),
     SubjectSpec("telemetry.<node>", "TELEMETRY", "NodeTelemetryColumns, GpuXidEvent", "collector", "health, collector"),
     SubjectSpec("metrics.fleet", "METRICS", "FleetSnapshot", "collector", "gateway"),

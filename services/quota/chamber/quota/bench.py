@@ -6,7 +6,7 @@ A seeded random configuration (`teams` teams over `pools` pools, 1 to 3 pools ea
 - `recompute_ms`: fair shares (water-filling per pool) and standings for every team, from demand and recent usage;
 - `admission_check_us`: one `admit()` against incrementally kept cohort totals (what the scheduler does per job);
 - `service_update_ms` (median, `_p99`): one job state change applied to the quota service's accounting holding
-  `jobs` records (what its `decisions.state` handler does);
+  `jobs` records (what it does for each change of a record it follows);
 - `publish_ms`: the whole published state (every team's usage, fair share, standing, budget) from that
   accounting; `from_scratch_ms`: the same from every record (what a restart does once).
 

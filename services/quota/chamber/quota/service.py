@@ -2,17 +2,24 @@
 
 At start the configuration is seeded from `CHAMBER_QUOTA_FILE` into the quota KV bucket if none is stored yet;
 afterwards the KV is the truth (admins change it through the gateway). Usage and spend come from the job records,
-so a restart recomputes them exactly: at start from all records, then one state change at a time
-(`chamber.quota.core.accounting`); a new configuration or a node changing pool rebuilds the sums once.
+so a restart recomputes them exactly: at start from all records, then one record write at a time, followed in the
+jobs KV (`chamber.quota.core.accounting`); a new configuration or a node changing pool rebuilds the sums once.
+
+The records are followed, not the `decisions.state` announcements: the sums are a function of the current records,
+so the transitions between two writes of a record add nothing, and following needs no acks (three a job, which
+cost the NATS server more than the follow itself).
 """
 
 import asyncio
+import contextlib
 from collections.abc import Callable
 from typing import Any
 
+import nats.js.errors
+
 from chamber.common.bus import Bus, PublishError
 from chamber.common.codec import Decoder
-from chamber.common.contracts import JobRecord, JobStateChanged, NodeInventory, QuotaConfig, QuotaState
+from chamber.common.contracts import JobRecord, NodeInventory, QuotaConfig, QuotaState
 from chamber.common.jobstore import JobStore
 from chamber.common.log import get_logger
 from chamber.common.quota import ConfigError, QuotaBook, validate
@@ -26,6 +33,7 @@ log = get_logger(__name__)
 
 PUBLISH_INTERVAL_S = 1.0
 REFRESH_S = 10.0
+OLD_CONSUMER = "quota"
 
 
 class Quota:
@@ -42,6 +50,7 @@ class Quota:
         self.node_gpus: dict[str, int] = {}
         self._published: QuotaState | None = None
         self._stop_follow: Callable[[], Any] | None = None
+        self._stop_records: Callable[[], Any] | None = None
 
     async def start(self) -> None:
         await self.bootstrap()
@@ -50,16 +59,14 @@ class Quota:
         records = [rec for rec, _ in (await self.store.load_all()).values()]
         self.accounting = Accounting.build(self._book(), self.node_pool, records, self.ctx.clock.now())
         self._stale = False
-        consumer = self.bus.consumer(
-            stream=DECISIONS,
-            durable="quota",
-            filter_subjects=[self.bus.names.subject("decisions.state.>")],
-            decoder=Decoder(JobStateChanged),
-            handler=self.on_state_changed,
-            batch_handler=self.on_state_changes,
-            batch=256,
-        )
-        await consumer.start()
+        self._stop_records = await self.store.follow(self.on_record)
+        await self._drop_old_consumer()
+
+    async def _drop_old_consumer(self) -> None:
+        """Versions that consumed `decisions.state` left a durable consumer on DECISIONS, which nobody acks now."""
+        with contextlib.suppress(nats.js.errors.NotFoundError):
+            await self.bus.js.delete_consumer(self.bus.names.stream(DECISIONS), OLD_CONSUMER)
+            log.info("quota.old_consumer_deleted", consumer=OLD_CONSUMER)
 
     async def bootstrap(self) -> None:
         path = self.ctx.settings.quota_file
@@ -94,14 +101,8 @@ class Quota:
             cap[pool] = cap.get(pool, 0) + self.node_gpus.get(node, 0)
         return cap
 
-    async def on_state_changed(self, event: JobStateChanged) -> None:
-        self.accounting.apply(event.record, self.ctx.clock.now())
-
-    async def on_state_changes(self, events: list[JobStateChanged]) -> None:
-        """A fetched batch, applied in order and acked together (each change is applied as it alone would be)."""
-        now = self.ctx.clock.now()
-        for event in events:
-            self.accounting.apply(event.record, now)
+    def on_record(self, record: JobRecord) -> None:
+        self.accounting.apply(record, self.ctx.clock.now())
 
     async def publish(self) -> None:
         now = self.ctx.clock.now()
@@ -124,8 +125,9 @@ class Quota:
             except PublishError as exc:
                 log.warning("quota.publish_failed", error=str(exc))
             await wait_event(stop, PUBLISH_INTERVAL_S)
-        if self._stop_follow is not None:
-            await self._stop_follow()
+        for stop_following in (self._stop_follow, self._stop_records):
+            if stop_following is not None:
+                await stop_following()
 
 
 async def main(ctx: Context, stop: asyncio.Event) -> None:
