@@ -3,11 +3,12 @@
 import asyncio
 from collections.abc import Callable
 
+import msgspec
 import pytest
 
 from chamber.common.bus import Bus
-from chamber.common.contracts import JobRecord
-from chamber.common.jobstore import JobStore, StaleWrite
+from chamber.common.contracts import JobRecord, JobState
+from chamber.common.jobstore import JobStore, StaleWrite, Write
 from tests.support.builders import make_job
 
 pytestmark = pytest.mark.integration
@@ -62,3 +63,40 @@ async def test_follow_hands_over_current_records_then_every_change_and_survives_
     await store.create(make_job("after").build())
     await asyncio.sleep(0.3)
     assert ("after", "pending") not in seen, "stopped means stopped"
+
+
+async def test_follow_after_a_snapshot_hands_over_only_later_writes(bus: Bus) -> None:
+    store = await JobStore.open(bus)
+    first = await store.create(make_job("old").build()) or 0
+    stored, last = await store.snapshot()
+    assert set(stored) == {"old"}
+    seen: list[tuple[str, str]] = []
+    stop = await store.follow(lambda r: seen.append((r.id, r.state.value)), after=last)
+    await store.create(make_job("new").build())
+    await store.update(make_job("old").running_on(("n1", 0)).build(), first)
+    await _until(lambda: len(seen) == 2)
+    assert seen == [("new", "pending"), ("old", "running")], "what the snapshot held is not handed over again"
+    await stop()
+
+
+async def test_a_follower_that_falls_behind_loses_no_record(bus: Bus) -> None:
+    """A burst while the follower is slow: nothing may be dropped as a slow consumer (nats-py's ordered consumer
+    would not notice the gap, and the record would be lost until a restart)."""
+    store = await JobStore.open(bus)
+    latest: dict[str, str] = {}
+
+    async def slow(record: JobRecord) -> None:
+        await asyncio.sleep(0.001)
+        latest[record.id] = record.state.value
+
+    stop = await store.follow(slow)
+    jobs = [make_job(f"j{i}").running_on(("n1", i % 8)).build() for i in range(400)]
+    revisions = await store.write_many([Write(r, 0) for r in jobs])
+    done = [
+        msgspec.structs.replace(r, state=JobState.SUCCEEDED, version=r.version + 1, finished_at=r.updated_at + 1)
+        for r in jobs
+    ]
+    assert all(isinstance(rev, int) for rev in revisions)
+    await store.write_many([Write(r, rev) for r, rev in zip(done, revisions, strict=True) if isinstance(rev, int)])
+    await _until(lambda: len(latest) == 400 and set(latest.values()) == {"succeeded"}, timeout_s=20.0)
+    await stop()

@@ -1,10 +1,13 @@
 """The quota service and the team and pool API on real NATS and Redis."""
 
+import types
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import msgspec
+import nats.errors
+import nats.js.errors
 import pytest
 from litestar.testing import AsyncTestClient
 
@@ -158,3 +161,21 @@ async def test_the_durable_consumer_older_versions_left_on_decisions_is_deleted(
             await eventually(gone, what="the old consumer is deleted")
     finally:
         await bus.close()
+
+
+@pytest.mark.parametrize(
+    "error",
+    [nats.errors.TimeoutError(), nats.js.errors.ServiceUnavailableError(code=503, description="JetStream not ready")],
+)
+async def test_a_failed_cleanup_of_the_old_consumer_does_not_stop_the_service(error: Exception) -> None:
+    """The cleanup is optional: an account that may not delete consumers, or a leader election, only leaves it."""
+
+    async def delete_consumer(stream: str, name: str) -> bool:
+        raise error
+
+    q = quota.Quota.__new__(quota.Quota)
+    q.bus = types.SimpleNamespace(  # type: ignore[assignment]
+        js=types.SimpleNamespace(delete_consumer=delete_consumer),
+        names=types.SimpleNamespace(stream=lambda spec: "NS_DECISIONS"),
+    )
+    await q._drop_old_consumer()

@@ -3,6 +3,7 @@ job state changes, as time passes (running jobs' GPU time grows, recent usage de
 
 import math
 
+import msgspec
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -24,6 +25,7 @@ from chamber.common.contracts import (
 from chamber.common.quota import QuotaBook
 from chamber.quota.core.accounting import Accounting
 from chamber.quota.core.report import compute
+from tests.support.builders import make_job
 
 START = 1_800_000_000.0
 DAY = 86400.0
@@ -185,3 +187,22 @@ def test_a_budget_period_counts_only_the_part_of_each_run_inside_it(at_hour: flo
     built_days_ago.apply(finished, ended)
     for acc in (Accounting.build(b, NODE_POOL, [running, finished], now), built_days_ago):
         assert_same(acc.teams(now), compute(b, [running, finished], NODE_POOL, now))
+
+
+def test_a_waiting_reason_written_later_does_not_move_a_requeued_jobs_past_run() -> None:
+    """A preempted, requeued job's run time ends when its attempt stopped (`stopped_at`), not when its record was
+    last written: the scheduler writes a waiting job's record again whenever its reason changes (not announced on
+    DECISIONS, but the quota service follows every write). Yesterday's 10 h must not count in today's budget."""
+    midnight = (START // DAY + 1) * DAY
+    stopped = midnight - 3600  # ran 10 h until 23:00, then preempted and requeued
+    requeued = msgspec.structs.replace(
+        make_job("x").team("a").gpus(4).pool("p").ran(10 * 3600).at(stopped - 10 * 3600).build(),
+        state=JobState.PREEMPTED, updated_at=stopped, stopped_at=stopped, version=5,
+    )  # fmt: skip
+    noted = msgspec.structs.replace(requeued, updated_at=midnight + 6 * 3600, version=6, reason="waiting for GPUs",
+                                    reason_kind="capacity")  # fmt: skip
+    now = midnight + 7 * 3600
+    before = Accounting.build(book(), NODE_POOL, [requeued], now).teams(now)["a"]
+    after = Accounting.build(book(), NODE_POOL, [requeued, noted], now).teams(now)["a"]
+    assert (after.budget_used, after.standing) == (before.budget_used, before.standing)
+    assert before.budget_used == 0.0, "the whole run lies in yesterday"

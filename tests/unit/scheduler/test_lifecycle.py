@@ -162,6 +162,7 @@ def test_preempted_job_keeps_its_submit_time_and_accumulated_run_time() -> None:
     assert t.record.submitted_at == running.submitted_at
     assert t.record.run_s == 7
     assert t.record.preemptions == 1
+    assert t.record.stopped_at == running.submitted_at + 7, "where its run time ends, for budgets and decay"
     assert needs_placement(t.record)
 
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import nats.errors
 import nats.js.errors
 from nats.aio.msg import Msg
-from nats.js.api import DeliverPolicy
+from nats.js.api import ConsumerConfig, DeliverPolicy
 from nats.js.kv import KV_DEL, KV_OP, KV_PURGE, KeyValue
 
 from chamber.common.bus import Bus, BusError, WrongLastSequence, read_stream
@@ -29,10 +29,12 @@ KV_OPERATION = KV_OP
 """The header that marks a KV entry as a delete or a purge (a put has none)."""
 MARKER_REASON = "Nats-Marker-Reason"
 """The header of an entry the server itself placed when a key expired or was removed (nats-server 2.11+)."""
-FOLLOW_PENDING_MSGS = 1_000_000
-FOLLOW_PENDING_BYTES = 1024 * 1024 * 1024
-"""A follower falls behind during a burst (a few records a job, at thousands of jobs a second) and catches up:
-nats-py's defaults (512 Ki messages, 128 MiB) would drop records as a slow consumer."""
+UNLIMITED = 0
+"""No limit on what a follow holds while its callback catches up. A follower falls behind in a burst (a few records
+a job, at thousands of jobs a second) or while it takes in every current record at start. At a limit nats-py drops
+what comes next as a slow consumer, and its ordered consumer does not notice the gap (it counts a message as seen
+before queueing it): the record would be lost for good, and the quota service would count a finished job as
+running until it restarts."""
 FOLLOW_INACTIVE_S = 300.0
 """How long the server keeps the follow's consumer while its client is away (as nats-py's KV watcher does). The
 server's default, 5 s, deleted it during a short disconnect, and the follower then heard nothing until the
@@ -108,6 +110,15 @@ class JobStore:
                 out.append(result.seq)
         return out
 
+    async def snapshot(self) -> tuple[dict[str, tuple[JobRecord, int]], int]:
+        """Every current record (`load_all`), and a stream sequence that every write the records may miss comes
+        after: follow from it (`follow(after=...)`) rather than take in every record a second time."""
+        try:
+            last = (await self.bus.js.stream_info(self.stream)).state.last_seq
+        except nats.errors.Error as exc:
+            raise BusError(f"cannot read the job records: {exc}") from exc
+        return await self.load_all(), last
+
     async def load_all(self) -> dict[str, tuple[JobRecord, int]]:
         """Every current record, read to the end of the bucket's stream.
 
@@ -131,8 +142,11 @@ class JobStore:
                 log.error("jobstore.undecodable_record", job_id=key)
         return records
 
-    async def follow(self, on_record: Callable[[JobRecord], Awaitable[None] | None]) -> Callable[[], Awaitable[None]]:
-        """Call `on_record` for every current record and every later change; returns a stop function.
+    async def follow(
+        self, on_record: Callable[[JobRecord], Awaitable[None] | None], *, after: int | None = None
+    ) -> Callable[[], Awaitable[None]]:
+        """Call `on_record` for every current record and every later change; returns a stop function. With `after`
+        (a stream sequence, from `snapshot`), only the writes after it: those the snapshot may not hold.
 
         An ordered consumer of the bucket's stream (the last entry of each key, then every new one) with the
         callback on its subscription, not nats-py's KV watcher: the watcher hands each entry through a second
@@ -158,9 +172,10 @@ class JobStore:
 
         try:
             sub = await self.bus.js.subscribe(
-                f"{prefix}>", cb=on_msg, ordered_consumer=True, deliver_policy=DeliverPolicy.LAST_PER_SUBJECT,
-                pending_msgs_limit=FOLLOW_PENDING_MSGS, pending_bytes_limit=FOLLOW_PENDING_BYTES,
-                inactive_threshold=FOLLOW_INACTIVE_S,
+                f"{prefix}>", cb=on_msg, ordered_consumer=True,
+                deliver_policy=DeliverPolicy.LAST_PER_SUBJECT if after is None else DeliverPolicy.BY_START_SEQUENCE,
+                config=None if after is None else ConsumerConfig(opt_start_seq=after + 1),
+                pending_msgs_limit=UNLIMITED, pending_bytes_limit=UNLIMITED, inactive_threshold=FOLLOW_INACTIVE_S,
             )  # fmt: skip
         except nats.errors.Error as exc:
             raise BusError(f"cannot follow the job records: {exc}") from exc

@@ -11,10 +11,10 @@ cost the NATS server more than the follow itself).
 """
 
 import asyncio
-import contextlib
 from collections.abc import Callable
 from typing import Any
 
+import nats.errors
 import nats.js.errors
 
 from chamber.common.bus import Bus, PublishError
@@ -56,17 +56,23 @@ class Quota:
         await self.bootstrap()
         self._stop_follow = await self.config_store.follow(self._on_config)
         await self.bus.watch_latest(self.bus.names.subject("inventory.>"), Decoder(NodeInventory), self._on_inventory)
-        records = [rec for rec, _ in (await self.store.load_all()).values()]
+        stored, last = await self.store.snapshot()
+        records = [rec for rec, _ in stored.values()]
         self.accounting = Accounting.build(self._book(), self.node_pool, records, self.ctx.clock.now())
         self._stale = False
-        self._stop_records = await self.store.follow(self.on_record)
+        self._stop_records = await self.store.follow(self.on_record, after=last)
         await self._drop_old_consumer()
 
     async def _drop_old_consumer(self) -> None:
         """Versions that consumed `decisions.state` left a durable consumer on DECISIONS, which nobody acks now."""
-        with contextlib.suppress(nats.js.errors.NotFoundError):
+        try:
             await self.bus.js.delete_consumer(self.bus.names.stream(DECISIONS), OLD_CONSUMER)
-            log.info("quota.old_consumer_deleted", consumer=OLD_CONSUMER)
+        except nats.js.errors.NotFoundError:
+            return
+        except nats.errors.Error as exc:  # (no permission, a leader election): it is only left over
+            log.warning("quota.old_consumer_left", consumer=OLD_CONSUMER, error=str(exc))
+            return
+        log.info("quota.old_consumer_deleted", consumer=OLD_CONSUMER)
 
     async def bootstrap(self) -> None:
         path = self.ctx.settings.quota_file

@@ -168,6 +168,10 @@ class JobRecord(Contract, frozen=True, omit_defaults=True):
     reason_kind: str = ""
     """The kind of `reason` while the job waits (`queued`, `capacity`, `reserved`, `quota`, `budget`,
     `preempting`, `unschedulable`); empty otherwise. The API adds live numbers to waiting reasons on read."""
+    stopped_at: float | None = None
+    """When its last attempt stopped without ending the job (a preemption or interruption that requeued it): where
+    its run time so far ends, for budget periods and decayed usage. `updated_at` is no stand-in: a waiting job's
+    record is written again whenever its reason changes. None: never stopped so, or a record from before this."""
 
 
 class JobSubmitted(Event, frozen=True):

@@ -48,8 +48,9 @@ def running_since(record: JobRecord) -> float | None:
 
 
 def ended_at(record: JobRecord) -> float:
-    """When a job that is not running last ran or changed (what a budget period is compared with)."""
-    return record.finished_at or record.updated_at
+    """When a job that is not running last ran (what a budget period is compared with): its end, else when its
+    last attempt stopped, else (a record from before `stopped_at` was kept) when it last changed."""
+    return record.finished_at or record.stopped_at or record.updated_at
 
 
 def gpu_seconds(record: JobRecord, now: float) -> float:
@@ -64,10 +65,9 @@ def done_until(record: JobRecord) -> float:
     """When the job's finished GPU time (`run_s + lost_s`, earlier attempts) ends, taken as one contiguous run.
 
     The record keeps no time for each attempt, so the runs are placed as late as the record allows: for a running
-    job, up to its current attempt's start; otherwise up to when it last ran or changed (`ended_at`; a preempted,
-    requeued job has `started_at=None` and no stop time, and its last change is its stop or, while it waits, a
-    little later). Budgets (what part lies in the period) and recent usage (how far it has decayed) both read
-    this placement, so they count exactly the GPU time `gpu_seconds` counts."""
+    job, up to its current attempt's start; otherwise up to when it last ran (`ended_at`: its end, or for a
+    preempted, requeued job the stop of its last attempt). Budgets (what part lies in the period) and recent usage
+    (how far it has decayed) both read this placement, so they count exactly the GPU time `gpu_seconds` counts."""
     since = running_since(record)
     return since if since is not None else ended_at(record)
 

@@ -141,7 +141,7 @@ def _stopped(record: JobRecord, event: JobStopped, now: float) -> Transition:
         )
     else:
         stopped = _bump(
-            record, now, state=JobState.PREEMPTED, placement=None, started_at=None,
+            record, now, state=JobState.PREEMPTED, placement=None, started_at=None, stopped_at=event.stopped_at,
             reason=f"{reason}; requeued, resumes from its checkpoint", **common,
         )  # fmt: skip
     return Transition(stopped, record.state, release_attempt=record.attempt)
