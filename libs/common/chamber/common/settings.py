@@ -105,6 +105,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     intake_limit: Annotated[int, msgspec.Meta(ge=0)] = 128
     """Submits a gateway has stored that the scheduler has not yet taken in, past which a new submit waits (up to
     1 s) for one to be: a burst then waits at the door instead of behind an unseen backlog (0: no limit)."""
+    gateway_finished_jobs: Annotated[int, msgspec.Meta(ge=0)] = 50_000
+    """Ended jobs a gateway keeps in memory for listing, those submitted last (every job not ended is kept; any job
+    is still served by id, from the KV)."""
     access_log: bool = True
     """One log line per HTTP request (method, path, status, duration, who)."""
     kube_api: str = ""

@@ -112,7 +112,7 @@ class GatewayState:
         self._bus: Bus | None = None
         self._ledger: Ledger | None = None
         self.store: JobStore | None = None
-        self.jobs = JobsIndex()
+        self.jobs = JobsIndex(ctx.settings.gateway_finished_jobs)
         self.intake = IntakeGate(ctx.settings.intake_limit, known=lambda job_id: job_id in self.jobs.records)
         self.nodes: dict[str, Node] = {}
         self.nodes_version = 0
