@@ -106,7 +106,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     """Submits a gateway has stored that the scheduler has not yet taken in, past which a new submit waits (up to
     1 s) for one to be: a burst then waits at the door instead of behind an unseen backlog (0: no limit)."""
     gateway_finished_jobs: Annotated[int, msgspec.Meta(ge=0)] = 50_000
-    """Ended jobs a gateway keeps in memory for listing, those submitted last (every job not ended is kept; any job
+    """Ended jobs a gateway keeps in memory for listing, those that ended last (every job not ended is kept; any job
     is still served by id, from the KV)."""
     access_log: bool = True
     """One log line per HTTP request (method, path, status, duration, who)."""

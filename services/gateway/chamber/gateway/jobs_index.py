@@ -4,14 +4,16 @@ Fed by the jobs KV follow. A record's submit time never changes, so the order is
 once (nearly always at the end); listing the newest N is a walk from the end, not a sort of every job.
 
 Memory is bounded by the active jobs: every job that has not ended is kept, and of those that ended only the
-`keep_finished` submitted last. An older one is still served by id (`GatewayState.job` reads the KV); lists hold
+`keep_finished` that ended last. An older one is still served by id (`GatewayState.job` reads the KV); lists hold
 the active jobs and that recent history, as `squeue` shows the queue and recent jobs while the accounting
-database keeps the rest. Dropping the oldest ended job is O(1): its place in the order is left behind and skipped,
-and the order is compacted once such places outnumber the rest.
+database keeps the rest. A job that has just ended is always kept (however long ago it was submitted), so the
+gateway still knows that it gave its GPUs back. Dropping the job that ended first is O(1): its place in the order
+is left behind and skipped, and the order is compacted once such places outnumber the rest.
 """
 
 import bisect
-import heapq
+import itertools
+from collections import deque
 from collections.abc import Iterator
 
 from chamber.common.contracts import TERMINAL_STATES, JobRecord, JobState
@@ -29,8 +31,12 @@ class JobsIndex:
         """(submit time, id) of every kept job, and of jobs dropped since the last compaction (skipped)."""
         self._dropped: set[str] = set()
         """Jobs dropped whose place in `_order` is still there."""
-        self._finished: list[tuple[float, str]] = []
-        """A heap of the kept jobs that ended, oldest submission first."""
+        self._ended: deque[tuple[int, str]] = deque()
+        """(end number, id) of the ended jobs kept, in the order they ended; an entry whose number is no longer
+        the job's (it became active again) is skipped."""
+        self._end_of: dict[str, int] = {}
+        """Ended job kept -> its end number."""
+        self._ends = itertools.count()
         self.version = 0
         """Bumped by every change: the key of every cached answer computed from the records."""
 
@@ -40,7 +46,7 @@ class JobsIndex:
     @property
     def finished(self) -> int:
         """Jobs kept that have ended."""
-        return len(self._finished)
+        return len(self._end_of)
 
     def upsert(self, record: JobRecord) -> bool:
         """Keep `record` unless a newer version is known; True when it changed anything."""
@@ -54,14 +60,27 @@ class JobsIndex:
                 bisect.insort(self._order, (record.submitted_at, record.id))
         self.records[record.id] = record
         self.version += 1
-        if record.state in TERMINAL_STATES and (known is None or known.state not in TERMINAL_STATES):
-            heapq.heappush(self._finished, (record.submitted_at, record.id))
+        if record.state not in TERMINAL_STATES:
+            self._end_of.pop(record.id, None)
+        elif record.id not in self._end_of:
+            end = next(self._ends)
+            self._end_of[record.id] = end
+            self._ended.append((end, record.id))
             self._trim()
         return True
 
+    def refresh(self, record: JobRecord) -> bool:
+        """A record read by id (from the KV): taken only for a job held here. A job new here comes with the follow,
+        and an ended job dropped long ago, read again, is not recent history (nor may an older read bring back
+        as active a job whose end was dropped)."""
+        return record.id in self.records and self.upsert(record)
+
     def _trim(self) -> None:
-        while len(self._finished) > self.keep_finished:
-            _, job_id = heapq.heappop(self._finished)
+        while len(self._end_of) > self.keep_finished:
+            end, job_id = self._ended.popleft()
+            if self._end_of.get(job_id) != end:
+                continue
+            del self._end_of[job_id]
             del self.records[job_id]
             self._dropped.add(job_id)
         if len(self._dropped) >= COMPACT_AT and 2 * len(self._dropped) > len(self._order):

@@ -250,9 +250,10 @@ class GatewayState:
 
     # -- followed state ----------------------------------------------------------------------------------------
 
-    def _on_record(self, record: JobRecord) -> None:
+    def _on_record(self, record: JobRecord, *, read: bool = False) -> None:
+        """A record from the follow, or `read` by id from the KV (`JobsIndex.refresh`)."""
         self.intake.taken(record.id)
-        if self.jobs.upsert(record):
+        if self.jobs.refresh(record) if read else self.jobs.upsert(record):
             self._dirty = True
             self._ledger_gen += 1
             if len(self.live):
@@ -416,7 +417,7 @@ class GatewayState:
             raise Unavailable(str(exc)) from exc
         if stored is None:
             return None
-        self._on_record(stored[0])
+        self._on_record(stored[0], read=True)
         return stored[0]
 
     async def submitted(self, job_id: str) -> JobSubmitted | None:
