@@ -25,8 +25,6 @@ log = get_logger(__name__)
 
 _decoder = Decoder(JobRecord)
 EXPECTED_LAST_SUBJECT_SEQUENCE = "Nats-Expected-Last-Subject-Sequence"
-KV_OPERATION = KV_OP
-"""The header that marks a KV entry as a delete or a purge (a put has none)."""
 MARKER_REASON = "Nats-Marker-Reason"
 """The header of an entry the server itself placed when a key expired or was removed (nats-server 2.11+)."""
 UNLIMITED = 0
@@ -156,8 +154,8 @@ class JobStore:
 
         async def on_msg(msg: Msg) -> None:
             headers = msg.headers
-            if not msg.data or (headers and (KV_OPERATION in headers or MARKER_REASON in headers)):
-                return  # a delete, a purge, or (nats-server 2.11+) a marker left by an expiry
+            if not msg.data or (headers and (KV_OP in headers or MARKER_REASON in headers)):
+                return  # a delete or a purge (a put has no KV-Operation), or a marker left by an expiry (2.11+)
             try:
                 record = _decoder.decode(msg.data)
             except DecodeError:

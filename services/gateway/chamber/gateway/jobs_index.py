@@ -55,7 +55,7 @@ class JobsIndex:
             return False
         if known is None:
             if record.id in self._dropped:
-                self._dropped.discard(record.id)  # (an old job read again by id: its place is still there)
+                self._dropped.discard(record.id)  # (a dropped job delivered again: its place is still there)
             else:
                 bisect.insort(self._order, (record.submitted_at, record.id))
         self.records[record.id] = record
