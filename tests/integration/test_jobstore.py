@@ -1,7 +1,6 @@
 """The job records: compare-and-set writes, a start-up read that never misses a record, and following them."""
 
 import asyncio
-from collections.abc import Callable
 
 import msgspec
 import pytest
@@ -10,6 +9,7 @@ from chamber.common.bus import Bus
 from chamber.common.contracts import JobRecord, JobState
 from chamber.common.jobstore import JobStore, StaleWrite, Write
 from tests.support.builders import make_job
+from tests.support.services import eventually
 
 pytestmark = pytest.mark.integration
 
@@ -30,13 +30,6 @@ async def test_load_all_sees_every_record_at_its_latest_revision(bus: Bus) -> No
         await store.update(first, 1)
 
 
-async def _until(predicate: Callable[[], bool], timeout_s: float = 5.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while not predicate():
-        assert asyncio.get_running_loop().time() < deadline, "timed out"
-        await asyncio.sleep(0.01)
-
-
 async def test_follow_hands_over_current_records_then_every_change_and_survives_bad_entries(bus: Bus) -> None:
     store = await JobStore.open(bus)
     revisions = {f"j{i}": await store.create(make_job(f"j{i}").build()) or 0 for i in range(3)}
@@ -49,13 +42,13 @@ async def test_follow_hands_over_current_records_then_every_change_and_survives_
             raise RuntimeError("a follower's bug")
 
     stop = await store.follow(on_record)
-    await _until(lambda: len(seen) == 2)
+    await eventually(lambda: len(seen) == 2)
     assert sorted(seen) == [("j0", "pending"), ("j1", "pending")]
     await store.kv.put("garbage", b"not a record")  # skipped, and the follow goes on
     await store.create(make_job("boom").build())  # its callback raises: the follow goes on
     await store.kv.delete("j0")  # a delete is no record
     await store.update(make_job("j1").running_on(("n1", 0)).build(), revisions["j1"])
-    await _until(lambda: ("j1", "running") in seen)
+    await eventually(lambda: ("j1", "running") in seen)
     assert seen[2:] == [("boom", "pending"), ("j1", "running")]
     (consumer,) = await bus.js.consumers_info(store.stream)
     assert (consumer.config.inactive_threshold or 0) >= 300, "a short disconnect must not delete the follow's consumer"
@@ -74,7 +67,7 @@ async def test_follow_after_a_snapshot_hands_over_only_later_writes(bus: Bus) ->
     stop = await store.follow(lambda r: seen.append((r.id, r.state.value)), after=last)
     await store.create(make_job("new").build())
     await store.update(make_job("old").running_on(("n1", 0)).build(), first)
-    await _until(lambda: len(seen) == 2)
+    await eventually(lambda: len(seen) == 2)
     assert seen == [("new", "pending"), ("old", "running")], "what the snapshot held is not handed over again"
     await stop()
 
@@ -98,5 +91,5 @@ async def test_a_follower_that_falls_behind_loses_no_record(bus: Bus) -> None:
     ]
     assert all(isinstance(rev, int) for rev in revisions)
     await store.write_many([Write(r, rev) for r, rev in zip(done, revisions, strict=True) if isinstance(rev, int)])
-    await _until(lambda: len(latest) == 400 and set(latest.values()) == {"succeeded"}, timeout_s=20.0)
+    await eventually(lambda: len(latest) == 400 and set(latest.values()) == {"succeeded"}, within=20.0)
     await stop()
