@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from chamber.common.contracts import OrgConfig, PoolConfig, QuotaConfig, TeamConfig, TeamQuota
 from chamber.common.quota import QuotaBook, validate
-from chamber.scheduler.core.cycle import _Cycle
+from chamber.scheduler.core.cycle import Lane, _Cycle
 from chamber.scheduler.core.decisions import Decision, Wait
 from chamber.scheduler.core.model import PendingJob, pending_from
 from chamber.scheduler.core.placement import find_placement
@@ -122,8 +122,8 @@ def decide(situation: Situation, *, quota: bool = True) -> list[list[Decision]]:
     return out
 
 
-def unsplit(self: _Cycle, items: list[Entry]) -> tuple[list[Entry], list[Entry], dict[tuple[str, str], list[Entry]]]:
-    return items, [], {}
+def unsplit(self: _Cycle, items: list[Entry]) -> tuple[list[Entry], dict[Lane, list[Entry]]]:
+    return items, {}
 
 
 def moves(cycles: list[list[Decision]]) -> list[list[Decision]]:

@@ -68,7 +68,11 @@ def budget_refusal(state: SchedulingState, job: PendingJob) -> str:
     return ""
 
 
-def admissions(state: SchedulingState, job: PendingJob, ctx: "CycleContext | None" = None) -> Admissions:
+def admissions(
+    state: SchedulingState, job: PendingJob, ctx: "CycleContext | None" = None, *, explain: bool = True
+) -> Admissions:
+    """Where `job` may go now (see `Admissions`). Without `explain` the refusal is left empty: wording it is most
+    of the cost of a refused job's look, and only a waiting reason needs it."""
     if not state.quota_on:
         return Admissions([Option(job.shape, False, False)], "", [], [])
     book = state.quota
@@ -98,7 +102,8 @@ def admissions(state: SchedulingState, job: PendingJob, ctx: "CycleContext | Non
             displace.append((Option(pinned, False, False), QuotaNeed(job.team, pool, need)))
         if past:
             reclaim_only.append(Option(pinned, True, False, past))
-        refusals.append(_why(state, job, pool))
+        if explain:
+            refusals.append(_why(state, job, pool))
     options.sort(key=lambda o: o.borrowing)
     return Admissions(options, "; ".join(refusals[:2]), displace, pools, reclaim_only)
 

@@ -22,6 +22,7 @@ import heapq
 import itertools
 from collections.abc import Collection, Container, Iterable, Iterator
 from dataclasses import dataclass, field, replace
+from typing import Literal
 
 from chamber.common.contracts import GpuRef
 from chamber.common.quota import admits, may_reclaim
@@ -51,6 +52,9 @@ from chamber.scheduler.core.reasons import Reason, WaitKind, placed_on
 from chamber.scheduler.core.state import SchedulingState
 
 NO_PRIORITY = -(10**9)
+Lane = tuple[str, str] | Shape
+"""A lane of the second pass (see `_Cycle._split_by_guarantee`): parked groups by (pool, cohort), or sub-queues by
+shape."""
 
 
 @dataclass
@@ -84,8 +88,12 @@ class CycleContext:
     _stopping: dict[tuple[str, str], int] | None = None
     _pools: dict[tuple[str | None, str | None], list[str]] = field(default_factory=dict)
     _pinned: dict[tuple[Shape, str], Shape] = field(default_factory=dict)
-    to_consolidate: list[PendingJob] = field(default_factory=list)
-    """Multi-GPU jobs the walk found no room for, in queue order: room is opened for them after it."""
+    to_consolidate: list[tuple[Entry | None, PendingJob]] = field(default_factory=list)
+    """Multi-GPU jobs the walk found no room for, in queue order, each with the walk's item at whose turn it was
+    found (None outside a walk): room is opened for them after it."""
+    consolidation_tails: list[list[Entry]] = field(default_factory=list)
+    """Lanes of sub-queues closed while room might still be opened for their shape after the walk: each of their
+    heads would have joined `to_consolidate` at its turn (see `_Cycle._shape_hopeless`)."""
     consolidation_failed: set[Shape] = field(default_factory=set)
     """Shapes no consolidation plan opened room for in this context (room only gets scarcer within it)."""
     unfit: set[tuple[str, Shape]] = field(default_factory=set)
@@ -281,6 +289,8 @@ class _Cycle:
         self.config = state.config
         self.gained: set[tuple[str, str]] = set()
         """(team, pool) where the first pass placed or nominated a preemptible job (see `_relane`)."""
+        self.turn: Entry | None = None
+        """The walk's item being decided (None outside a walk)."""
 
     def run(self) -> list[Decision]:
         state, ctx = self.state, self.ctx
@@ -302,19 +312,18 @@ class _Cycle:
         # the ones that would borrow, so a borrower never takes in a cycle what a guaranteed job needs in it.
         ctx.borrowing = not state.quota_on
         items = queue.heads(standing)
-        later: list[Entry] = []
-        lanes: dict[tuple[str, str], list[Entry]] = {}
+        lanes: dict[Lane, list[Entry]] = {}
         if state.quota_on and not (self.config.strict_fifo or self.config.strict_fifo_per_team):
-            items, later, lanes = self._split_by_guarantee(items)
+            items, lanes = self._split_by_guarantee(items)
         first = Walk(queue, items)
         deferred = self._walk(first, decisions)
         # The second pass, and the arrivals decided against this context after it, may borrow: unless the first
         # pass was cut short by the test budget, leaving guaranteed heads undecided until the next cycle.
         ctx.borrowing = ctx.tests < self.config.max_tests_per_cycle or first.pop() is None
-        if (deferred or later or lanes) and ctx.borrowing:
+        if (deferred or lanes) and ctx.borrowing:
             if self.gained:
                 self._relane(lanes, deferred)
-            self._walk(Walk(queue, later, deferred, lanes), decisions)
+            self._walk(Walk(queue, [], deferred, lanes), decisions)
         self.consolidate(decisions)
         sticky = self.config.sticky_reservations
         if sticky != "none":
@@ -331,6 +340,7 @@ class _Cycle:
         seq = ctx.seq
         while ctx.tests < self.config.max_tests_per_cycle and (popped := heads.pop()) is not None:
             kind, number, item = popped[-3:]
+            self.turn = popped
             if not isinstance(item, SubQueue):
                 woken, borrowers = self._wake(item)
                 if not woken and heads.lane is not None and state.usage.borrowable(item[0], item[1]) <= 0:
@@ -354,6 +364,8 @@ class _Cycle:
                 decisions.append(Wait(job.id, self._capacity_reason(job)))
                 break
             if self._hopeless(job):
+                if isinstance(heads.lane, Shape) and (verdict := self._shape_hopeless(heads.lane)):
+                    self._close_lane(heads, verdict)  # no later sub-queue of its lane could do anything either
                 continue  # its sub-queue stays as it was: nothing this cycle could do for it
             outcome = "borrower" if not ctx.borrowing and self._only_borrows(job) else self.consider(job, decisions)
             if outcome == "borrower":
@@ -378,62 +390,78 @@ class _Cycle:
 
     # ---- shortcuts that keep a cycle O(sub-queues that can move) ---------------------------------------------
 
-    def _split_by_guarantee(
-        self, items: list[Entry]
-    ) -> tuple[list[Entry], list[Entry], dict[tuple[str, str], list[Entry]]]:
+    def _split_by_guarantee(self, items: list[Entry]) -> tuple[list[Entry], dict[Lane, list[Entry]]]:
         """The walk's items split, before the first pass, into those whose team's guarantee might admit a head now (the
-        first pass's) and the rest, straight to the second pass: its sub-queues in order, and its parked groups at
-        their first head's turn (as `_walk` hands a group on). A team at or above its guarantee in every pool the
-        head may use, with no lower-priority preemptible work there to displace, can only borrow: the first pass
-        would only set such a head aside for the second (or, when its quota refuses even that, park it, which the
-        second pass does as well, its usage having only grown), and would only decide to hand such a parked group to
-        the second pass (`_wake`). With a thousand teams at their quota that look was most of the first pass. Both
-        only grow harder within a cycle (usage only grows, and a team's lower-priority work placed in the first pass
-        comes after its higher-priority heads), so nothing on the second list could have moved in the first pass.
-        Nor does the split move where the backfill budget goes: a head refused outright gets no look-ahead in either
-        pass.
+        first pass's) and the rest, straight to the second pass in lanes: its sub-queues at their turn, and its
+        parked groups at their first head's turn (as `_walk` hands a group on). A team at or above its guarantee in
+        every pool the head may use, with no lower-priority preemptible work there to displace, can only borrow: the
+        first pass would only set such a head aside for the second (or, when its quota refuses even that, park it,
+        which the second pass does as well, its usage having only grown), and would only decide to hand such a
+        parked group to the second pass (`_wake`). With a thousand teams at their quota that look was most of the
+        first pass. Both only grow harder within a cycle (usage only grows, and a team's lower-priority work placed
+        in the first pass comes after its higher-priority heads), so nothing of the second pass's could have moved
+        in the first. Nor does the split move where the backfill budget goes: a head refused outright gets no
+        look-ahead in either pass.
 
-        The parked groups for the second pass come in lanes, one per (pool, cohort), each in queue order (`Walk`
-        merges them with the rest). Their teams borrow for them or not at all, and what a cohort may lend only
-        shrinks within the cycle, so once one of a lane's groups finds it lends nothing, the lane is closed (`_walk`):
-        its other groups would wake nothing (with a thousand teams at their quota, most of the second pass's groups
-        were looked at only for that). A group of non-preemptible jobs of such a team is left out at once: only
-        preemptible jobs borrow. A team the first pass gives lower-priority preemptible work in the pool is the one
-        exception to "such a team stays such": its groups leave their lanes before the second pass (`_relane`)."""
+        The second pass's items come in lanes, each in queue order (`Walk` merges them), which `_walk` closes once
+        none of their items left could do anything in the cycle:
+        - a parked group's lane is its (pool, cohort): its team borrows for it or not at all, and what a cohort may
+          lend only shrinks within the cycle, so once one of a lane's groups finds it lends nothing, its other
+          groups would wake nothing (with a thousand teams at their quota, most of the second pass's groups were
+          looked at only for that). A group of non-preemptible jobs of such a team is left out at once: only
+          preemptible jobs borrow;
+        - a sub-queue's lane is its shape: such a team may neither displace nor reclaim, so its head starts only on
+          free GPUs (or backfilled, or on room opened for it), and once a head of the shape finds none of those
+          (`_shape_hopeless`), no later head of it would (most of the second pass's heads, on a full fleet).
+        A team the first pass gives lower-priority preemptible work in the pool is the one exception to "such a
+        team stays such": its items leave their lanes before the second pass (`_relane`)."""
         state, ctx, queue = self.state, self.ctx, self.state.queue
         book = state.quota
         assert book is not None
         floor: dict[tuple[str, str], float] = {}
         """(team, pool) -> the priority a head must exceed for the guarantee to admit it (-inf: below it)."""
+        usage, quota, preemptible_usage = state.usage.used, book.quota, state.preemptible_usage
 
         def floor_of(team: str, pool: str) -> float:
-            found = floor.get((team, pool))
-            if found is None:
-                if state.usage.get((team, pool)) < book.quota(team, pool).nominal:
-                    found = float("-inf")
-                else:
-                    held = state.preemptible_usage.get((team, pool))
-                    found = min((p for p, n in held.items() if n > 0), default=float("inf")) if held else float("inf")
-                floor[(team, pool)] = found
+            if usage.get((team, pool), 0) < quota(team, pool).nominal:
+                found = float("-inf")
+            else:
+                held = preemptible_usage.get((team, pool))
+                found = min((p for p, n in held.items() if n > 0), default=float("inf")) if held else float("inf")
+            floor[(team, pool)] = found
             return found
 
+        # ~6,000 items a cycle with a thousand teams: the loop is kept lean (a shape's pools looked up once).
+        pools_of: dict[Shape, list[str]] = {}
         first: list[Entry] = []
-        later: list[Entry] = []
+        lanes: dict[Lane, list[Entry]] = {}
         parked: list[Entry] = []
         for item in items:
             what = item[-1]
-            if isinstance(what, SubQueue):
+            if what.__class__ is SubQueue:
                 priority, _, team, shape, _ = what.key
-                pools = ctx.pools_of(state, shape)
-                if not pools or any(floor_of(team, pool) < priority for pool in pools):
+                pools = pools_of.get(shape)
+                if pools is None:
+                    pools = pools_of[shape] = ctx.pools_of(state, shape)
+                guaranteed = not pools
+                for pool in pools:
+                    f = floor.get((team, pool))
+                    if (floor_of(team, pool) if f is None else f) < priority:
+                        guaranteed = True
+                        break
+                if guaranteed:
+                    first.append(item)
+                elif what.entry is item:  # current (see `JobQueue.current`)
+                    lane = lanes.get(shape)
+                    if lane is None:
+                        lane = lanes[shape] = []
+                    lane.append(item)  # `items` is in queue order: so is each lane
+            else:
+                f = floor.get((what[0], what[1]))
+                if (floor_of(what[0], what[1]) if f is None else f) < what[3]:
                     first.append(item)
                 else:
-                    later.append(item)
-            elif floor_of(what[0], what[1]) < what[3]:
-                first.append(item)
-            else:
-                parked.append(item)
-        lanes: dict[tuple[str, str], list[Entry]] = {}
+                    parked.append(item)
         cohort_of = state.usage.cohort_of
         for item in parked:
             group = item[-1]
@@ -443,17 +471,20 @@ class _Cycle:
                 continue  # a team at its guarantee borrows only with preemptible jobs: such a group never wakes
             if (order := queue.first_order(group, state.standing)) is not None:
                 lanes.setdefault(cohort_of(group[0], group[1]), []).append(entry(order, WOKEN, next(ctx.seq), group))
-        for lane in lanes.values():
-            lane.sort()
-        return first, later, lanes
-
-    def _relane(self, lanes: dict[tuple[str, str], list[Entry]], deferred: list[Entry]) -> None:
-        """Before the second pass: a lane's group whose team the first pass gave preemptible work of lower priority
-        in the pool (a job that may use several pools can be placed by borrowing in one whose guarantee it did not
-        need) may displace that work now, so its turn no longer depends on its cohort's lending alone; it leaves
-        its lane for the second pass's other items (found by review: a closed lane skipped it)."""
         for key, lane in lanes.items():
-            if not any((item[-1][0], item[-1][1]) in self.gained for item in lane):
+            if not isinstance(key, Shape):
+                lane.sort()
+        return first, lanes
+
+    def _relane(self, lanes: dict[Lane, list[Entry]], deferred: list[Entry]) -> None:
+        """Before the second pass: a cohort lane's group whose team the first pass gave preemptible work of lower
+        priority in the pool (a job that may use several pools can be placed by borrowing in one whose guarantee
+        it did not need) may displace that work now, so its turn no longer depends on its cohort's lending alone;
+        it leaves its lane for the second pass's other items (found by review: a closed lane skipped it). The
+        shape lanes' sub-queues of such teams leave theirs only if it is closed (`_close_lane`): most lanes of
+        sub-queues are closed early or not at all, and looking through them all cost more."""
+        for key, lane in lanes.items():
+            if isinstance(key, Shape) or not any((item[-1][0], item[-1][1]) in self.gained for item in lane):
                 continue
             kept = []
             for item in lane:
@@ -463,6 +494,53 @@ class _Cycle:
                 else:
                     kept.append(item)
             lanes[key] = kept
+
+    def _shape_hopeless(self, shape: Shape) -> Literal["", "close", "consolidate"]:
+        """In the second pass, a head of `shape` from its lane was just found hopeless (`_hopeless`): whether every
+        later head of the lane would be too ("": not known). They are of teams that may start them only on free
+        GPUs, by backfill, or on room opened after the walk (the lane's teams neither displace nor reclaim, see
+        `_split_by_guarantee`; a team given work to displace since leaves the lane, see `_close_lane`). That the
+        head was found hopeless says its shape is blocked in every pool it may use and no reservation is left to
+        make; within the walk both stay so, and free GPUs, held ones and reservations to backfill into only get
+        fewer. What was particular to the head is left aside: its estimate (so no reservation may hold GPUs
+        that a job of any estimate could backfill onto), and a refusal of its team's kind remembered in the cycle
+        (a sub-queue it would have parked stays in the walk for the next cycle; parking changes no decision).
+
+        "consolidate": room might still be opened for the shape after the walk, so each later head would join
+        `to_consolidate` at its turn; the lane's rest is handed to `consolidate` instead, which takes each head
+        at its turn in queue order (one whose turn would have come when too few GPUs were free left for it is
+        tried there with fewer still, and fails as it would have: see `plan_consolidation`). On a fragmented
+        full fleet most of the second pass's heads are such gangs."""
+        ctx, config = self.ctx, self.config
+        shapes = self._pinned_shapes(shape)
+        if ctx.may_backfill(None, shapes):
+            return ""
+        if config.consolidate and shape.gpus > 1 and any(self._may_consolidate(s) for s in shapes):
+            return "consolidate"
+        return "close"
+
+    def _close_lane(self, heads: Walk, verdict: str) -> None:
+        """Close the lane the walk's last item came from (`_shape_hopeless`'s `verdict`). A later head of a team
+        the first pass gave preemptible work in a pool the head may use is not of the lane any more: such a team
+        may now displace that work, so its head keeps its turn in the walk."""
+        lane = heads.lane
+        assert isinstance(lane, Shape)
+        rest = heads.rest()
+        heads.close(lane)
+        if self.gained:
+            gained = self.gained
+            teams = {team for team, _ in gained}
+            pools = self.ctx.pools_of(self.state, lane)
+            kept = []
+            for item in rest:
+                team = item[-1].key[2]
+                if team in teams and any((team, pool) in gained for pool in pools):
+                    heads.push(item)
+                else:
+                    kept.append(item)
+            rest = kept
+        if verdict == "consolidate" and rest:
+            self.ctx.consolidation_tails.append(rest)
 
     def _wake(self, group: ParkGroup) -> tuple[list[SubQueue], bool]:
         """A parked group's turn: wake the sub-queues whose heads its team's quota admits now. In the first pass
@@ -492,7 +570,12 @@ class _Cycle:
             top = self._largest(group, parking, borrowing=True)
             return (queue.wake(group, top) if top else []), False
         direct = self._largest(group, parking, borrowing=False)
-        woken = queue.wake(group, direct) if direct else []
+        if not direct:  # its smallest head is neither within the guarantee, nor displaces, nor reclaims past it
+            team, pool, preemptible, _ = group
+            book = self.state.quota
+            assert book is not None
+            return [], admits(book, self.state.usage, team, pool, parking.min_gpus, preemptible=preemptible)[0]
+        woken = queue.wake(group, direct)
         parking = queue.parked.get(group)
         if parking is None or not self._admitted(group, parking.min_gpus, borrowing=True):
             return woken, False
@@ -615,7 +698,7 @@ class _Cycle:
         else:
             hopeless = all(self._hopeless_in(job, pool) for pool in ctx.pools_of(self.state, shape))
         if hopeless and consolidate:
-            ctx.to_consolidate.append(job)
+            ctx.to_consolidate.append((self.turn, job))
         return hopeless
 
     def _may_consolidate(self, shape: Shape) -> bool:
@@ -688,7 +771,7 @@ class _Cycle:
         if adm.options and self._backfill_into_reservation(job, decisions, adm.options):
             return "placed"
         if self.config.consolidate and job.shape.gpus > 1:
-            ctx.to_consolidate.append(job)  # room may be opened for it after the walk (`consolidate`)
+            ctx.to_consolidate.append((self.turn, job))  # room may be opened for it after the walk (`consolidate`)
         if self.config.preemption:
             for option in adm.options:
                 if self._try_preemption(job, decisions, option):
@@ -857,16 +940,29 @@ class _Cycle:
         every job had its turn at and that are still free."""
         state, ctx = self.state, self.ctx
         waiting, ctx.to_consolidate = ctx.to_consolidate, []
-        for job in waiting:
+        tails, ctx.consolidation_tails = ctx.consolidation_tails, []
+        found: Iterable[tuple[Entry | None, PendingJob | None]] = waiting
+        if tails:  # the closed lanes' heads, each at its turn (None: its sub-queue's head, looked up then)
+            found = heapq.merge(waiting, *([(item, None) for item in tail] for tail in tails), key=_turn)
+        failed = ctx.consolidation_failed
+        for turn, known in found:
             if state.index.free_total() < 2:
                 return
+            if known is None:  # a closed lane's head (see `_close_lane`)
+                assert turn is not None
+                self._consolidate_tail_head(turn[-1], decisions)
+                continue
+            job = known
             if state.queue.jobs.get(job.id) is not job:
                 continue  # placed (backfilled) since, or nominated
+            if all(s in failed for s in self._pinned_shapes(job.shape)):
+                continue  # no plan opens room for its shape in this context (`_try_consolidation`)
             mine = next((i for i, r in enumerate(ctx.reservations) if r.job_id == job.id), None)
             if mine is not None:  # the GPUs its own reservation holds free are free for it
                 for node, indices in ctx.held[mine].items():
                     state.index.give(node, indices)
-            moved = any(self._try_consolidation(job, decisions, o) for o in admissions(state, job, ctx).options)
+            options = admissions(state, job, ctx, explain=False).options
+            moved = any(self._try_consolidation(job, decisions, o) for o in options)
             if mine is None:
                 continue
             if moved:  # the GPUs its reservation held and its new place does not use are free now
@@ -875,6 +971,31 @@ class _Cycle:
             else:
                 for node, indices in ctx.held[mine].items():
                     state.index.take(node, indices)
+
+    def _consolidate_tail_head(self, sq: SubQueue, decisions: list[Decision]) -> None:
+        """`consolidate` for the head of a closed lane's sub-queue, as for any job there, only cheaper (a thousand
+        such heads a cycle, most of them refused by their quota): its team can only borrow (see
+        `_split_by_guarantee`), so its admissions are the pools where borrowing admits it (`admissions` would find
+        no displacement and nothing within the guarantee), and it holds no reservation (it was never looked at)."""
+        state, ctx = self.state, self.ctx
+        book = state.quota
+        assert book is not None
+        priority, _, team, shape, preemptible = sq.key
+        shapes = self._pinned_shapes(shape)
+        if all(s in ctx.consolidation_failed for s in shapes):
+            return
+        job = state.queue.head_of(sq)
+        if job is None:
+            return
+        known = ctx.refused.get((team, shape.pool, shape.gpu_model, preemptible, priority))
+        if known is not None and shape.gpus >= known[0]:
+            return  # its quota refuses it (usage only grows within the cycle)
+        usage, gpus = state.usage, shape.gpus
+        for pool, pinned in zip(ctx.pools_of(state, shape), shapes, strict=True):
+            if admits(book, usage, team, pool, gpus, preemptible=preemptible)[0] and self._try_consolidation(
+                job, decisions, Option(pinned, True, False)
+            ):
+                return
 
     def _try_consolidation(self, job: PendingJob, decisions: list[Decision], option: Option) -> bool:
         """Move a few small preemptible jobs elsewhere (each re-placed at once) to open room for this job on a
@@ -1001,7 +1122,8 @@ class _Cycle:
                 continue
             # Each job behind the blocked head is admitted on its own (in the first pass, only within the
             # guarantee), or it does not start. Behind a head refused outright nothing is looked at (`_walk`).
-            options = [o for o in admissions(self.state, job, ctx).options if ctx.borrowing or not o.borrowing]
+            admitted = admissions(self.state, job, ctx, explain=False).options
+            options = [o for o in admitted if ctx.borrowing or not o.borrowing]
             if options:
                 self._backfill_into_reservation(job, decisions, options)
                 if not ctx.may_backfill(None, shapes):
@@ -1104,6 +1226,11 @@ class _Cycle:
 
 
 def _first(item: tuple[int, RunningJob]) -> int:
+    return item[0]
+
+
+def _turn(item: tuple[Entry | None, PendingJob | None]) -> Entry:
+    assert item[0] is not None  # lanes are closed only within a walk, whose jobs all have their turn
     return item[0]
 
 

@@ -111,6 +111,8 @@ class Walk:
         self._closed: set[Any] = set()
         self.lane: Any = None
         """The lane the item last popped came from (None: not from a lane)."""
+        self._lane_next = 0
+        """Where in `lane` its next item is."""
 
     def pop(self) -> Entry | None:
         """The next item, or None when there are no more."""
@@ -129,7 +131,7 @@ class Walk:
             lane = self._lanes[key]
             if at + 1 < len(lane):
                 heapq.heappush(fronts, (lane[at + 1], key, at + 1))
-            self.lane = key
+            self.lane, self._lane_next = key, at + 1
             return item
         self.lane = None
         if best is None:
@@ -145,6 +147,10 @@ class Walk:
     def close(self, lane: Any) -> None:
         """No more items from `lane`."""
         self._closed.add(lane)
+
+    def rest(self) -> list[Entry]:
+        """The items not yet given of the lane the last item came from (see `lane`)."""
+        return self._lanes[self.lane][self._lane_next :] if self.lane is not None else []
 
 
 def _fifo(job: PendingJob) -> float:
