@@ -53,6 +53,9 @@ from chamber.scheduler.core.state import SchedulingState
 
 NO_PRIORITY = -(10**9)
 Lane = tuple[str, str] | Shape
+Turn = tuple[int, Entry]
+"""(pass, item): the walk's item being decided in its first (0) or second (1) pass; turns order as the walk
+takes them (each pass in queue order, the first pass before the second)."""
 """A lane of the second pass (see `_Cycle._split_by_guarantee`): parked groups by (pool, cohort), or sub-queues by
 shape."""
 
@@ -88,9 +91,9 @@ class CycleContext:
     _stopping: dict[tuple[str, str], int] | None = None
     _pools: dict[tuple[str | None, str | None], list[str]] = field(default_factory=dict)
     _pinned: dict[tuple[Shape, str], Shape] = field(default_factory=dict)
-    to_consolidate: list[tuple[Entry | None, PendingJob]] = field(default_factory=list)
-    """Multi-GPU jobs the walk found no room for, in queue order, each with the walk's item at whose turn it was
-    found (None outside a walk): room is opened for them after it."""
+    to_consolidate: list[tuple[Turn | None, PendingJob]] = field(default_factory=list)
+    """Multi-GPU jobs the walk found no room for, in the walk's order, each with the turn it was found at (None
+    outside a walk): room is opened for them after it."""
     consolidation_tails: list[list[Entry]] = field(default_factory=list)
     """Lanes of sub-queues closed while room might still be opened for their shape after the walk: each of their
     heads would have joined `to_consolidate` at its turn (see `_Cycle._shape_hopeless`)."""
@@ -289,7 +292,7 @@ class _Cycle:
         self.config = state.config
         self.gained: set[tuple[str, str]] = set()
         """(team, pool) where the first pass placed or nominated a preemptible job (see `_relane`)."""
-        self.turn: Entry | None = None
+        self.turn: Turn | None = None
         """The walk's item being decided (None outside a walk)."""
 
     def run(self) -> list[Decision]:
@@ -340,7 +343,7 @@ class _Cycle:
         seq = ctx.seq
         while ctx.tests < self.config.max_tests_per_cycle and (popped := heads.pop()) is not None:
             kind, number, item = popped[-3:]
-            self.turn = popped
+            self.turn = (1 if ctx.borrowing else 0, popped)
             if not isinstance(item, SubQueue):
                 woken, borrowers = self._wake(item)
                 if not woken and heads.lane is not None and state.usage.borrowable(item[0], item[1]) <= 0:
@@ -941,16 +944,16 @@ class _Cycle:
         state, ctx = self.state, self.ctx
         waiting, ctx.to_consolidate = ctx.to_consolidate, []
         tails, ctx.consolidation_tails = ctx.consolidation_tails, []
-        found: Iterable[tuple[Entry | None, PendingJob | None]] = waiting
-        if tails:  # the closed lanes' heads, each at its turn (None: its sub-queue's head, looked up then)
-            found = heapq.merge(waiting, *([(item, None) for item in tail] for tail in tails), key=_turn)
+        found: Iterable[tuple[Turn | None, PendingJob | None]] = waiting
+        if tails:  # the closed lanes' heads, each at its turn in the second pass (None: its sub-queue's head)
+            found = heapq.merge(waiting, *([((1, item), None) for item in tail] for tail in tails), key=_turn)
         failed = ctx.consolidation_failed
         for turn, known in found:
             if state.index.free_total() < 2:
                 return
             if known is None:  # a closed lane's head (see `_close_lane`)
                 assert turn is not None
-                self._consolidate_tail_head(turn[-1], decisions)
+                self._consolidate_tail_head(turn[1][-1], decisions)
                 continue
             job = known
             if state.queue.jobs.get(job.id) is not job:
@@ -1229,7 +1232,7 @@ def _first(item: tuple[int, RunningJob]) -> int:
     return item[0]
 
 
-def _turn(item: tuple[Entry | None, PendingJob | None]) -> Entry:
+def _turn(item: tuple[Turn | None, PendingJob | None]) -> Turn:
     assert item[0] is not None  # lanes are closed only within a walk, whose jobs all have their turn
     return item[0]
 
