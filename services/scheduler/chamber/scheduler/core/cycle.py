@@ -946,7 +946,7 @@ class _Cycle:
         tails, ctx.consolidation_tails = ctx.consolidation_tails, []
         found: Iterable[tuple[Turn | None, PendingJob | None]] = waiting
         if tails:  # the closed lanes' heads, each at its turn in the second pass (None: its sub-queue's head)
-            found = heapq.merge(waiting, *([((1, item), None) for item in tail] for tail in tails), key=_turn)
+            found = heapq.merge(waiting, *map(_second_pass, tails), key=_turn)
         failed = ctx.consolidation_failed
         for turn, known in found:
             if state.index.free_total() < 2:
@@ -1230,6 +1230,12 @@ class _Cycle:
 
 def _first(item: tuple[int, RunningJob]) -> int:
     return item[0]
+
+
+def _second_pass(tail: list[Entry]) -> Iterator[tuple[Turn, None]]:
+    """A closed lane's rest as `consolidate` merges it (lazily: it usually stops after a few GPUs are given)."""
+    for item in tail:
+        yield (1, item), None
 
 
 def _turn(item: tuple[Turn | None, PendingJob | None]) -> Turn:

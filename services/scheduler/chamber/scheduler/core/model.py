@@ -1,6 +1,6 @@
 """The scheduler core's working model of jobs: what a waiting job needs, what a running job holds."""
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from chamber.common.contracts import GpuRef, JobRecord
 from chamber.common.priorities import DEFAULT_CLASSES, PriorityClass, priority_value
@@ -19,6 +19,15 @@ class Shape:
     gpu_model: str | None = None
     level: TopologyLevel | None = None
     required: bool = True
+    _hash: int = field(init=False, repr=False, compare=False, default=0)
+    """The hash, computed once: a cycle with a thousand teams looks shapes up in sets and dicts ~10,000 times."""
+
+    def __post_init__(self) -> None:
+        fields = (self.per_replica, self.replicas, self.pool, self.gpu_model, self.level, self.required)
+        object.__setattr__(self, "_hash", hash(fields))
+
+    def __hash__(self) -> int:
+        return self._hash
 
     @property
     def gpus(self) -> int:
