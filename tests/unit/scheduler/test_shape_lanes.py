@@ -1,15 +1,21 @@
 """Under quotas the second pass takes the sub-queues of teams that can only borrow (at or above their guarantee, no
-lower-priority work to displace) in one lane per shape, and closes a lane once a head of it is hopeless for
-reasons that hold for every later head of the shape (`_Cycle._shape_hopeless`): no reservation left to make or to
-backfill into, the shape blocked in every pool it may use, and no room to open for it after the walk. When room
-might still be opened, the lane's rest goes to `consolidate`, which takes each of its heads at its turn. On a
-full, fragmented fleet with a thousand teams, most of the second pass's heads were such gangs, each looked at
-only to be found hopeless.
+lower-priority work to displace) in one lane per shape, and closes a lane once no later head of it could start in
+the cycle: when a head of it is hopeless for reasons that hold for every later head of the shape
+(`_Cycle._shape_hopeless`: no reservation left to make or to backfill into, the shape blocked in every pool it may
+use, no room to open for it after the walk), or when, after a head of it was decided, its pools have fewer GPUs
+free than it asks for and no reservation is left to make or to backfill into (`_Cycle._no_room_left`: under quotas
+a head is often refused before its placement is tried, so on a full fleet the shape was never found blocked).
+When room might still be opened after the walk, the lane's rest goes to `consolidate`, which takes each of its
+heads at its turn. On a full, fragmented fleet with a thousand teams, most of the second pass's heads were such
+gangs, each looked at only to be found hopeless or refused.
 
 The claim: this changes no placement, preemption or nomination. On any quotas in two pools, cohorts, running work,
-queue and arrivals (the situations of `test_guarantee_split`), and on a fragmented pool under quotas (those of
-`test_hopeless_heads`), three decision rounds decide exactly what they decide with no lane ever closed."""
+queue and arrivals (the situations of `test_guarantee_split`), on a fragmented pool under quotas (those of
+`test_hopeless_heads`), on a crowded pool and on a scattered one (below), three decision rounds decide exactly
+what they decide with no lane ever closed. A head a closed lane skips gets no new waiting reason in the cycle (it
+keeps its last one), as any hopeless head."""
 
+from contextlib import ExitStack
 from dataclasses import dataclass, replace
 from unittest.mock import patch
 
@@ -18,9 +24,10 @@ from hypothesis import strategies as st
 
 from chamber.common.contracts import GpuRef
 from chamber.scheduler.core.cycle import _Cycle
-from chamber.scheduler.core.decisions import Decision, Nominate, Place
+from chamber.scheduler.core.decisions import Decision, Nominate, Place, Wait
 from chamber.scheduler.core.model import PendingJob, Shape
 from chamber.scheduler.core.placement import find_placement
+from chamber.scheduler.core.reasons import WaitKind
 from chamber.scheduler.core.state import SchedulerConfig, SchedulingState
 from tests.support.builders import pool_quota
 from tests.unit.scheduler.test_guarantee_split import Situation, decide, job, moves, situations
@@ -31,11 +38,19 @@ def never_closing(self: _Cycle, shape: Shape) -> str:
     return ""
 
 
+def lanes_open() -> ExitStack:
+    """No shape lane is ever closed (neither after a hopeless head nor once no room is left for its shape)."""
+    stack = ExitStack()
+    stack.enter_context(patch.object(_Cycle, "_shape_hopeless", never_closing))
+    stack.enter_context(patch.object(_Cycle, "_no_room_left", lambda self, shape: False))
+    return stack
+
+
 @settings(max_examples=300, deadline=None)
 @given(situations())
 def test_closing_shape_lanes_changes_no_decision(situation: Situation) -> None:
     closing = decide(situation)
-    with patch.object(_Cycle, "_shape_hopeless", never_closing):
+    with lanes_open():
         open_lanes = decide(situation)
     assert moves(closing) == moves(open_lanes)
 
@@ -45,7 +60,7 @@ def test_closing_shape_lanes_changes_no_decision(situation: Situation) -> None:
 def test_closing_shape_lanes_on_a_fragmented_pool_changes_no_decision(case: Fragmented) -> None:
     case = replace(case, quotas=case.quotas or [("a", "c1", 0, None)], strict="")
     closing = decide_fragmented(case)
-    with patch.object(_Cycle, "_shape_hopeless", never_closing):
+    with lanes_open():
         open_lanes = decide_fragmented(case)
     assert moves(closing) == moves(open_lanes)
 
@@ -127,7 +142,7 @@ def decide_crowded(case: Crowded) -> list[list[Decision]]:
 @given(crowded())
 def test_closing_shape_lanes_on_a_crowded_pool_changes_no_decision(case: Crowded) -> None:
     closing = decide_crowded(case)
-    with patch.object(_Cycle, "_shape_hopeless", never_closing):
+    with lanes_open():
         open_lanes = decide_crowded(case)
     assert moves(closing) == moves(open_lanes)
 
@@ -212,7 +227,7 @@ opened for b's gang."""
 @given(scattered())
 def test_closing_shape_lanes_on_a_scattered_pool_changes_no_decision(case: Scattered) -> None:
     closing = decide_scattered(case)
-    with patch.object(_Cycle, "_shape_hopeless", never_closing):
+    with lanes_open():
         open_lanes = decide_scattered(case)
     assert moves(closing) == moves(open_lanes)
 
@@ -257,7 +272,7 @@ def test_a_gang_in_a_closed_lane_is_given_room_after_the_walk_at_its_turn() -> N
     nominated = [d for d in decisions if isinstance(d, Nominate)]
     assert [d.job_id for d in nominated] == ["a1", "b1", "c1"]
     assert all(len(d.victims) == 1 for d in nominated)
-    with patch.object(_Cycle, "_shape_hopeless", never_closing):
+    with lanes_open():
         assert moves([gangs_on_a_fragmented_pool().cycle(100.0)]) == moves([decisions])
 
 
@@ -290,5 +305,36 @@ def test_a_lane_stays_open_while_a_later_head_might_backfill() -> None:
     placed = [d for d in decisions if isinstance(d, Place)]
     assert [d.job_id for d in placed] == ["c1"]
     assert [g.node for g in placed[0].gpus] == ["n0"]
-    with patch.object(_Cycle, "_shape_hopeless", never_closing):
+    with lanes_open():
         assert moves([one_gpu_heads_behind_a_reservation().cycle(0.0)]) == moves([decisions])
+
+
+def heads_behind_a_refused_gang() -> SchedulingState:
+    """n0 (4 GPUs) runs x's job (end unknown); n1 (4 GPUs) runs x's 2-GPU job until t=500, 2 GPUs free: no 4-GPU
+    gang fits. a (no guarantee, may not borrow) and b (no guarantee, may borrow) wait with a 4-GPU gang each, then
+    c with a one-GPU job: all can only borrow."""
+    state = SchedulingState()
+    for n in ("n0", "n1"):
+        state.index.add_node(n, pool="default", model="H100", rack="r", zone="z", capacity=4, free=range(4))
+    for name, gpus, node, estimate in (("x4", 4, "n0", None), ("x2", 2, "n1", 500.0)):
+        running = job(name, ("x", "train", gpus, None, estimate), 0.0)
+        state.place(running, tuple(GpuRef(node, i) for i in range(gpus)), "running", 0.0, borrowing=False)
+    state.set_quota(pool_quota(16, ("x", "cx", 6, None), ("a", "c1", 0, 0), ("b", "c1", 0, None),
+                               ("c", "c1", 0, None)))  # fmt: skip
+    state.mark_borrowed()
+    for i, (team, gpus) in enumerate((("a", 4), ("b", 4), ("c", 1))):
+        state.add(job(f"{team}1", (team, "research", gpus, None, None), 10.0 + i))
+    return state
+
+
+def test_a_lane_stays_open_while_a_later_head_may_still_be_reserved_for() -> None:
+    """a's gang is refused by its quota, and no 4-GPU gang fits the 2 free GPUs, but the one reservation is not
+    made yet: b's gang gets it (n1 from t=500, holding its 2 free GPUs), so c's job, which has no estimate to
+    backfill with, does not start there. Had the lane been closed after a (no room left for 4 GPUs), c would
+    have taken a GPU of the node b's gang is waiting for."""
+    decisions = heads_behind_a_refused_gang().cycle(0.0)
+    waits = {d.job_id: d.why.kind for d in decisions if isinstance(d, Wait)}
+    assert waits == {"a1": WaitKind.QUOTA, "b1": WaitKind.RESERVED, "c1": WaitKind.CAPACITY}
+    assert not moves([decisions])[0]
+    with lanes_open():
+        assert moves([heads_behind_a_refused_gang().cycle(0.0)]) == moves([decisions])

@@ -375,6 +375,8 @@ class _Cycle:
                 deferred.append(popped)
                 ctx.tests -= 1  # only set aside: it is decided, and counted, in the second pass
                 continue
+            if isinstance(heads.lane, Shape) and self._no_room_left(heads.lane):
+                self._close_lane(heads, "close")
             if outcome in ("blocked", "reserved", "refused"):
                 if self.config.strict_fifo:
                     break
@@ -415,9 +417,11 @@ class _Cycle:
           preemptible jobs borrow;
         - a sub-queue's lane is its shape: such a team may neither displace nor reclaim, so its head starts only on
           free GPUs (or backfilled, or on room opened for it), and once a head of the shape finds none of those
-          (`_shape_hopeless`), no later head of it would (most of the second pass's heads, on a full fleet).
+          (`_shape_hopeless`), or too few GPUs are left free for the shape (`_no_room_left`), no later head of it
+          would start (most of the second pass's heads, on a full fleet).
         A team the first pass gives lower-priority preemptible work in the pool is the one exception to "such a
-        team stays such": its items leave their lanes before the second pass (`_relane`)."""
+        team stays such": its groups leave their lanes before the second pass (`_relane`), its sub-queues when
+        their lane closes (`_close_lane`)."""
         state, ctx, queue = self.state, self.ctx, self.state.queue
         book = state.quota
         assert book is not None
@@ -465,15 +469,13 @@ class _Cycle:
                     first.append(item)
                 else:
                     parked.append(item)
-        cohort_of = state.usage.cohort_of
+        cohort_of, standing, seq = state.usage.cohort_of, state.standing, ctx.seq
         for item in parked:
             group = item[-1]
-            if not queue.current(item):
-                continue
             if not group[2]:
                 continue  # a team at its guarantee borrows only with preemptible jobs: such a group never wakes
-            if (order := queue.first_order(group, state.standing)) is not None:
-                lanes.setdefault(cohort_of(group[0], group[1]), []).append(entry(order, WOKEN, next(ctx.seq), group))
+            if (order := queue.current_first_order(item, standing)) is not None:
+                lanes.setdefault(cohort_of(group[0], group[1]), []).append((*order, WOKEN, next(seq), group))
         for key, lane in lanes.items():
             if not isinstance(key, Shape):
                 lane.sort()
@@ -522,10 +524,26 @@ class _Cycle:
             return "consolidate"
         return "close"
 
+    def _no_room_left(self, shape: Shape) -> bool:
+        """In the second pass, after a head of `shape` from its lane was decided: whether no later head of the lane
+        could start in the cycle whatever its quota says, because its pools have fewer GPUs free than it asks for,
+        no reservation is left to make, and none holds GPUs a job of any estimate could backfill onto (the lane's
+        teams neither displace nor reclaim, see `_shape_hopeless`). Under quotas a head is often refused before
+        its placement is tried, so on a full fleet its shape was never found blocked, and each of the second
+        pass's heads of it was looked at in full only to be refused (most of a contended cycle's looks)."""
+        ctx, index = self.ctx, self.state.index
+        if len(ctx.reservations) < self.config.max_reservations:
+            return False
+        shapes = self._pinned_shapes(shape)
+        if any(index.free_in(index.partitions_for(s)) >= s.gpus for s in shapes):
+            return False
+        return not ctx.may_backfill(None, shapes)
+
     def _close_lane(self, heads: Walk, verdict: str) -> None:
-        """Close the lane the walk's last item came from (`_shape_hopeless`'s `verdict`). A later head of a team
-        the first pass gave preemptible work in a pool the head may use is not of the lane any more: such a team
-        may now displace that work, so its head keeps its turn in the walk."""
+        """Close the lane the walk's last item came from, handing its rest to `consolidate` when `verdict` is
+        "consolidate" (see `_shape_hopeless`). A later head of a team the first pass gave preemptible work in a
+        pool the head may use is not of the lane any more: such a team may now displace that work, so its head
+        keeps its turn in the walk."""
         lane = heads.lane
         assert isinstance(lane, Shape)
         rest = heads.rest()

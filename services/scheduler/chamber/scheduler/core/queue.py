@@ -299,6 +299,17 @@ class JobQueue:
         """Per team with jobs waiting, the fewest GPUs any of them asks for (O(teams))."""
         return {team: min(counts) for team, counts in self._waiting.items()}
 
+    def current_first_order(self, item: Entry, standing: dict[str, float]) -> Order | None:
+        """For an item of `heads` standing for a parked group: `first_order` of the group while the item is
+        `current`, else None (in one look: a cycle asks this of thousands of groups)."""
+        parking = self.parked.get(item[-1])
+        if parking is None or parking.entry is not item:
+            return None
+        cached = parking.first
+        if cached is not None and cached[0] is standing and cached[1] is self._reserved:
+            return cached[2]
+        return self.first_order(item[-1], standing)
+
     def first_order(self, group: ParkGroup, standing: dict[str, float]) -> Order | None:
         """The least queue order among a parked group's heads now (None: no heads), computed again only after one
         of its sub-queues changed (a job entered or left one, one was parked into it or woken from it), or when the
