@@ -438,6 +438,40 @@ class _Cycle:
             floor[(team, pool)] = found
             return found
 
+        room: dict[tuple[str, str], tuple[int, int]] = {}
+        """(team, pool) -> (GPUs left of its guarantee, GPUs its cohort could lend it), as the cycle starts."""
+        passing = ctx.reclaimable and self.config.reclaim_past_guarantee
+        smallest = ctx.smallest_waiting(state) if passing else {}
+
+        def may_move(group: ParkGroup) -> bool:
+            """Whether the first pass might wake a sub-queue of this parked group of a team below its guarantee
+            (or holding lower-priority work to displace), or hand the group to the second pass (`_wake`): its
+            smallest head is within what is left of the guarantee, or the team may displace, or reclaim past its
+            guarantee for it, or the cohort may lend for it, all as the cycle starts (they only get harder within
+            it). When not, the group is left out of the cycle (with a thousand teams, most of the first pass's
+            groups were of non-preemptible jobs of a team at its guarantee, looked at only to find that its
+            lower-priority work is too little to make room for their smallest head by displacing it)."""
+            team, pool, preemptible, priority = group
+            parking = queue.parked.get(group)
+            if parking is None:
+                return True  # not current: the walk passes it by
+            gpus = parking.min_gpus
+            known = room.get((team, pool))
+            if known is None:
+                left = quota(team, pool).nominal - usage.get((team, pool), 0)
+                known = room[(team, pool)] = (left, state.usage.borrowable(team, pool))
+            left, lends = known
+            if gpus <= left:
+                return True
+            lower = state.preemptible_below(team, pool, priority)
+            if not preemptible:  # it neither borrows nor goes past a guarantee: it may only displace all it lacks
+                return gpus - left <= lower
+            if lower > 0:
+                return True
+            if passing and left > 0 and gpus <= smallest.get(team, gpus):
+                return True
+            return gpus - max(left, 0) <= lends
+
         # ~6,000 items a cycle with a thousand teams: the loop is kept lean (a shape's pools looked up once).
         pools_of: dict[Shape, list[str]] = {}
         first: list[Entry] = []
@@ -465,10 +499,10 @@ class _Cycle:
                     lane.append(item)  # `items` is in queue order: so is each lane
             else:
                 f = floor.get((what[0], what[1]))
-                if (floor_of(what[0], what[1]) if f is None else f) < what[3]:
-                    first.append(item)
-                else:
+                if (floor_of(what[0], what[1]) if f is None else f) >= what[3]:
                     parked.append(item)
+                elif may_move(what):
+                    first.append(item)
         cohort_of, standing, seq = state.usage.cohort_of, state.standing, ctx.seq
         for item in parked:
             group = item[-1]
