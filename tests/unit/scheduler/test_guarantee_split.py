@@ -8,7 +8,12 @@ get reservations and short jobs backfill), queue and arrivals, three decision ro
 against it, a cycle after some jobs end) place, preempt and nominate exactly what the unsplit walk does, in the
 same order, when the test budget does not cut a pass short (the split only spends less of it in the first pass).
 The backfill budget is spent the same: no look-ahead runs behind a head refused outright (every job behind it is
-refused too), wherever the walk meets that head."""
+refused too), wherever the walk meets that head.
+
+A parked group of a team below its guarantee (or holding lower-priority work) that the first pass could neither
+wake nor hand on, judged as the cycle starts, is left out of the cycle altogether; the last tests show a group
+kept for each way it might move (its cohort lends again; its team's lower-priority work becomes enough to
+displace, for a non-preemptible and for a preemptible head)."""
 
 from dataclasses import dataclass
 from unittest.mock import patch
@@ -19,7 +24,7 @@ from hypothesis import strategies as st
 from chamber.common.contracts import OrgConfig, PoolConfig, QuotaConfig, TeamConfig, TeamQuota
 from chamber.common.quota import QuotaBook, validate
 from chamber.scheduler.core.cycle import Lane, _Cycle
-from chamber.scheduler.core.decisions import Decision, Wait
+from chamber.scheduler.core.decisions import Decision, Nominate, Place, Preempt, Wait
 from chamber.scheduler.core.model import PendingJob, pending_from
 from chamber.scheduler.core.placement import find_placement
 from chamber.scheduler.core.queue import Entry, ParkGroup, SubQueue, Walk
@@ -200,3 +205,68 @@ def test_every_group_the_second_pass_takes_from_a_lane_waits_on_its_cohort_alone
 
     with patch.object(Walk, "pop", popping), patch.object(_Cycle, "_wake", checking):
         decide(situation)
+
+
+def two_cycles(running: list[tuple[str, str, str, int]], queued: PendingJob, ends: str,
+               *teams: tuple[str, str, int, int | None]) -> tuple[list[Decision], list[Decision]]:  # fmt: skip
+    """Two 8-GPU nodes; `running` (id, team, class, GPUs) placed in order, `queued` waiting; a cycle, then `ends`
+    ends, then another cycle: both cycles' decisions."""
+    state = SchedulingState()
+    for n in ("n0", "n1"):
+        state.index.add_node(n, pool="default", model="H100", rack="r", zone="z", capacity=8, free=range(8))
+    state.set_quota(pool_quota(16, *teams))
+    for job_id, team, cls, gpus in running:
+        pending = job(job_id, (team, cls, gpus, None, None), 0.0)
+        where = find_placement(state.index, pending.shape)
+        assert where is not None
+        state.place(pending, where, "running", 0.0, borrowing=False)
+    state.mark_borrowed()
+    state.add(queued)
+    first = state.cycle(100.0)
+    state.release(ends)
+    return first, state.cycle(200.0)
+
+
+def test_a_parked_group_of_a_team_below_its_guarantee_is_handed_on_when_its_cohort_lends_again() -> None:
+    """a (guarantee 4, running 2) waits with a 4-GPU research gang: 2 GPUs past what is left of its guarantee,
+    and b (guarantee 8, using it all) lends nothing, so the gang is refused and parked. Once one of b's jobs ends,
+    b lends 4: the first pass hands a's group on (only borrowing admits it), and the second pass places it."""
+    first, second = two_cycles(
+        [("a0", "a", "research", 2), ("b0", "b", "research", 4), ("b1", "b", "research", 4), ("x0", "x", "train", 4)],
+        job("gang", ("a", "research", 4, None, None), 50.0), "b1",
+        ("a", "c1", 4, None), ("b", "c1", 8, None), ("x", "cx", 4, None),
+    )  # fmt: skip
+    assert [d.job_id for d in first if isinstance(d, Place)] == []
+    assert [d.job_id for d in second if isinstance(d, Place)] == ["gang"]
+
+
+def test_a_parked_non_preemptible_job_displaces_its_teams_lower_work_once_that_is_enough() -> None:
+    """t (guarantee 8) runs 6 GPUs of inference and 2 of best-effort: its 4-GPU train job (non-preemptible, so it
+    neither borrows nor goes past the guarantee) is 4 GPUs over the guarantee and displacing the 2 best-effort ones
+    is not enough: refused and parked. Once 2 GPUs of inference end it is only 2 over: the first pass wakes it, and
+    it preempts the best-effort job for the room."""
+    first, second = two_cycles(
+        [("i0", "t", "inference", 2), ("i1", "t", "inference", 2), ("i2", "t", "inference", 2),
+         ("be", "t", "best-effort", 2), ("x0", "x", "train", 8)],
+        job("train", ("t", "train", 4, None, None), 50.0), "i2",
+        ("t", "ct", 8, None), ("x", "cx", 8, None),
+    )  # fmt: skip
+    assert not [d for d in first if isinstance(d, Nominate | Preempt)]
+    assert [(type(d).__name__, d.job_id) for d in second if not isinstance(d, Wait)] == [
+        ("Preempt", "be"), ("Nominate", "train"),
+    ]  # fmt: skip
+
+
+def test_a_parked_preemptible_job_displaces_its_teams_lower_work_once_that_is_enough() -> None:
+    """The same with a research job (preemptible, but its cohort lends nothing): t runs 6 GPUs of research and 2 of
+    best-effort; once 2 GPUs of research end, the 4-GPU research job displaces the best-effort one."""
+    first, second = two_cycles(
+        [("r0", "t", "research", 2), ("r1", "t", "research", 2), ("r2", "t", "research", 2),
+         ("be", "t", "best-effort", 2), ("x0", "x", "train", 8)],
+        job("research", ("t", "research", 4, None, None), 50.0), "r2",
+        ("t", "ct", 8, None), ("x", "cx", 8, None),
+    )  # fmt: skip
+    assert not [d for d in first if isinstance(d, Nominate | Preempt)]
+    assert [(type(d).__name__, d.job_id) for d in second if not isinstance(d, Wait)] == [
+        ("Preempt", "be"), ("Nominate", "research"),
+    ]  # fmt: skip

@@ -30,7 +30,7 @@ from chamber.scheduler.core.placement import find_placement
 from chamber.scheduler.core.reasons import WaitKind
 from chamber.scheduler.core.state import SchedulerConfig, SchedulingState
 from tests.support.builders import pool_quota
-from tests.unit.scheduler.test_guarantee_split import Situation, decide, job, moves, situations
+from tests.unit.scheduler.test_guarantee_split import Situation, decide, job, moves, situations, unsplit
 from tests.unit.scheduler.test_hopeless_heads import Fragmented, decide_fragmented, fragmented
 
 
@@ -338,3 +338,25 @@ def test_a_lane_stays_open_while_a_later_head_may_still_be_reserved_for() -> Non
     assert not moves([decisions])[0]
     with lanes_open():
         assert moves([heads_behind_a_refused_gang().cycle(0.0)]) == moves([decisions])
+
+
+@settings(max_examples=200, deadline=None)
+@given(crowded())
+def test_the_split_changes_no_decision_on_a_crowded_pool(case: Crowded) -> None:
+    """The whole split (first pass only for what a team's guarantee might admit, the rest in lanes, parked groups
+    nothing could move left out: `_Cycle._split_by_guarantee`) against one walk of every head in both passes, on
+    the crowded pools (the situations of `test_guarantee_split` have few parked groups of teams at their
+    guarantee)."""
+    split = decide_crowded(case)
+    with patch.object(_Cycle, "_split_by_guarantee", unsplit):
+        whole = decide_crowded(case)
+    assert moves(split) == moves(whole)
+
+
+@settings(max_examples=200, deadline=None)
+@given(scattered())
+def test_the_split_changes_no_decision_on_a_scattered_pool(case: Scattered) -> None:
+    split = decide_scattered(case)
+    with patch.object(_Cycle, "_split_by_guarantee", unsplit):
+        whole = decide_scattered(case)
+    assert moves(split) == moves(whole)
