@@ -12,8 +12,10 @@ gangs, each looked at only to be found hopeless or refused.
 The claim: this changes no placement, preemption or nomination. On any quotas in two pools, cohorts, running work,
 queue and arrivals (the situations of `test_guarantee_split`), on a fragmented pool under quotas (those of
 `test_hopeless_heads`), on a crowded pool and on a scattered one (below), three decision rounds decide exactly
-what they decide with no lane ever closed. A head a closed lane skips gets no new waiting reason in the cycle (it
-keeps its last one), as any hopeless head."""
+what they decide with no lane ever closed, while the cycle's test budget (`max_tests_per_cycle`) is not reached
+(a head a closed lane skips is not counted, so the budget then reaches further). A head a closed lane skips gets
+no new waiting reason in the cycle (it keeps its last one), as any hopeless head. Cases a review found are kept in
+`test_lane_reviews`."""
 
 from contextlib import ExitStack
 from dataclasses import dataclass, replace

@@ -53,11 +53,14 @@ from chamber.scheduler.core.state import SchedulingState
 
 NO_PRIORITY = -(10**9)
 Lane = tuple[str, str] | Shape
-Turn = tuple[int, Entry]
-"""(pass, item): the walk's item being decided in its first (0) or second (1) pass; turns order as the walk
-takes them (each pass in queue order, the first pass before the second)."""
 """A lane of the second pass (see `_Cycle._split_by_guarantee`): parked groups by (pool, cohort), or sub-queues by
 shape."""
+Turn = tuple[int, Entry]
+"""(pass, mark): when in the walk something was decided, as its first (0) or second (1) pass and the greatest item
+that pass had taken by then. Turns order as the walk went, also where it takes an item out of queue order (one
+pushed with a smaller order than an item already taken: a sticky reservation orders its job ahead); a head the
+walk did not take (a closed lane's) has its turn before the first item taken that comes after it in queue order,
+so `(pass, its item)` orders with the others."""
 
 
 @dataclass
@@ -94,9 +97,9 @@ class CycleContext:
     to_consolidate: list[tuple[Turn | None, PendingJob]] = field(default_factory=list)
     """Multi-GPU jobs the walk found no room for, in the walk's order, each with the turn it was found at (None
     outside a walk): room is opened for them after it."""
-    consolidation_tails: list[list[Entry]] = field(default_factory=list)
-    """Lanes of sub-queues closed while room might still be opened for their shape after the walk: each of their
-    heads would have joined `to_consolidate` at its turn (see `_Cycle._shape_hopeless`)."""
+    consolidation_tails: list["Tail"] = field(default_factory=list)
+    """Lanes of sub-queues closed while room might still be opened for their shape after the walk (see
+    `_Cycle._shape_hopeless`)."""
     consolidation_failed: set[Shape] = field(default_factory=set)
     """Shapes no consolidation plan opened room for in this context (room only gets scarcer within it)."""
     unfit: set[tuple[str, Shape]] = field(default_factory=set)
@@ -231,6 +234,32 @@ class CycleContext:
         self.reservations = []
 
 
+@dataclass
+class Tail:
+    """The rest of a lane closed while room might still be opened for its shape after the walk: each of its heads
+    would have joined `to_consolidate` at its turn while a condition held (`until`), which, once false, stays so
+    within the walk. So the heads whose turns come before the walk's `cutoff` (see `Turn`) are listed, and no later
+    one:
+    - "room": a head found hopeless (`_Cycle._shape_hopeless`) is listed if its shape's pools have as many GPUs
+      free as it asks for at its turn (`_Cycle._hopeless`); free GPUs only get fewer within the walk;
+    - "unblocked": a head looked at in full is listed whatever is free (`_Cycle.consider`), and each later head is
+      looked at in full until its shape is found blocked, when it is found hopeless with too few GPUs free to be
+      listed (`_Cycle._no_room_left`); blocked shapes only get more within the walk."""
+
+    items: list[Entry]
+    shapes: list[Shape]
+    """The lane's shape pinned to each pool it may use."""
+    until: Literal["room", "unblocked"]
+    cutoff: Entry | None = None
+    """The greatest item the pass had taken when `until` stopped holding (None: it still holds)."""
+
+    def kept(self) -> Iterator[tuple[Turn, None]]:
+        for item in self.items:
+            if self.cutoff is not None and not item < self.cutoff:
+                return
+            yield (1, item), None
+
+
 def run_cycle(state: SchedulingState, now: float) -> list[Decision]:
     state.invalidate()
     if state.config.max_wait_s is not None:
@@ -293,7 +322,10 @@ class _Cycle:
         self.gained: set[tuple[str, str]] = set()
         """(team, pool) where the first pass placed or nominated a preemptible job (see `_relane`)."""
         self.turn: Turn | None = None
-        """The walk's item being decided (None outside a walk)."""
+        """The walk's turn (None outside a walk)."""
+        self._watching: list[Tail] = []
+        """Tails of this pass whose cutoff is not known yet."""
+        self._free_seen = -1
 
     def run(self) -> list[Decision]:
         state, ctx = self.state, self.ctx
@@ -341,9 +373,15 @@ class _Cycle:
         standing = state.standing
         deferred: list[Entry] = []
         seq = ctx.seq
+        passing = 1 if ctx.borrowing else 0
+        mark: Entry | None = None
         while ctx.tests < self.config.max_tests_per_cycle and (popped := heads.pop()) is not None:
             kind, number, item = popped[-3:]
-            self.turn = (1 if ctx.borrowing else 0, popped)
+            if self._watching and mark is not None:
+                self._watch(mark)
+            if mark is None or mark < popped:
+                mark = popped
+            self.turn = (passing, mark)
             if not isinstance(item, SubQueue):
                 woken, borrowers = self._wake(item)
                 if not woken and heads.lane is not None and state.usage.borrowable(item[0], item[1]) <= 0:
@@ -375,8 +413,8 @@ class _Cycle:
                 deferred.append(popped)
                 ctx.tests -= 1  # only set aside: it is decided, and counted, in the second pass
                 continue
-            if isinstance(heads.lane, Shape) and self._no_room_left(heads.lane):
-                self._close_lane(heads, "close")
+            if isinstance(heads.lane, Shape) and (no_room := self._no_room_left(heads.lane)):
+                self._close_lane(heads, no_room)
             if outcome in ("blocked", "reserved", "refused"):
                 if self.config.strict_fifo:
                     break
@@ -391,6 +429,12 @@ class _Cycle:
             nxt = queue.head_of(sq)
             if nxt is not None:
                 heads.push(entry(queue.order_of(nxt, standing), kind, number, sq))
+        if self._watching:
+            ended = ctx.tests < self.config.max_tests_per_cycle and heads.pop() is None
+            for tail in self._watching:  # heads after the walk's last item: their turns came at its end, or never
+                if not (ended and self._holds(tail)) and mark is not None:
+                    tail.cutoff = mark
+            self._watching = []
         return deferred
 
     # ---- shortcuts that keep a cycle O(sub-queues that can move) ---------------------------------------------
@@ -546,10 +590,9 @@ class _Cycle:
         (a sub-queue it would have parked stays in the walk for the next cycle; parking changes no decision).
 
         "consolidate": room might still be opened for the shape after the walk, so each later head would join
-        `to_consolidate` at its turn; the lane's rest is handed to `consolidate` instead, which takes each head
-        at its turn in queue order (one whose turn would have come when too few GPUs were free left for it is
-        tried there with fewer still, and fails as it would have: see `plan_consolidation`). On a fragmented
-        full fleet most of the second pass's heads are such gangs."""
+        `to_consolidate` at its turn while the shape's pools still have as many GPUs free as it asks for; the
+        lane's rest is handed to `consolidate` instead (a `Tail`), which takes each such head at its turn. On a
+        fragmented full fleet most of the second pass's heads are such gangs."""
         ctx, config = self.ctx, self.config
         shapes = self._pinned_shapes(shape)
         if ctx.may_backfill(None, shapes):
@@ -558,24 +601,51 @@ class _Cycle:
             return "consolidate"
         return "close"
 
-    def _no_room_left(self, shape: Shape) -> bool:
+    def _no_room_left(self, shape: Shape) -> Literal["", "close", "unblocked"]:
         """In the second pass, after a head of `shape` from its lane was decided: whether no later head of the lane
-        could start in the cycle whatever its quota says, because its pools have fewer GPUs free than it asks for,
-        no reservation is left to make, and none holds GPUs a job of any estimate could backfill onto (the lane's
-        teams neither displace nor reclaim, see `_shape_hopeless`). Under quotas a head is often refused before
-        its placement is tried, so on a full fleet its shape was never found blocked, and each of the second
-        pass's heads of it was looked at in full only to be refused (most of a contended cycle's looks)."""
+        could start in the walk whatever its quota says ("": not known), because its pools have fewer GPUs free
+        than it asks for, no reservation is left to make, and none holds GPUs a job of any estimate could backfill
+        onto (the lane's teams neither displace nor reclaim, see `_shape_hopeless`). Under quotas a head is often
+        refused before its placement is tried, so on a full fleet its shape was never found blocked, and each of
+        the second pass's heads of it was looked at in full only to be refused (most of a contended cycle's
+        looks). "unblocked": a gang looked at in full joins `to_consolidate` whatever is free (room may be opened
+        for it after the walk with GPUs a reservation given up there frees), so the lane's rest goes there (a
+        `Tail`)."""
         ctx, index = self.ctx, self.state.index
         if len(ctx.reservations) < self.config.max_reservations:
-            return False
+            return ""
         shapes = self._pinned_shapes(shape)
-        if any(index.free_in(index.partitions_for(s)) >= s.gpus for s in shapes):
-            return False
-        return not ctx.may_backfill(None, shapes)
+        if any(index.free_in(index.partitions_for(s)) >= s.gpus for s in shapes) or ctx.may_backfill(None, shapes):
+            return ""
+        return "unblocked" if self.config.consolidate and shape.gpus > 1 else "close"
+
+    def _room_for(self, shapes: list[Shape]) -> bool:
+        index = self.state.index
+        return any(index.free_in(index.partitions_for(s)) >= s.gpus for s in shapes)
+
+    def _holds(self, tail: Tail) -> bool:
+        if tail.until == "room":
+            return self._room_for(tail.shapes)
+        blocked = self.ctx.blocked
+        return any(s not in blocked for s in tail.shapes)
+
+    def _watch(self, mark: Entry) -> None:
+        """Before the walk's next item: a tail whose condition stopped holding gets its cutoff (`mark`, the
+        greatest item taken so far). Free GPUs are looked at only when they changed."""
+        free = self.state.index.free_total()
+        changed, self._free_seen = free != self._free_seen, free
+        still = []
+        for tail in self._watching:
+            if (tail.until == "room" and not changed) or self._holds(tail):
+                still.append(tail)
+            else:
+                tail.cutoff = mark
+        self._watching = still
 
     def _close_lane(self, heads: Walk, verdict: str) -> None:
-        """Close the lane the walk's last item came from, handing its rest to `consolidate` when `verdict` is
-        "consolidate" (see `_shape_hopeless`). A later head of a team the first pass gave preemptible work in a
+        """Close the lane the walk's last item came from, handing its rest to `consolidate` when `verdict` says
+        its heads would have been listed there ("consolidate" from `_shape_hopeless`, "unblocked" from
+        `_no_room_left`: see `Tail`). A later head of a team the first pass gave preemptible work in a
         pool the head may use is not of the lane any more: such a team may now displace that work, so its head
         keeps its turn in the walk."""
         lane = heads.lane
@@ -594,8 +664,11 @@ class _Cycle:
                 else:
                     kept.append(item)
             rest = kept
-        if verdict == "consolidate" and rest:
-            self.ctx.consolidation_tails.append(rest)
+        if verdict != "close" and rest:
+            tail = Tail(rest, self._pinned_shapes(lane), "room" if verdict == "consolidate" else "unblocked")
+            self.ctx.consolidation_tails.append(tail)
+            self._watching.append(tail)
+            self._free_seen = -1
 
     def _wake(self, group: ParkGroup) -> tuple[list[SubQueue], bool]:
         """A parked group's turn: wake the sub-queues whose heads its team's quota admits now. In the first pass
@@ -998,7 +1071,7 @@ class _Cycle:
         tails, ctx.consolidation_tails = ctx.consolidation_tails, []
         found: Iterable[tuple[Turn | None, PendingJob | None]] = waiting
         if tails:  # the closed lanes' heads, each at its turn in the second pass (None: its sub-queue's head)
-            found = heapq.merge(waiting, *map(_second_pass, tails), key=_turn)
+            found = heapq.merge(waiting, *(tail.kept() for tail in tails), key=_turn)
         failed = ctx.consolidation_failed
         for turn, known in found:
             if state.index.free_total() < 2:
@@ -1010,9 +1083,11 @@ class _Cycle:
             job = known
             if state.queue.jobs.get(job.id) is not job:
                 continue  # placed (backfilled) since, or nominated
-            if all(s in failed for s in self._pinned_shapes(job.shape)):
-                continue  # no plan opens room for its shape in this context (`_try_consolidation`)
+            if budget_refusal(state, job):
+                continue  # its team may not start it now (the walk may have passed it by without asking)
             mine = next((i for i, r in enumerate(ctx.reservations) if r.job_id == job.id), None)
+            if mine is None and all(s in failed for s in self._pinned_shapes(job.shape)):
+                continue  # no plan opens room for its shape in this context (`_try_consolidation`)
             if mine is not None:  # the GPUs its own reservation holds free are free for it
                 for node, indices in ctx.held[mine].items():
                     state.index.give(node, indices)
@@ -1040,7 +1115,7 @@ class _Cycle:
         if all(s in ctx.consolidation_failed for s in shapes):
             return
         job = state.queue.head_of(sq)
-        if job is None:
+        if job is None or budget_refusal(state, job):
             return
         known = ctx.refused.get((team, shape.pool, shape.gpu_model, preemptible, priority))
         if known is not None and shape.gpus >= known[0]:
@@ -1282,12 +1357,6 @@ class _Cycle:
 
 def _first(item: tuple[int, RunningJob]) -> int:
     return item[0]
-
-
-def _second_pass(tail: list[Entry]) -> Iterator[tuple[Turn, None]]:
-    """A closed lane's rest as `consolidate` merges it (lazily: it usually stops after a few GPUs are given)."""
-    for item in tail:
-        yield (1, item), None
 
 
 def _turn(item: tuple[Turn | None, PendingJob | None]) -> Turn:
