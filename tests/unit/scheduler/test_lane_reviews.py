@@ -148,3 +148,35 @@ def test_a_closed_lanes_heads_the_test_budget_never_reached_are_not_given_room()
 
     decisions = same_with_lanes_open(two_looks)
     assert [d.job_id for d in decisions if isinstance(d, Nominate)] == ["a1", "b1"]
+
+
+def a_gang_lane_with_no_room_left() -> SchedulingState:
+    """pa: n0 with 2 one-GPU jobs of x, n1 and n2 with 3; pb: m0, m1 with 2 of y each. g's job is reserved on n0
+    (holding its 2 free GPUs; pa keeps 2 free). a's 3-GPU job is refused (no borrowing): fewer GPUs are free in pa
+    than the shape asks for. Looked at in full, t1's 3-GPU job is admitted, blocks the shape and joins the list
+    room is opened for; t2's is then found hopeless with too few GPUs free, and does not. u (t1's one-GPU job)
+    takes t1 to its borrowing limit. After the walk g goes to pb, freeing n0: t1's job is refused there, and
+    t2's was never listed."""
+    state = fleet(
+        SchedulerConfig(max_reservations=1), {"pa": ["n0", "n1", "n2"], "pb": ["m0", "m1"]},
+        {"g": ("cg", {"pa": (4, None), "pb": (4, None)}), "x": ("cx", {"pa": (8, None)}),
+         "y": ("cy", {"pb": (4, None)}), "a": ("c1", {"pa": (0, 0)}), "t1": ("c1", {"pa": (0, 3)}),
+         "t2": ("c2", {"pa": (0, None)}), "l1": ("c1", {"pa": (4, None)}), "l2": ("c2", {"pa": (3, None)})},
+        {"pa": 20, "pb": 8},
+        [("x", "n0", "research", [0]), ("x", "n0", "research", [1])]
+        + [("x", n, "research", [i]) for n in ("n1", "n2") for i in range(3)]
+        + [("y", m, "research", [i]) for m in ("m0", "m1") for i in range(2)],
+    )  # fmt: skip
+    for i, (name, team, cls, gpus, pool) in enumerate((("R", "g", "train", 4, None), ("A", "a", "research", 3, "pa"),
+                                                        ("T1", "t1", "research", 3, "pa"),
+                                                        ("T2", "t2", "research", 3, "pa"),
+                                                        ("U", "t1", "best-effort", 1, "pa"))):  # fmt: skip
+        state.add(job(name, (team, cls, gpus, pool, None), 10.0 + i))
+    return state
+
+
+def test_a_gang_lane_with_no_room_left_stays_open() -> None:
+    """Found by the second review: the lane was closed after a's job with its rest listed until the shape was found
+    blocked, which in the closed lane it never was (t1's head would have blocked it), so t2's was given room."""
+    decisions = same_with_lanes_open(a_gang_lane_with_no_room_left)
+    assert "T2" not in [d.job_id for d in decisions if isinstance(d, Nominate)]

@@ -236,22 +236,17 @@ class CycleContext:
 
 @dataclass
 class Tail:
-    """The rest of a lane closed while room might still be opened for its shape after the walk: each of its heads
-    would have joined `to_consolidate` at its turn while a condition held (`until`), which, once false, stays so
-    within the walk. So the heads whose turns come before the walk's `cutoff` (see `Turn`) are listed, and no later
-    one:
-    - "room": a head found hopeless (`_Cycle._shape_hopeless`) is listed if its shape's pools have as many GPUs
-      free as it asks for at its turn (`_Cycle._hopeless`); free GPUs only get fewer within the walk;
-    - "unblocked": a head looked at in full is listed whatever is free (`_Cycle.consider`), and each later head is
-      looked at in full until its shape is found blocked, when it is found hopeless with too few GPUs free to be
-      listed (`_Cycle._no_room_left`); blocked shapes only get more within the walk."""
+    """The rest of a lane closed while room might still be opened for its shape after the walk
+    (`_Cycle._shape_hopeless`): each of its heads, found hopeless at its turn, would have joined `to_consolidate`
+    if its shape's pools had as many GPUs free as it asks for then (`_Cycle._hopeless`). Free GPUs only get fewer
+    within the walk, so the heads whose turns come before the walk's `cutoff` (see `Turn`) are listed, and no
+    later one."""
 
     items: list[Entry]
     shapes: list[Shape]
     """The lane's shape pinned to each pool it may use."""
-    until: Literal["room", "unblocked"]
     cutoff: Entry | None = None
-    """The greatest item the pass had taken when `until` stopped holding (None: it still holds)."""
+    """The greatest item the pass had taken when too few GPUs were left free for the shape (None: not yet)."""
 
     def kept(self) -> Iterator[tuple[Turn, None]]:
         for item in self.items:
@@ -413,8 +408,8 @@ class _Cycle:
                 deferred.append(popped)
                 ctx.tests -= 1  # only set aside: it is decided, and counted, in the second pass
                 continue
-            if isinstance(heads.lane, Shape) and (no_room := self._no_room_left(heads.lane)):
-                self._close_lane(heads, no_room)
+            if isinstance(heads.lane, Shape) and self._no_room_left(heads.lane):
+                self._close_lane(heads, "close")
             if outcome in ("blocked", "reserved", "refused"):
                 if self.config.strict_fifo:
                     break
@@ -432,7 +427,7 @@ class _Cycle:
         if self._watching:
             ended = ctx.tests < self.config.max_tests_per_cycle and heads.pop() is None
             for tail in self._watching:  # heads after the walk's last item: their turns came at its end, or never
-                if not (ended and self._holds(tail)) and mark is not None:
+                if not (ended and self._room_for(tail.shapes)) and mark is not None:
                     tail.cutoff = mark
             self._watching = []
         return deferred
@@ -601,53 +596,48 @@ class _Cycle:
             return "consolidate"
         return "close"
 
-    def _no_room_left(self, shape: Shape) -> Literal["", "close", "unblocked"]:
+    def _no_room_left(self, shape: Shape) -> bool:
         """In the second pass, after a head of `shape` from its lane was decided: whether no later head of the lane
-        could start in the walk whatever its quota says ("": not known), because its pools have fewer GPUs free
-        than it asks for, no reservation is left to make, and none holds GPUs a job of any estimate could backfill
-        onto (the lane's teams neither displace nor reclaim, see `_shape_hopeless`). Under quotas a head is often
-        refused before its placement is tried, so on a full fleet its shape was never found blocked, and each of
-        the second pass's heads of it was looked at in full only to be refused (most of a contended cycle's
-        looks). "unblocked": a gang looked at in full joins `to_consolidate` whatever is free (room may be opened
-        for it after the walk with GPUs a reservation given up there frees), so the lane's rest goes there (a
-        `Tail`)."""
+        could start in the cycle whatever its quota says, because its pools have fewer GPUs free than it asks for,
+        no reservation is left to make, and none holds GPUs a job of any estimate could backfill onto (the lane's
+        teams neither displace nor reclaim, see `_shape_hopeless`). Under quotas a head is often refused before
+        its placement is tried, so on a full fleet its shape was never found blocked, and each of the second
+        pass's heads of it was looked at in full only to be refused. Not for gangs where room may be opened: one
+        looked at in full joins `to_consolidate` whatever is free (room may be freed for it after the walk, by a
+        reservation given up there), and which later heads would have, only the walk itself can tell (found by
+        review: the first one its quota admits blocks the shape, and no later one joins)."""
         ctx, index = self.ctx, self.state.index
-        if len(ctx.reservations) < self.config.max_reservations:
-            return ""
+        if len(ctx.reservations) < self.config.max_reservations or (self.config.consolidate and shape.gpus > 1):
+            return False
         shapes = self._pinned_shapes(shape)
-        if any(index.free_in(index.partitions_for(s)) >= s.gpus for s in shapes) or ctx.may_backfill(None, shapes):
-            return ""
-        return "unblocked" if self.config.consolidate and shape.gpus > 1 else "close"
+        if any(index.free_in(index.partitions_for(s)) >= s.gpus for s in shapes):
+            return False
+        return not ctx.may_backfill(None, shapes)
 
     def _room_for(self, shapes: list[Shape]) -> bool:
         index = self.state.index
         return any(index.free_in(index.partitions_for(s)) >= s.gpus for s in shapes)
 
-    def _holds(self, tail: Tail) -> bool:
-        if tail.until == "room":
-            return self._room_for(tail.shapes)
-        blocked = self.ctx.blocked
-        return any(s not in blocked for s in tail.shapes)
-
     def _watch(self, mark: Entry) -> None:
-        """Before the walk's next item: a tail whose condition stopped holding gets its cutoff (`mark`, the
-        greatest item taken so far). Free GPUs are looked at only when they changed."""
+        """Before the walk's next item: a tail whose shape has fewer GPUs free than it asks for from now on gets its
+        cutoff (`mark`, the greatest item taken so far). Looked at only when the free GPUs changed."""
         free = self.state.index.free_total()
-        changed, self._free_seen = free != self._free_seen, free
+        if free == self._free_seen:
+            return
+        self._free_seen = free
         still = []
         for tail in self._watching:
-            if (tail.until == "room" and not changed) or self._holds(tail):
+            if self._room_for(tail.shapes):
                 still.append(tail)
             else:
                 tail.cutoff = mark
         self._watching = still
 
     def _close_lane(self, heads: Walk, verdict: str) -> None:
-        """Close the lane the walk's last item came from, handing its rest to `consolidate` when `verdict` says
-        its heads would have been listed there ("consolidate" from `_shape_hopeless`, "unblocked" from
-        `_no_room_left`: see `Tail`). A later head of a team the first pass gave preemptible work in a
-        pool the head may use is not of the lane any more: such a team may now displace that work, so its head
-        keeps its turn in the walk."""
+        """Close the lane the walk's last item came from, handing its rest to `consolidate` when `verdict` is
+        "consolidate" (see `_shape_hopeless` and `Tail`). A later head of a team the first pass gave preemptible
+        work in a pool the head may use is not of the lane any more: such a team may now displace that work, so
+        its head keeps its turn in the walk."""
         lane = heads.lane
         assert isinstance(lane, Shape)
         rest = heads.rest()
@@ -664,8 +654,8 @@ class _Cycle:
                 else:
                     kept.append(item)
             rest = kept
-        if verdict != "close" and rest:
-            tail = Tail(rest, self._pinned_shapes(lane), "room" if verdict == "consolidate" else "unblocked")
+        if verdict == "consolidate" and rest:
+            tail = Tail(rest, self._pinned_shapes(lane))
             self.ctx.consolidation_tails.append(tail)
             self._watching.append(tail)
             self._free_seen = -1
