@@ -18,6 +18,7 @@ displace, for a non-preemptible and for a preemptible head)."""
 from dataclasses import dataclass
 from unittest.mock import patch
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -240,33 +241,23 @@ def test_a_parked_group_of_a_team_below_its_guarantee_is_handed_on_when_its_coho
     assert [d.job_id for d in second if isinstance(d, Place)] == ["gang"]
 
 
-def test_a_parked_non_preemptible_job_displaces_its_teams_lower_work_once_that_is_enough() -> None:
-    """t (guarantee 8) runs 6 GPUs of inference and 2 of best-effort: its 4-GPU train job (non-preemptible, so it
-    neither borrows nor goes past the guarantee) is 4 GPUs over the guarantee and displacing the 2 best-effort ones
-    is not enough: refused and parked. Once 2 GPUs of inference end it is only 2 over: the first pass wakes it, and
-    it preempts the best-effort job for the room."""
+@pytest.mark.parametrize(
+    ("cls", "lower"),
+    [("train", "inference"), ("research", "research")],
+    ids=["non-preemptible", "preemptible, its cohort lending nothing"],
+)
+def test_a_parked_job_displaces_its_teams_lower_work_once_that_is_enough(cls: str, lower: str) -> None:
+    """t (guarantee 8) runs 6 GPUs of `lower` and 2 of best-effort: its 4-GPU `cls` job (which neither borrows nor,
+    here, goes past the guarantee) is 4 GPUs over the guarantee and displacing the 2 best-effort ones is not
+    enough: refused and parked. Once 2 GPUs of `lower` end it is only 2 over: the first pass wakes it, and it
+    preempts the best-effort job for the room."""
     first, second = two_cycles(
-        [("i0", "t", "inference", 2), ("i1", "t", "inference", 2), ("i2", "t", "inference", 2),
-         ("be", "t", "best-effort", 2), ("x0", "x", "train", 8)],
-        job("train", ("t", "train", 4, None, None), 50.0), "i2",
+        [("l0", "t", lower, 2), ("l1", "t", lower, 2), ("l2", "t", lower, 2), ("be", "t", "best-effort", 2),
+         ("x0", "x", "train", 8)],
+        job("wide", ("t", cls, 4, None, None), 50.0), "l2",
         ("t", "ct", 8, None), ("x", "cx", 8, None),
     )  # fmt: skip
     assert not [d for d in first if isinstance(d, Nominate | Preempt)]
     assert [(type(d).__name__, d.job_id) for d in second if not isinstance(d, Wait)] == [
-        ("Preempt", "be"), ("Nominate", "train"),
-    ]  # fmt: skip
-
-
-def test_a_parked_preemptible_job_displaces_its_teams_lower_work_once_that_is_enough() -> None:
-    """The same with a research job (preemptible, but its cohort lends nothing): t runs 6 GPUs of research and 2 of
-    best-effort; once 2 GPUs of research end, the 4-GPU research job displaces the best-effort one."""
-    first, second = two_cycles(
-        [("r0", "t", "research", 2), ("r1", "t", "research", 2), ("r2", "t", "research", 2),
-         ("be", "t", "best-effort", 2), ("x0", "x", "train", 8)],
-        job("research", ("t", "research", 4, None, None), 50.0), "r2",
-        ("t", "ct", 8, None), ("x", "cx", 8, None),
-    )  # fmt: skip
-    assert not [d for d in first if isinstance(d, Nominate | Preempt)]
-    assert [(type(d).__name__, d.job_id) for d in second if not isinstance(d, Wait)] == [
-        ("Preempt", "be"), ("Nominate", "research"),
+        ("Preempt", "be"), ("Nominate", "wide"),
     ]  # fmt: skip

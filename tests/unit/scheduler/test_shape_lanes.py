@@ -126,17 +126,29 @@ def decide_crowded(case: Crowded) -> list[list[Decision]]:
     for i in sorted(case.ended):
         if i < len(running):
             state.release(running[i])
-    half = len(case.queued) // 2
-    for i, (team, cls, gpus, estimate) in enumerate(case.queued[:half]):
-        state.add(job(f"q{i}", (team, cls, gpus, None, estimate), 100.0 + i))
-    out = [state.decide(200.0)]
-    for i, (team, cls, gpus, estimate) in enumerate(case.queued[half:], start=half):
-        state.add(job(f"q{i}", (team, cls, gpus, None, estimate), 100.0 + i))
-    out.append(state.decide(210.0))
-    for i in sorted(case.later):
-        if i < len(running) and running[i] in state.running:
-            state.release(running[i])
-    out.append(state.decide(300.0))
+    queued = [job(f"q{i}", (team, cls, gpus, None, estimate), 100.0 + i)
+              for i, (team, cls, gpus, estimate) in enumerate(case.queued)]  # fmt: skip
+    return three_rounds(
+        state, queued, [running[i] for i in sorted(case.later) if i < len(running)], (200.0, 210.0, 300.0)
+    )
+
+
+def three_rounds(
+    state: SchedulingState, queued: list[PendingJob], ending: list[str], at: tuple[float, float, float]
+) -> list[list[Decision]]:
+    """A cycle with the first half of `queued` waiting, the rest decided as arrivals against it, then a cycle after
+    the running jobs `ending` end (those still running), at the three times `at`: each round's decisions."""
+    half = len(queued) // 2
+    for pending in queued[:half]:
+        state.add(pending)
+    out = [state.decide(at[0])]
+    for pending in queued[half:]:
+        state.add(pending)
+    out.append(state.decide(at[1]))
+    for job_id in ending:
+        if job_id in state.running:
+            state.release(job_id)
+    out.append(state.decide(at[2]))
     return out
 
 
@@ -196,18 +208,9 @@ def decide_scattered(case: Scattered) -> list[list[Decision]]:
     teams = [("x", "cx", len(smalls), None)] + [(t, case.cohorts[t], case.nominal[t], None) for t in TEAMS]
     state.set_quota(pool_quota(8 * len(case.busy) + case.spare + sum(case.nominal.values()), *teams))
     state.mark_borrowed()
-    half = len(case.queued) // 2
-    for i, (team, cls, gpus) in enumerate(case.queued[:half]):
-        state.add(job(f"q{i}", (team, cls, gpus, None, None), 100.0 + i))
-    out = [state.decide(2000.0)]
-    for i, (team, cls, gpus) in enumerate(case.queued[half:], start=half):
-        state.add(job(f"q{i}", (team, cls, gpus, None, None), 100.0 + i))
-    out.append(state.decide(2010.0))
-    for i in sorted(case.later):
-        if i < len(smalls) and smalls[i] in state.running:
-            state.release(smalls[i])
-    out.append(state.decide(3000.0))
-    return out
+    queued = [job(f"q{i}", (team, cls, gpus, None, None), 100.0 + i) for i, (team, cls, gpus) in enumerate(case.queued)]
+    return three_rounds(state, queued, [smalls[i] for i in sorted(case.later) if i < len(smalls)],
+                        (2000.0, 2010.0, 3000.0))  # fmt: skip
 
 
 FIRST_PASS_GANG_FIRST = Scattered(
