@@ -1054,8 +1054,8 @@ class _Cycle:
         return True
 
     def consolidate(self, decisions: list[Decision]) -> None:
-        """After the walk: open room, in queue order, for the multi-GPU jobs that found none, with the GPUs that
-        every job had its turn at and that are still free."""
+        """After the walk: open room, in the order the walk found them (see `Turn`), for the multi-GPU jobs that
+        found none, with the GPUs that every job had its turn at and that are still free."""
         state, ctx = self.state, self.ctx
         waiting, ctx.to_consolidate = ctx.to_consolidate, []
         tails, ctx.consolidation_tails = ctx.consolidation_tails, []
