@@ -1,12 +1,17 @@
 """Cases a review found where closing shape lanes changed decisions (each fails without its fix), and one where
 consolidation gave a gang to a team whose budget blocks it. See `test_shape_lanes` for the claim."""
 
+import random
 from collections.abc import Callable
 from dataclasses import replace
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from chamber.common.contracts import GpuRef, OrgConfig, PoolConfig, QuotaConfig, TeamConfig, TeamQuota
 from chamber.common.quota import validate
 from chamber.scheduler.core.decisions import Decision, Nominate
+from chamber.scheduler.core.model import PendingJob
 from chamber.scheduler.core.state import SchedulerConfig, SchedulingState
 from tests.unit.scheduler.test_guarantee_split import job, moves
 from tests.unit.scheduler.test_shape_lanes import gangs_on_a_fragmented_pool, lanes_open
@@ -180,3 +185,89 @@ def test_a_gang_lane_with_no_room_left_stays_open() -> None:
     blocked, which in the closed lane it never was (t1's head would have blocked it), so t2's was given room."""
     decisions = same_with_lanes_open(a_gang_lane_with_no_room_left)
     assert "T2" not in [d.job_id for d in decisions if isinstance(d, Nominate)]
+
+
+def around_the_reviews(r: random.Random) -> tuple[SchedulingState, list[PendingJob], list[str], int]:
+    """A random neighbour of the two-pool cases above (after the third review's fuzzer, which ran 50,000 without a
+    difference; put back, the second review's bug fails this test in every run, the missing cutoff in about one
+    run in three at this budget: the cases above pin each bug): pa's nodes with 2-3 small jobs of x each, pb's
+    with 1-3 of y, g's 4-GPU reservation holder that may be given room in pb, borrow-only teams with 1-3-GPU
+    jobs in pa (some with borrowing limits), lenders, a budget block, sticky reservations. Returns the state,
+    the jobs in submit order, running jobs that end before the third round, and how many jobs the first round
+    has."""
+    npa = r.choice([2, 3, 3, 3, 4])
+    per = [r.choice([2, 3, 3, 3]) for _ in range(npa)]
+    pbn = [r.choice([1, 2, 2, 3]) for _ in range(2)]
+    config = SchedulerConfig(max_reservations=r.choice([1, 1, 1, 2]),
+                             sticky_reservations=r.choice(["none", "none", "all"]))  # fmt: skip
+    quotas: Quotas = {
+        "g": ("cg", {"pa": (4, None), "pb": (4, None)}), "x": ("cx", {"pa": (sum(per), None)}),
+        "y": ("cy", {"pb": (sum(pbn), None)}), "l1": ("c1", {"pa": (r.randint(1, 3), None)}),
+        "l2": ("c2", {"pa": (r.randint(1, 3), None)}),
+    }  # fmt: skip
+    for team in ("b0", "a", "c", "b2", "d"):
+        quotas[team] = (r.choice(["c1", "c2"]), {"pa": (0, r.choice([None, None, None, 0, 1, 2]))})
+    canon = r.random() < 0.6  # the layout of `a_tail_head_that_came_too_late`, cohorts drawn
+    if canon:
+        c1, c2 = r.sample(["c1", "c2"], 2)
+        quotas.update(b0=(c1, {"pa": (0, None)}), c=(c1, {"pa": (0, None)}), a=(r.choice([c1, c2]), {"pa": (0, 0)}),
+                      b2=(c2, {"pa": (0, None)}))  # fmt: skip
+    lent = quotas["l1"][1]["pa"][0] + quotas["l2"][1]["pa"][0]
+    capacity = {"pa": sum(per) + 4 + lent + r.choice([0, 0, 1]), "pb": sum(pbn) + 4}
+    running = [("x", f"n{n}", r.choice(["research"] * 8 + ["train"]), [i]) for n in range(npa)
+               for i in r.sample(range(4), per[n])]  # fmt: skip
+    running += [("y", f"m{m}", "research", [i]) for m in range(2) for i in r.sample(range(4), pbn[m])]
+    state = fleet(config, {"pa": [f"n{i}" for i in range(npa)], "pb": ["m0", "m1"]}, quotas, capacity, running)
+    if r.random() < 0.15:
+        state.budget_blocks = {r.choice(["b0", "b2", "d"]): "block-all"}
+    specs = [("B0", "b0", "research", 2, "pa"), ("A", "a", "research", 2, "pa"), ("C", "c", "research", 1, "pa"),
+             ("B2", "b2", "research", 2, "pa"),
+             ("D", "d", r.choice(["research", "best-effort"]), r.choice([1, 2, 3]), r.choice(["pa", None])),
+             ]  # fmt: skip
+    for k in range(r.randint(0, 3)):
+        specs.append(
+            (
+                f"E{k}",
+                r.choice(["b0", "a", "c", "b2", "d", "l1", "l2"]),
+                r.choice(["research", "research", "best-effort"]),
+                r.choice([1, 2, 2]),
+                r.choice(["pa", None]),
+            )
+        )
+    if canon and r.random() < 0.7:  # b0, a, c, b2 in that order, the others anywhere among them
+        core = specs[:4]
+        for extra in specs[4:]:
+            core.insert(r.randint(0, len(core)), extra)
+        specs = core
+    else:
+        r.shuffle(specs)
+    specs.insert(0, ("R", "g", "train", 4, None))
+    queued = [job(name, (team, cls, gpus, pool, None), 10.0 + i) for i, (name, team, cls, gpus, pool) in
+              enumerate(specs)]  # fmt: skip
+    ids = list(state.running)
+    ending = [ids[i] for i in r.sample(range(len(ids)), r.randint(0, 2))]
+    return state, queued, ending, r.randint(2, len(queued))
+
+
+def rounds(case: tuple[SchedulingState, list[PendingJob], list[str], int]) -> list[list[Decision]]:
+    state, queued, ending, first = case
+    for pending in queued[:first]:
+        state.add(pending)
+    out = [state.decide(100.0)]
+    for pending in queued[first:]:
+        state.add(pending)
+    out.append(state.decide(110.0))
+    for job_id in ending:
+        if job_id in state.running:
+            state.release(job_id)
+    out.append(state.decide(200.0))
+    return moves(out)
+
+
+@settings(max_examples=1000, deadline=None)
+@given(st.randoms(use_true_random=False))
+def test_closing_lanes_around_the_reviewed_cases_changes_no_decision(r: random.Random) -> None:
+    seed = r.getrandbits(64)
+    closing = rounds(around_the_reviews(random.Random(seed)))
+    with lanes_open():
+        assert rounds(around_the_reviews(random.Random(seed))) == closing
