@@ -122,6 +122,35 @@ def fragmented(draw: st.DrawFn) -> Fragmented:
     )  # fmt: skip
 
 
+def packed_pool(
+    config: SchedulerConfig,
+    nodes: int,
+    quotas: list[tuple[str, str, int, int | None]] | None,
+    work: list[tuple[str, str, int, float | None]],
+    ended: set[int],
+) -> tuple[SchedulingState, list[str]]:
+    """`nodes` 8-GPU nodes in pool "default" (quotas on it unless None), `work` (team, class, GPUs, estimate) placed
+    best fit in order where it fits, then the placed jobs numbered in `ended` released: the state, and the jobs
+    placed in order."""
+    state = SchedulingState(config)
+    for i in range(nodes):
+        state.index.add_node(f"n{i}", pool="default", model="H100", rack="r", zone="z", capacity=8, free=range(8))
+    if quotas is not None:
+        state.set_quota(pool_quota(max(8 * nodes, sum(q[2] for q in quotas)), *quotas))
+    running: list[str] = []
+    for i, (team, cls, gpus, estimate) in enumerate(work):
+        pending = job(f"r{i}", (team, cls, gpus, None, estimate), float(i))
+        where = find_placement(state.index, pending.shape)
+        if where is not None:
+            state.place(pending, where, "running", float(i), borrowing=False)
+            running.append(pending.id)
+    state.mark_borrowed()
+    for i in sorted(ended):
+        if i < len(running):
+            state.release(running[i])
+    return state, running
+
+
 def decide_fragmented(case: Fragmented) -> list[list[Decision]]:
     """Three rounds: a cycle, the arrivals against it, a cycle after more small jobs end."""
     config = SchedulerConfig(
@@ -131,22 +160,8 @@ def decide_fragmented(case: Fragmented) -> list[list[Decision]]:
         strict_fifo=case.strict == "fifo",
         strict_fifo_per_team=case.strict == "per team",
     )
-    state = SchedulingState(config)
-    for i in range(case.nodes):
-        state.index.add_node(f"n{i}", pool="default", model="H100", rack="r", zone="z", capacity=8, free=range(8))
-    if case.quotas is not None:
-        state.set_quota(pool_quota(max(8 * case.nodes, sum(q[2] for q in case.quotas)), *case.quotas))
-    running: list[str] = []
-    for i, (team, gpus, estimate) in enumerate(case.running):
-        pending = job(f"r{i}", (team, "research", gpus, None, estimate), float(i))
-        where = find_placement(state.index, pending.shape)
-        if where is not None:
-            state.place(pending, where, "running", float(i), borrowing=False)
-            running.append(pending.id)
-    state.mark_borrowed()
-    for i in sorted(case.ended):
-        if i < len(running):
-            state.release(running[i])
+    work = [(team, "research", gpus, estimate) for team, gpus, estimate in case.running]
+    state, running = packed_pool(config, case.nodes, case.quotas, work, case.ended)
     half = len(case.queued) // 2
     for i, (team, cls, gpus, estimate) in enumerate(case.queued):
         if i == half:

@@ -28,12 +28,11 @@ from chamber.common.contracts import GpuRef
 from chamber.scheduler.core.cycle import _Cycle
 from chamber.scheduler.core.decisions import Decision, Nominate, Place, Wait
 from chamber.scheduler.core.model import PendingJob, Shape
-from chamber.scheduler.core.placement import find_placement
 from chamber.scheduler.core.reasons import WaitKind
 from chamber.scheduler.core.state import SchedulerConfig, SchedulingState
 from tests.support.builders import pool_quota
 from tests.unit.scheduler.test_guarantee_split import Situation, decide, job, moves, situations, unsplit
-from tests.unit.scheduler.test_hopeless_heads import Fragmented, decide_fragmented, fragmented
+from tests.unit.scheduler.test_hopeless_heads import Fragmented, decide_fragmented, fragmented, packed_pool
 
 
 def never_closing(self: _Cycle, shape: Shape) -> str:
@@ -111,21 +110,8 @@ def crowded(draw: st.DrawFn) -> Crowded:
 
 def decide_crowded(case: Crowded) -> list[list[Decision]]:
     """Three rounds: a cycle, the arrivals against it, a cycle after more small jobs end."""
-    state = SchedulingState(SchedulerConfig(max_tests_per_cycle=10**9, max_reservations=case.reservations))
-    for i in range(case.nodes):
-        state.index.add_node(f"n{i}", pool="default", model="H100", rack="r", zone="z", capacity=8, free=range(8))
-    state.set_quota(pool_quota(max(8 * case.nodes, sum(q[2] for q in case.quotas)), *case.quotas))
-    running: list[str] = []
-    for i, (team, cls, gpus, estimate) in enumerate(case.running):
-        pending = job(f"r{i}", (team, cls, gpus, None, estimate), float(i))
-        where = find_placement(state.index, pending.shape)
-        if where is not None:
-            state.place(pending, where, "running", float(i), borrowing=False)
-            running.append(pending.id)
-    state.mark_borrowed()
-    for i in sorted(case.ended):
-        if i < len(running):
-            state.release(running[i])
+    config = SchedulerConfig(max_tests_per_cycle=10**9, max_reservations=case.reservations)
+    state, running = packed_pool(config, case.nodes, case.quotas, case.running, case.ended)
     queued = [job(f"q{i}", (team, cls, gpus, None, estimate), 100.0 + i)
               for i, (team, cls, gpus, estimate) in enumerate(case.queued)]  # fmt: skip
     return three_rounds(
