@@ -1,0 +1,31 @@
+"""The consumer reads a message's delivery count off its ack subject itself (nats-py's `metadata` costs more than
+the rest of the check): it must agree with nats-py on every form of the subject, and fall back to it otherwise."""
+
+import pytest
+from nats.aio.msg import Msg
+from nats.errors import NotJSMessageError
+
+from chamber.common.bus.consumer import _deliveries, _redelivered
+
+TS = "1700000000000000000"
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        f"$JS.ACK.JOBS.scheduler.1.10.9.{TS}.0",  # v1, first delivery
+        f"$JS.ACK.JOBS.scheduler.4.10.9.{TS}.3",  # v1, redelivered
+        f"$JS.ACK._.ACCHASH.JOBS.scheduler.2.10.9.{TS}.0.RANDOM",  # v2, no domain
+        f"$JS.ACK.hub.ACCHASH.JOBS.scheduler.7.10.9.{TS}.0.RANDOM",  # v2 with a domain
+        f"$JS.ACK.hub.ACCHASH.JOBS.scheduler.5.10.9.{TS}.0",  # v2 without the trailing token
+    ],
+)
+def test_the_count_is_nats_pys(reply: str) -> None:
+    msg = Msg(None, subject="x", reply=reply)  # type: ignore[arg-type]
+    assert _deliveries(msg) == msg.metadata.num_delivered
+    assert _redelivered(msg) == (msg.metadata.num_delivered > 1)
+
+
+def test_a_message_without_an_ack_subject_is_refused_as_before() -> None:
+    with pytest.raises(NotJSMessageError):
+        _deliveries(Msg(None, subject="x", reply=""))  # type: ignore[arg-type]
