@@ -314,8 +314,6 @@ class _Cycle:
         self.state = state
         self.ctx = ctx
         self.config = state.config
-        self.gained: set[tuple[str, str]] = set()
-        """(team, pool) where the first pass placed or nominated a preemptible job (see `_relane`)."""
         self.turn: Turn | None = None
         """The walk's turn (None outside a walk)."""
         self._watching: list[Tail] = []
@@ -351,8 +349,6 @@ class _Cycle:
         # pass was cut short by the test budget, leaving guaranteed heads undecided until the next cycle.
         ctx.borrowing = ctx.tests < self.config.max_tests_per_cycle or first.pop() is None
         if (deferred or lanes) and ctx.borrowing:
-            if self.gained:
-                self._relane(lanes, deferred)
             self._walk(Walk(queue, [], deferred, lanes), decisions)
         self.consolidate(decisions)
         sticky = self.config.sticky_reservations
@@ -458,9 +454,10 @@ class _Cycle:
           free GPUs (or backfilled, or on room opened for it), and once a head of the shape finds none of those
           (`_shape_hopeless`), or too few GPUs are left free for the shape (`_no_room_left`), no later head of it
           would start (most of the second pass's heads, on a full fleet).
-        A team the first pass gives lower-priority preemptible work in the pool is the one exception to "such a
-        team stays such": its groups leave their lanes before the second pass (`_relane`), its sub-queues when
-        their lane closes (`_close_lane`)."""
+        Such a team stays such for the whole cycle: the first pass gives a team nothing where it is at its guarantee
+        (it does not borrow; displacing makes room only for work above the team's lowest preemptible work, so
+        above the lane's heads). Before the first pass stopped borrowing, a job that may use several pools could
+        borrow in one in the first pass, and its team's groups had to leave their lanes for the second."""
         state, ctx, queue = self.state, self.ctx, self.state.queue
         book = state.quota
         assert book is not None
@@ -554,25 +551,6 @@ class _Cycle:
                 lane.sort()
         return first, lanes
 
-    def _relane(self, lanes: dict[Lane, list[Entry]], deferred: list[Entry]) -> None:
-        """Before the second pass: a cohort lane's group whose team the first pass gave preemptible work of lower
-        priority in the pool (a job that may use several pools can be placed by borrowing in one whose guarantee
-        it did not need) may displace that work now, so its turn no longer depends on its cohort's lending alone;
-        it leaves its lane for the second pass's other items (found by review: a closed lane skipped it). The
-        shape lanes' sub-queues of such teams leave theirs only if it is closed (`_close_lane`): most lanes of
-        sub-queues are closed early or not at all, and looking through them all cost more."""
-        for key, lane in lanes.items():
-            if isinstance(key, Shape) or not any((item[-1][0], item[-1][1]) in self.gained for item in lane):
-                continue
-            kept = []
-            for item in lane:
-                group = item[-1]
-                if (group[0], group[1]) in self.gained and self._borrower_only(group) is None:
-                    deferred.append(item)
-                else:
-                    kept.append(item)
-            lanes[key] = kept
-
     def _shape_hopeless(self, shape: Shape) -> Literal["", "close", "consolidate"]:
         """In the second pass, a head of `shape` from its lane was just found hopeless (`_hopeless`): whether every
         later head of the lane would be too ("": not known). They are of teams that may start them only on free
@@ -635,25 +613,13 @@ class _Cycle:
 
     def _close_lane(self, heads: Walk, verdict: str) -> None:
         """Close the lane the walk's last item came from, handing its rest to `consolidate` when `verdict` is
-        "consolidate" (see `_shape_hopeless` and `Tail`). A later head of a team the first pass gave preemptible
-        work in a pool the head may use is not of the lane any more: such a team may now displace that work, so
-        its head keeps its turn in the walk."""
+        "consolidate" (see `_shape_hopeless` and `Tail`). A lane's team stays one that can only borrow for the
+        whole cycle: the first pass gives it nothing in the lane's pools (it is at its guarantee there, and the
+        first pass does not borrow), so no later head of the lane gains work of its own team to displace."""
         lane = heads.lane
         assert isinstance(lane, Shape)
         rest = heads.rest()
         heads.close(lane)
-        if self.gained:
-            gained = self.gained
-            teams = {team for team, _ in gained}
-            pools = self.ctx.pools_of(self.state, lane)
-            kept = []
-            for item in rest:
-                team = item[-1].key[2]
-                if team in teams and any((team, pool) in gained for pool in pools):
-                    heads.push(item)
-                else:
-                    kept.append(item)
-            rest = kept
         if verdict == "consolidate" and rest:
             tail = Tail(rest, self._pinned_shapes(lane))
             self.ctx.consolidation_tails.append(tail)
@@ -875,9 +841,14 @@ class _Cycle:
             decisions.append(Wait(job.id, known[1]))
             return "refused"
         adm = admissions(state, job, ctx)
-        if not ctx.borrowing and adm.options and all(o.borrowing for o in adm.options):
-            return "borrower"  # its turn comes after every job its team's guarantee admits
-        for option in adm.options:
+        options = adm.options
+        later = not ctx.borrowing and any(o.borrowing for o in options)
+        if later:
+            # The first pass gives only what the guarantee admits: where the job would borrow, its turn comes after
+            # every job other teams' guarantees admit there (a job that may use several pools, within its team's
+            # guarantee in a full one, used to borrow in another in the first pass, ahead of that pool's owners).
+            options = [o for o in options if not o.borrowing]
+        for option in options:
             if option.shape in ctx.blocked:
                 continue
             gpus = find_placement(state.index, option.shape)
@@ -886,8 +857,10 @@ class _Cycle:
                 self._place(job, gpus, _placed_reason(gpus) + note, decisions, borrowing=option.borrowing)
                 return "placed"
             ctx.blocked.add(option.shape)
-        if adm.options and self._backfill_into_reservation(job, decisions, adm.options):
+        if options and self._backfill_into_reservation(job, decisions, options):
             return "placed"
+        if later:  # borrowing disrupts nobody: it is tried in the second pass, in full, before anyone is preempted
+            return "borrower"
         if self.config.consolidate and job.shape.gpus > 1:
             ctx.to_consolidate.append((self.turn, job))  # room may be opened for it after the walk (`consolidate`)
         if self.config.preemption:
@@ -1258,11 +1231,6 @@ class _Cycle:
     ) -> None:
         decisions.append(self.state.place(job, gpus, reason, self.ctx.now, borrowing))
         self.ctx.fresh.add(job.id)
-        self._gains(job, gpus)
-
-    def _gains(self, job: PendingJob, gpus: tuple[GpuRef, ...]) -> None:
-        if job.preemptible and not self.ctx.borrowing and gpus:
-            self.gained.add((job.team, self.state.pool_of(gpus[0].node)))
 
     def _preempt_for(
         self,
@@ -1285,7 +1253,6 @@ class _Cycle:
             )  # fmt: skip
         job.waiting_for = tuple(f"{v.id}/{v.attempt}" for v in victims)
         self.state.nominate(job, gpus)
-        self._gains(job, gpus)
         reason = f"preempting {', '.join(names)}{why} for {job.shape.describe()}; starts when they stop"
         decisions.append(Nominate(job.id, gpus, reason, victims=tuple(names)))
 
