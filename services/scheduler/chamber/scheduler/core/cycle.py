@@ -1092,11 +1092,17 @@ class _Cycle:
 
     def _try_consolidation(self, job: PendingJob, decisions: list[Decision], option: Option) -> bool:
         """Move a few small preemptible jobs elsewhere (each re-placed at once) to open room for this job on a
-        fleet whose free GPUs suffice but are scattered (see `consolidation`)."""
+        fleet whose free GPUs suffice but are scattered (see `consolidation`); or place it, where it fits as the
+        fleet stands (which `plan_consolidation` leaves to its caller)."""
         state, ctx = self.state, self.ctx
         shape, now = option.shape, ctx.now
         if shape in ctx.consolidation_failed:
             return False
+        gpus = find_placement(state.index, shape)
+        if gpus is not None:  # GPUs a reservation given up in `consolidate` held: it fits without moving anyone
+            note = "; borrowing idle quota" if option.borrowing else ""
+            self._place(job, gpus, _placed_reason(gpus) + note, decisions, borrowing=option.borrowing)
+            return True
 
         def movable(r: RunningJob) -> bool:
             return (
