@@ -764,9 +764,9 @@ async def test_a_lost_claim_on_a_gpu_cordoned_since_is_made_again_and_the_cordon
     loads: list[int] = []
     real_load = s._load
 
-    async def counted(records: Sequence[JobRecord]) -> None:
+    async def counted(records: Sequence[JobRecord], predictor: Any = None) -> None:
         loads.append(len(records))
-        await real_load(records)
+        await real_load(records, predictor)
 
     s._load = counted  # type: ignore[method-assign]
     await s._check_ledger()
@@ -820,4 +820,19 @@ async def test_a_job_placed_in_the_pass_of_its_submission_is_announced_once(
     assert await changes("b") == [("", "pending", True)]
     assert await changes("x") == [("", "pending", False)]
     assert await changes("c") == [("", "cancelled", False)]
+    await s.close()
+
+
+async def test_the_runtime_predictor_survives_a_ledger_rebuilt_from_memory(
+    settings: Settings, bus: Bus, fleet: None, ledger: Ledger
+) -> None:
+    """When the safety net finds the ledger empty, the state is rebuilt from the records in memory, which are only
+    the active ones: the runtimes learned from finished jobs used to be lost with it (relearned from no record)."""
+    s = await _scheduler(settings, bus, ledger)
+    for _ in range(5):
+        s.control.state.predictor.observe("t", "train", 8, 600.0)
+    assert s.control.state.predictor.predict("t", "train", 8) == 600.0
+    await _wipe(ledger)
+    await s._check_ledger()
+    assert s.control.state.predictor.predict("t", "train", 8) == 600.0
     await s.close()

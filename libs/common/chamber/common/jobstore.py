@@ -111,11 +111,15 @@ class JobStore:
     async def snapshot(self) -> tuple[dict[str, tuple[JobRecord, int]], int]:
         """Every current record (`load_all`), and a stream sequence that every write the records may miss comes
         after: follow from it (`follow(after=...)`) rather than take in every record a second time."""
+        last = await self.last_sequence()
+        return await self.load_all(), last
+
+    async def last_sequence(self) -> int:
+        """The stream sequence of the bucket's last write so far."""
         try:
-            last = (await self.bus.js.stream_info(self.stream)).state.last_seq
+            return int((await self.bus.js.stream_info(self.stream)).state.last_seq)
         except nats.errors.Error as exc:
             raise BusError(f"cannot read the job records: {exc}") from exc
-        return await self.load_all(), last
 
     async def load_all(self) -> dict[str, tuple[JobRecord, int]]:
         """Every current record, read to the end of the bucket's stream.
@@ -168,9 +172,40 @@ class JobStore:
             except Exception as exc:  # one bad record never ends the follow
                 log.error("jobstore.follow_failed", job_id=record.id, error=repr(exc))
 
+        return await self._subscribe(on_msg, after)
+
+    async def follow_entries(
+        self, on_entry: Callable[[str, JobRecord | None, int], None], *, after: int
+    ) -> Callable[[], Awaitable[None]]:
+        """Call `on_entry(job id, record, stream sequence)` for every write after stream sequence `after` (from
+        `snapshot`); the record is None where the write removed the key (a delete or a purge) or holds no record
+        (undecodable), as `load_all` would then not return it. Returns a stop function."""
+        prefix = self.prefix
+
+        def on_msg(msg: Msg) -> None:
+            headers = msg.headers
+            record = None
+            if msg.data and not (headers and (KV_OP in headers or MARKER_REASON in headers)):
+                try:
+                    record = _decoder.decode(msg.data)
+                except DecodeError:
+                    log.error("jobstore.undecodable_record", job_id=msg.subject[len(prefix) :])
+            on_entry(msg.subject[len(prefix) :], record, msg.metadata.sequence.stream)
+
+        async def on_msg_safe(msg: Msg) -> None:
+            try:
+                on_msg(msg)
+            except Exception as exc:  # one bad entry never ends the follow
+                log.error("jobstore.follow_failed", subject=msg.subject, error=repr(exc))
+
+        return await self._subscribe(on_msg_safe, after)
+
+    async def _subscribe(
+        self, on_msg: Callable[[Msg], Awaitable[None]], after: int | None
+    ) -> Callable[[], Awaitable[None]]:
         try:
             sub = await self.bus.js.subscribe(
-                f"{prefix}>", cb=on_msg, ordered_consumer=True,
+                f"{self.prefix}>", cb=on_msg, ordered_consumer=True,
                 deliver_policy=DeliverPolicy.LAST_PER_SUBJECT if after is None else DeliverPolicy.BY_START_SEQUENCE,
                 config=None if after is None else ConsumerConfig(opt_start_seq=after + 1),
                 pending_msgs_limit=UNLIMITED, pending_bytes_limit=UNLIMITED, inactive_threshold=FOLLOW_INACTIVE_S,

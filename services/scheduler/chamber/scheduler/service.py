@@ -9,7 +9,8 @@
 - **Batched, pipelined apply.** All placements of a pass are claimed in one Lua call (each job all or nothing),
   records are written and decisions published with async publishes and one wait for all acks, and the executor
   is called after the lock is released.
-- **Fenced.** Only the holder of the scheduler lease acts; a second process waits as standby. The lease's
+- **Fenced.** Only the holder of the scheduler lease acts; a second process waits as standby, following the job
+  records so that taking over does not read the whole bucket (`standby.py`). The lease's
   fencing token travels with every ledger write, so a leader paused past its lease cannot claim.
 
 Crash safety (docs/architecture.md has the full argument): an event is acked only after its effect is in the KV
@@ -54,9 +55,11 @@ from chamber.common.runtime import Context, wait_event
 from chamber.common.subjects import DECISIONS, INVENTORY, JOBS, QUOTA, QUOTA_BUCKET
 from chamber.scheduler.core.controller import Change, Controller
 from chamber.scheduler.core.decisions import Place, Preempt
+from chamber.scheduler.core.estimates import RuntimePredictor
 from chamber.scheduler.core.lifecycle import holds_gpus
 from chamber.scheduler.core.state import SchedulerConfig
 from chamber.scheduler.executor import Executor, make_executor
+from chamber.scheduler.standby import RecordView
 
 log = get_logger(__name__)
 _decisions = Decoder(Decision)
@@ -121,6 +124,7 @@ class Scheduler:
         holder: str = "",
         confirm_lead: Callable[[], Awaitable[None]] | None = None,
         lead_fresh: Callable[[], bool] | None = None,
+        view: RecordView | None = None,
     ) -> None:
         """`confirm_lead` raises `LeaseLost` unless this process still leads (the lease's renewal): asked right
         before the ledger is rebuilt, the one write a lost fence cannot refuse."""
@@ -133,6 +137,9 @@ class Scheduler:
         self.holder = holder
         self.confirm_lead = confirm_lead
         self.lead_fresh = lead_fresh
+        self.view = view
+        """The records as this process followed them while it waited as standby: read at start instead of the
+        whole bucket (`standby.py`), then stopped."""
         """False when this leader's lease was not confirmed lately (it was paused, or NATS was away): before it acks
         events it then proves it still leads (a deposed leader used to ack, as no-ops, events about jobs it never
         heard of, and they were lost to the new leader)."""
@@ -188,7 +195,7 @@ class Scheduler:
         started = time.perf_counter()
         if self.ledger.token:
             await self.ledger.take_fence()  # from now on a paused former leader cannot claim or release
-        records = await self._read_records()
+        records, predictor = await self._first_read()
         await self._republish_unannounced(records)
         for inv in await self.bus.read_latest(INVENTORY, self.names.subject("inventory.>"), Decoder(NodeInventory)):
             self.nodes[inv.node.name] = inv.node
@@ -197,7 +204,7 @@ class Scheduler:
         self.quota_state = latest[-1] if latest else None
         async with self._lock:
             await self._reconcile_ledger({r.id: r for r in records})
-            await self._load(records)
+            await self._load(records, predictor)
         held = [r for r in self.control.records.values() if holds_gpus(r) and not self._lost(r)]
         await self.executor.resync(held)
         for record in held:
@@ -224,22 +231,45 @@ class Scheduler:
             nodes=len(self.nodes), took_ms=round((time.perf_counter() - started) * 1000, 1),
         )  # fmt: skip
 
+    async def _first_read(self) -> tuple[list[JobRecord], RuntimePredictor | None]:
+        """The records to start from, and a predictor already learned from them (None: relearn). From the view a
+        standby kept, once it has taken in every write up to now (after the fence: nobody else writes), when it
+        holds every record changed since the last decision on the bus (`_republish_unannounced` publishes those
+        again); else, as a cold start, the whole bucket."""
+        view, self.view = self.view, None
+        if view is None:
+            return await self._read_records(), None
+        try:
+            await view.caught_up()
+            stored = view.records()
+            if view.covers(await self._unannounced_since()):
+                self.revisions = {job_id: rev for job_id, (r, rev) in stored.items() if r.state not in TERMINAL_STATES}
+                log.info("scheduler.records_from_standby", active=len(view.active), ended=len(view.ended))
+                return [record for record, _ in stored.values()], view.predictor
+            log.info("scheduler.standby_view_short", dropped_until=view.dropped_until)
+        except BusError as exc:
+            log.warning("scheduler.standby_view_failed", error=str(exc))
+        finally:
+            await view.stop()
+        return await self._read_records(), None
+
+    async def _unannounced_since(self) -> float:
+        """Records changed at or after this time may have changes nobody heard of: those since the last decision on
+        the bus (less a slack for clocks)."""
+        last = await self.bus.last_message_of(DECISIONS)
+        if last is None:
+            return 0.0
+        try:
+            decision = _decisions.decode(last)
+        except DecodeError:
+            return 0.0
+        return (decision.at if isinstance(decision, JobStateChanged) else decision.decided_at) - REPUBLISH_SLACK_S
+
     async def _republish_unannounced(self, records: Sequence[JobRecord]) -> None:
         """A leader that died between writing records and publishing their changes left changes nobody heard of:
         publish again every record changed since the last decision on the bus (message ids drop the ones that
         were published after all; consumers keep the highest version of a record)."""
-        last = await self.bus.last_message_of(DECISIONS)
-        if last is None:
-            since = 0.0
-        else:
-            try:
-                decision = _decisions.decode(last)
-            except DecodeError:
-                since = 0.0
-            else:
-                since = (
-                    decision.at if isinstance(decision, JobStateChanged) else decision.decided_at
-                ) - REPUBLISH_SLACK_S
+        since = await self._unannounced_since()
         todo = _Pending()
         for record in records:
             if record.updated_at >= since:
@@ -272,8 +302,9 @@ class Scheduler:
             if _awaits_start(record) and not self._lost(record):
                 self._relaunch[record.id] = record.attempt
 
-    async def _load(self, records: Sequence[JobRecord]) -> None:
-        """Build the decision state from scratch from the records, the inventory, the ledger and the quota."""
+    async def _load(self, records: Sequence[JobRecord], predictor: RuntimePredictor | None = None) -> None:
+        """Build the decision state from scratch from the records, the inventory, the ledger and the quota (and the
+        runtime predictor: relearned from `records` unless given)."""
         snap = await self.ledger.snapshot()
         if not snap.ready:
             await self._rebuild_ledger(records)
@@ -281,7 +312,7 @@ class Scheduler:
         book, standing, blocks = self._quota_inputs()
         self.control.load(
             self.nodes.values(), records, snap.owners, snap.cordons, quota=book, standing=standing,
-            budget_blocks=blocks,
+            budget_blocks=blocks, predictor=predictor,
         )  # fmt: skip
         for record in records:
             if self._lost(record):  # given back, its JobLaunchFailed on its way: nothing is to stop or preempt
@@ -925,8 +956,8 @@ class Scheduler:
     async def _check_ledger(self) -> None:
         """The safety net: if the ledger's owners differ from what the state holds, rebuild the state from it."""
         snap = await self.ledger.snapshot()
-        if not snap.ready:
-            await self._load(list(self.control.records.values()))
+        if not snap.ready:  # (memory holds only active records: the predictor is kept, not relearned from them)
+            await self._load(list(self.control.records.values()), self.control.state.predictor)
             return
         mine = set(self.control.state.holder.items())
         theirs = {(slot, owner.rsplit("/", 1)[0]) for slot, owner in snap.owners.items()}
@@ -934,7 +965,7 @@ class Scheduler:
             diff = sorted(mine ^ theirs)
             log.warning("scheduler.ledger_out_of_step", differences=len(diff), first=diff[:5])
             await self._reconcile_ledger(self.control.records)
-            await self._load(list(self.control.records.values()))
+            await self._load(list(self.control.records.values()), self.control.state.predictor)
         self._sync_cordons(snap.cordons)
 
     # ---- reporting -------------------------------------------------------------------------------------------
@@ -985,13 +1016,16 @@ async def main(ctx: Context, stop: asyncio.Event) -> None:
     scheduler: Scheduler | None = None
     keeper: asyncio.Task[None] | None = None
     lost = asyncio.Event()
+    view: RecordView | None = None
     try:
-        if not await lease.acquire(stop):
-            return
+        store = await JobStore.open(bus)
+        if not await lease.try_acquire():  # another leads: follow the records while waiting, to take over fast
+            view = await _standby_view(store)
+            if not await lease.acquire(stop):
+                return
         ledger.token = lease.token
         keeper = asyncio.create_task(lease.keep(lost), name="scheduler-lease")
         executor = make_executor(ctx, bus)
-        store = await JobStore.open(bus)
         quota_store = QuotaStore(await bus.key_value(QUOTA_BUCKET))
         scheduler = Scheduler(
             ctx,
@@ -1003,6 +1037,7 @@ async def main(ctx: Context, stop: asyncio.Event) -> None:
             holder=holder,
             confirm_lead=lease.renew,
             lead_fresh=lambda: lease.fresh(lease.ttl_s / 2),
+            view=view,
         )
         await scheduler.start()
         await scheduler.run(stop, lost)
@@ -1011,6 +1046,8 @@ async def main(ctx: Context, stop: asyncio.Event) -> None:
     except LedgerFenced as exc:
         raise LeaseLost(str(exc)) from exc
     finally:
+        if view is not None:
+            await view.stop()
         if keeper is not None:
             keeper.cancel()
         if scheduler is not None:
@@ -1020,6 +1057,20 @@ async def main(ctx: Context, stop: asyncio.Event) -> None:
         await lease.release()
         await bus.close()
         await ledger.close()
+
+
+async def _standby_view(store: JobStore) -> RecordView | None:
+    """The records, followed while this process waits as standby; None when they cannot be read now (the
+    takeover then reads the bucket, as a cold start does)."""
+    view = RecordView(store)
+    try:
+        await view.start()
+    except BusError as exc:
+        log.warning("scheduler.standby_view_failed", error=str(exc))
+        await view.stop()
+        return None
+    log.info("scheduler.standby_view", active=len(view.active), ended=len(view.ended), seen=view.seen)
+    return view
 
 
 def _why_refused(result: ClaimResult, cordons: Mapping[str, Cordon] | None = None) -> str:

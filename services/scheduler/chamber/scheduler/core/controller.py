@@ -72,15 +72,16 @@ class Controller:
         quota: QuotaBook | None = None,
         standing: Mapping[str, float] | None = None,
         budget_blocks: Mapping[str, str] | None = None,
+        predictor: RuntimePredictor | None = None,
     ) -> None:
-        """Start from a snapshot: at start-up, and after the ledger was lost or found out of step."""
+        """Start from a snapshot: at start-up, and after the ledger was lost or found out of step. The runtime
+        predictor is relearned from the records' finished jobs, unless one learned from them is given (a standby
+        learns as they finish, and its snapshot then holds only the latest of them)."""
         records = list(records)
         active = [r for r in records if r.state not in TERMINAL_STATES]
         self.records = {r.id: r for r in active}
-        predictor = RuntimePredictor()  # relearned from the store: what it holds is the whole truth
-        for done in sorted((r for r in records if r.state == JobState.SUCCEEDED), key=lambda r: r.finished_at or 0.0):
-            predictor.observe(done.spec.team, done.spec.name, done.spec.gpus_per_replica * done.spec.replicas,
-                              done.run_s)  # fmt: skip
+        if predictor is None:
+            predictor = learned(records)  # relearned from the store: what it holds is the whole truth
         self.state = build_state(
             nodes, owners, cordons, active, standing=standing, quota=quota, budget_blocks=budget_blocks,
             config=self.config, predictor=predictor,
@@ -97,8 +98,7 @@ class Controller:
         record = transition.record
         self._keep(record)
         if record.state == JobState.SUCCEEDED and (before is None or before.state != JobState.SUCCEEDED):
-            spec = record.spec
-            self.state.predictor.observe(spec.team, spec.name, spec.gpus_per_replica * spec.replicas, record.run_s)
+            observe(self.state.predictor, record)
         self._follow(before, transition)
         return transition
 
@@ -229,3 +229,17 @@ class Controller:
     def submitted(self, event: JobSubmitted) -> bool:
         """Is this a submission of a job not known to be active? (The shell then checks the store.)"""
         return event.job_id not in self.records
+
+
+def learned(records: Iterable[JobRecord], predictor: RuntimePredictor | None = None) -> RuntimePredictor:
+    """A runtime predictor that has observed the records' succeeded jobs, in the order they finished."""
+    predictor = predictor or RuntimePredictor()
+    for done in sorted((r for r in records if r.state == JobState.SUCCEEDED), key=lambda r: r.finished_at or 0.0):
+        observe(predictor, done)
+    return predictor
+
+
+def observe(predictor: RuntimePredictor, done: JobRecord) -> None:
+    """The predictor learns from a job that succeeded."""
+    spec = done.spec
+    predictor.observe(spec.team, spec.name, spec.gpus_per_replica * spec.replicas, done.run_s)
