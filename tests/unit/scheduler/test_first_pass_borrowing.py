@@ -3,10 +3,11 @@ several pools, within its team's guarantee in one (full) and borrowing in anothe
 the jobs that other teams' guarantees admit in that pool have had their turn. It borrows in the second pass, like
 any borrower, if room is left."""
 
-from chamber.common.contracts import OrgConfig, PoolConfig, QuotaConfig, TeamConfig, TeamQuota
+from chamber.common.contracts import JobRecord, OrgConfig, PoolConfig, QuotaConfig, TeamConfig, TeamQuota
 from chamber.common.quota import QuotaBook, validate
-from chamber.scheduler.core.decisions import Decision, Place
-from chamber.scheduler.core.state import SchedulingState
+from chamber.scheduler.core.decisions import Decision, Nominate, Place, Wait
+from chamber.scheduler.core.reasons import WaitKind
+from chamber.scheduler.core.state import SchedulerConfig, SchedulingState
 from tests.support.builders import make_job, make_node
 
 NOW = 1000.0
@@ -32,7 +33,7 @@ def book() -> QuotaBook:
     )  # fmt: skip
 
 
-def _cycle(queued: list) -> list[Decision]:  # type: ignore[type-arg]
+def _cycle(queued: list[JobRecord]) -> list[Decision]:
     # z borrows all of pool a, and may not be preempted yet (its minimum runtime): x cannot reclaim it this cycle.
     z = (make_job("z").team("z").priority("research").pool("a").min_runtime_s(3600).started_at(NOW - 10)
          .running_on(*[("na", i) for i in range(8)]).build())  # fmt: skip
@@ -60,3 +61,113 @@ def test_it_borrows_in_the_second_pass_when_room_is_left() -> None:
     assert set(placed) == {"x-any-pool", "y-own-pool"}
     assert {g.node for g in placed["x-any-pool"].gpus} == {"nb"}
     assert "borrowing" in placed["x-any-pool"].reason
+
+
+def book_reclaimable() -> QuotaBook:
+    """x is guaranteed 4 GPUs of pool a; w 8 of pool b, which it uses with non-preemptible work (pool b's quota
+    capacity is 16: 8 unassigned GPUs, so x may borrow there as far as the quota goes, though b is physically
+    full). z is guaranteed nothing: it borrows all of pool a."""
+    return validate(
+        QuotaConfig(
+            pools=[PoolConfig(name="a", gpu_model="H100"), PoolConfig(name="b", gpu_model="H100")],
+            orgs=[OrgConfig(name="org")],
+            teams=[
+                TeamConfig(name="x", org="org", cohort="c",
+                           quotas=[TeamQuota(pool="a", nominal=4), TeamQuota(pool="b", nominal=0)]),
+                TeamConfig(name="w", org="org", cohort="c",
+                           quotas=[TeamQuota(pool="a", nominal=0), TeamQuota(pool="b", nominal=8)]),
+                TeamConfig(name="z", org="org", cohort="c",
+                           quotas=[TeamQuota(pool="a", nominal=0), TeamQuota(pool="b", nominal=0)]),
+            ],
+        ),
+        capacity={"a": 8, "b": 16},
+    )  # fmt: skip
+
+
+def running_reclaimable() -> list[JobRecord]:
+    return [
+        make_job("z0").team("z").priority("research").pool("a").started_at(0.0).estimate(3000.0)
+        .running_on(*[("na", i) for i in range(4)]).build(),
+        make_job("z1").team("z").priority("research").pool("a").started_at(0.0).estimate(3000.0)
+        .running_on(*[("na", i) for i in range(4, 8)]).build(),
+        make_job("w0").team("w").priority("train").pool("b").started_at(0.0).estimate(5000.0)
+        .running_on(*[("nb", i) for i in range(8)]).build(),
+    ]  # fmt: skip
+
+
+def cycle_with(
+    queued: list[JobRecord],
+    config: SchedulerConfig | None = None,
+    run: list[JobRecord] | None = None,
+    quota: QuotaBook | None = None,
+) -> list[Decision]:
+    jobs = [*(running_reclaimable() if run is None else run), *queued]
+    owners = {g.slot: r.id for r in jobs if r.placement for g in r.placement.gpus}
+    state = SchedulingState.from_snapshot(NODES, owners, {}, jobs, quota=quota or book_reclaimable(), config=config)
+    return state.cycle(NOW)
+
+
+def test_a_teams_higher_priority_job_reclaims_its_guarantee_before_its_lower_priority_job() -> None:
+    """Found by review of the first version of this rule, which set aside every job that would borrow somewhere.
+    X1 (research, any pool) is within x's guarantee in pool a (full of z's borrowed work: reclaimable) and would
+    borrow in pool b, which the quota allows but which has no GPU free. Set aside, X1 let X2 (x's best-effort job,
+    pool a only, later in the queue) reclaim x's guarantee first. A job is set aside only when it could start by
+    borrowing now: X1 reclaims in the first pass."""
+    decisions = cycle_with([
+        make_job("X1").team("x").priority("research").gpus(4).at(1.0).build(),
+        make_job("X2").team("x").priority("best-effort").gpus(4).pool("a").at(2.0).build(),
+    ])  # fmt: skip
+    nominated = [d.job_id for d in decisions if isinstance(d, Nominate)]
+    assert nominated == ["X1"], decisions
+
+
+def test_a_guaranteed_reclaim_is_not_skipped_when_the_first_pass_is_cut_short() -> None:
+    """Found by review. The same X1 with a budget of looks that ends the first pass before the queue does (two
+    other guaranteed heads of w, blocked in b): set aside, X1 got no decision at all, as the second pass does not
+    run then, every cycle while the queue kept the first pass over budget. It reclaims in the first pass."""
+    decisions = cycle_with(
+        [
+            make_job("X1").team("x").priority("research").gpus(4).at(1.0).build(),
+            make_job("W1").team("w").priority("train").gpus(8).pool("b").at(2.0).build(),
+            make_job("W2").team("w").priority("train").gpus(1).pool("b").at(3.0).build(),
+        ],
+        SchedulerConfig(max_tests_per_cycle=1, max_reservations=0),
+    )  # fmt: skip
+    assert "X1" in [d.job_id for d in decisions if isinstance(d, Nominate)], decisions
+
+
+def test_a_job_deferred_by_the_first_pass_does_not_lose_its_reservation_to_a_later_job() -> None:
+    """Found by review. Pool a is full of v's non-preemptible work (v at its guarantee there, nothing
+    reclaimable); w runs a best-effort job in b (so some work is preemptible: the walk is not `_exhausted`). X1
+    and then Y, both x's research 4-GPU jobs within x's guarantee in a, wait; X1 may use any pool (borrowing in b,
+    quota-wise, where no GPU is free), Y only a. One reservation is allowed: X1, first in the queue, gets it (set
+    aside, it lost it to Y)."""
+    quota = validate(
+        QuotaConfig(
+            pools=[PoolConfig(name="a", gpu_model="H100"), PoolConfig(name="b", gpu_model="H100")],
+            orgs=[OrgConfig(name="org")],
+            teams=[
+                TeamConfig(name="x", org="org", cohort="c",
+                           quotas=[TeamQuota(pool="a", nominal=4), TeamQuota(pool="b", nominal=0)]),
+                TeamConfig(name="v", org="org", cohort="c",
+                           quotas=[TeamQuota(pool="a", nominal=8), TeamQuota(pool="b", nominal=0)]),
+                TeamConfig(name="w", org="org", cohort="c",
+                           quotas=[TeamQuota(pool="a", nominal=0), TeamQuota(pool="b", nominal=8)]),
+            ],
+        ),
+        capacity={"a": 12, "b": 16},
+    )  # fmt: skip
+    run = [
+        make_job("v0").team("v").priority("train").pool("a").started_at(0.0).estimate(3000.0)
+        .running_on(*[("na", i) for i in range(8)]).build(),
+        make_job("w0").team("w").priority("train").pool("b").started_at(0.0).estimate(5000.0)
+        .running_on(*[("nb", i) for i in range(7)]).build(),
+        make_job("w1").team("w").priority("best-effort").pool("b").started_at(0.0).estimate(5000.0)
+        .running_on(("nb", 7)).build(),
+    ]  # fmt: skip
+    decisions = cycle_with([
+        make_job("X1").team("x").priority("research").gpus(4).at(1.0).build(),
+        make_job("Y").team("x").priority("research").gpus(4).pool("a").at(2.0).build(),
+    ], SchedulerConfig(max_reservations=1, order="fifo"), run, quota)  # fmt: skip
+    reserved = [d.job_id for d in decisions if isinstance(d, Wait) and d.why.kind == WaitKind.RESERVED]
+    assert reserved == ["X1"], decisions

@@ -306,7 +306,7 @@ def decide_arrivals(state: SchedulingState, ctx: CycleContext, arrived: Iterable
 
 
 QUEUED = Reason(WaitKind.QUEUED, "queued behind earlier jobs of the same priority, team and shape")
-BORROW_LATER = Reason(WaitKind.QUOTA, "waiting: only borrowing admits it, decided after the queue's guaranteed jobs")
+BORROW_LATER = Reason(WaitKind.QUOTA, "waiting: it would start by borrowing, decided after the queue's guaranteed jobs")
 
 
 class _Cycle:
@@ -454,9 +454,9 @@ class _Cycle:
           free GPUs (or backfilled, or on room opened for it), and once a head of the shape finds none of those
           (`_shape_hopeless`), or too few GPUs are left free for the shape (`_no_room_left`), no later head of it
           would start (most of the second pass's heads, on a full fleet).
-        Such a team stays such for the whole cycle: the first pass gives a team nothing where it is at its guarantee
-        (it does not borrow; displacing makes room only for work above the team's lowest preemptible work, so
-        above the lane's heads). Before the first pass stopped borrowing, a job that may use several pools could
+        Such a team stays such for the whole cycle: the first pass does not borrow, and where a team is at its
+        guarantee it gives the team only work above the team's lowest preemptible work there (by displacing it),
+        so above the lane's heads. Before the first pass stopped borrowing, a job that may use several pools could
         borrow in one in the first pass, and its team's groups had to leave their lanes for the second."""
         state, ctx, queue = self.state, self.ctx, self.state.queue
         book = state.quota
@@ -555,7 +555,7 @@ class _Cycle:
         """In the second pass, a head of `shape` from its lane was just found hopeless (`_hopeless`): whether every
         later head of the lane would be too ("": not known). They are of teams that may start them only on free
         GPUs, by backfill, or on room opened after the walk (the lane's teams neither displace nor reclaim, see
-        `_split_by_guarantee`; a team given work to displace since leaves the lane, see `_close_lane`). That the
+        `_split_by_guarantee`; they stay such for the cycle, see `_close_lane`). That the
         head was found hopeless says its shape is blocked in every pool it may use and no reservation is left to
         make; within the walk both stay so, and free GPUs, held ones and reservations to backfill into only get
         fewer. What was particular to the head is left aside: its estimate (so no reservation may hold GPUs
@@ -614,8 +614,9 @@ class _Cycle:
     def _close_lane(self, heads: Walk, verdict: str) -> None:
         """Close the lane the walk's last item came from, handing its rest to `consolidate` when `verdict` is
         "consolidate" (see `_shape_hopeless` and `Tail`). A lane's team stays one that can only borrow for the
-        whole cycle: the first pass gives it nothing in the lane's pools (it is at its guarantee there, and the
-        first pass does not borrow), so no later head of the lane gains work of its own team to displace."""
+        whole cycle: the first pass does not borrow, and where such a team is at its guarantee, it gives the team
+        only work above the team's lowest preemptible work there (by displacing it), so above the lane's heads:
+        no later head of the lane gains work of its own team to displace."""
         lane = heads.lane
         assert isinstance(lane, Shape)
         rest = heads.rest()
@@ -841,12 +842,14 @@ class _Cycle:
             decisions.append(Wait(job.id, known[1]))
             return "refused"
         adm = admissions(state, job, ctx)
+        if not ctx.borrowing and adm.options and all(o.borrowing for o in adm.options):
+            return "borrower"  # its turn comes after every job its team's guarantee admits
         options = adm.options
-        later = not ctx.borrowing and any(o.borrowing for o in options)
-        if later:
-            # The first pass gives only what the guarantee admits: where the job would borrow, its turn comes after
-            # every job other teams' guarantees admit there (a job that may use several pools, within its team's
-            # guarantee in a full one, used to borrow in another in the first pass, ahead of that pool's owners).
+        elsewhere = not ctx.borrowing and any(o.borrowing for o in options)
+        if elsewhere:
+            # The first pass starts a job only where its guarantee admits it: a job that may use several pools,
+            # within its team's guarantee in a full one, used to borrow in another here, ahead of the jobs the
+            # guarantees of that pool's owners admit (and of higher-priority borrowers).
             options = [o for o in options if not o.borrowing]
         for option in options:
             if option.shape in ctx.blocked:
@@ -859,8 +862,8 @@ class _Cycle:
             ctx.blocked.add(option.shape)
         if options and self._backfill_into_reservation(job, decisions, options):
             return "placed"
-        if later:  # borrowing disrupts nobody: it is tried in the second pass, in full, before anyone is preempted
-            return "borrower"
+        if elsewhere and self._may_borrow_now(adm.options):
+            return "borrower"  # borrowing disrupts nobody: second pass, after the guaranteed jobs, if room is left
         if self.config.consolidate and job.shape.gpus > 1:
             ctx.to_consolidate.append((self.turn, job))  # room may be opened for it after the walk (`consolidate`)
         if self.config.preemption:
@@ -894,6 +897,19 @@ class _Cycle:
                 return "reserved"
         decisions.append(Wait(job.id, self._capacity_reason(job)))
         return "blocked"
+
+    def _may_borrow_now(self, options: list[Option]) -> bool:
+        """Whether a pool where the job would borrow has room for it now. If so, the first pass sets the job aside
+        for the second; if not, it decides the job in full there (preempting within its guarantee, reserving),
+        as a job its guarantee admits: free GPUs only get fewer within a cycle, so the second pass could not have
+        let it borrow either, and setting it aside gave its team's lower-priority jobs its guarantee first."""
+        ctx, index = self.ctx, self.state.index
+        for option in options:
+            if option.borrowing and option.shape not in ctx.blocked:
+                if find_placement(index, option.shape) is not None:
+                    return True
+                ctx.blocked.add(option.shape)
+        return False
 
     def _keep_plan(self, job: PendingJob, taken: set[str]) -> Reservation | None:
         """The GPUs the job's reservation planned on in the last cycle, if they are all still free or held by
