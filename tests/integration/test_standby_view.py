@@ -3,16 +3,19 @@ bucket (`chamber.scheduler.standby`), on real NATS and Redis: the view it keeps 
 scheduler started from it decides, republishes and predicts as one started cold; when the view does not hold
 every change the last leader may not have announced, the takeover reads the bucket."""
 
+import asyncio
+import random
+import time
 from collections.abc import Sequence
 from typing import Any
 
 import msgspec
 import pytest
 
-from chamber.common.bus import Bus
+from chamber.common.bus import Bus, BusError
 from chamber.common.codec import Decoder
 from chamber.common.contracts import Decision, JobRecord, JobState, JobStateChanged
-from chamber.common.jobstore import JobStore, Write
+from chamber.common.jobstore import JobStore, StaleWrite, Write
 from chamber.common.quotastore import QuotaStore
 from chamber.common.runtime import make_context
 from chamber.common.settings import Settings
@@ -22,6 +25,7 @@ from chamber.scheduler.executor.simulated import SimulatedExecutor
 from chamber.scheduler.service import Scheduler
 from chamber.scheduler.standby import RecordView
 from tests.support.builders import make_job
+from tests.support.services import eventually
 
 pytestmark = pytest.mark.integration
 
@@ -76,6 +80,152 @@ async def test_it_keeps_the_latest_ended_records_and_says_which_changes_it_cover
         assert list(view.ended) == ["e1", "e2"]
         assert not view.covers(100.0), "the change at 100 s is no longer kept"
         assert view.covers(100.5)
+    finally:
+        await view.stop()
+
+
+async def _writer(store: JobStore, stop: asyncio.Event, revs: dict[str, int], n_keys: int = 200) -> int:
+    """Random creates, updates, ends and deletes until stopped."""
+    rnd = random.Random(7)
+    writes = 0
+    i = 0
+    while not stop.is_set():
+        batch = []
+        for _ in range(20):
+            i += 1
+            key = f"k{rnd.randrange(n_keys)}"
+            if key in revs and rnd.random() < 0.05:
+                await store.kv.delete(key)
+                revs.pop(key, None)
+                continue
+            if key in revs:
+                rec = (
+                    _ended(key, 1000.0 + i, run_s=float(i % 50))
+                    if rnd.random() < 0.3
+                    else make_job(key).at(1000.0 + i).build()
+                )
+                batch.append(Write(rec, revs[key]))
+            else:
+                batch.append(Write(make_job(key).at(1000.0 + i).build(), 0))
+        results = await store.write_many(batch)
+        for w, r in zip(batch, results, strict=True):
+            if isinstance(r, int):
+                revs[w.record.id] = r
+                writes += 1
+            elif isinstance(r, StaleWrite):
+                got = await store.get(w.record.id)
+                if got is None:
+                    revs.pop(w.record.id, None)
+                else:
+                    revs[w.record.id] = got[1]
+        await asyncio.sleep(0)
+    return writes
+
+
+@pytest.mark.parametrize("n", [300, 3000])
+async def test_view_equals_full_read_with_writes_racing_the_snapshot_and_follow(bus: Bus, n: int) -> None:
+    """From the review: a writer runs during the view's first read and during the follow; after caught_up the view
+    (records and revisions) is exactly load_all, and every active revision is the key's current KV revision."""
+    store = await JobStore.open(bus)
+    revs: dict[str, int] = {}
+    stop = asyncio.Event()
+    await store.write_many([Write(make_job(f"k{i}").build(), 0) for i in range(n)])
+    revs.update({k: r for k, (_, r) in (await store.load_all()).items()})
+    task = asyncio.create_task(_writer(store, stop, revs, n_keys=n))
+    await asyncio.sleep(0.2)
+    view = RecordView(store)
+    await view.start()
+    try:
+        await asyncio.sleep(1.0)
+        stop.set()
+        assert await task > 0
+        await view.caught_up(timeout_s=10)
+        full = await store.load_all()
+        assert view.records() == full
+        for job_id, (_, rev) in view.active.items():
+            entry = await store.kv.get(job_id)
+            assert entry.revision == rev
+    finally:
+        stop.set()
+        await view.stop()
+
+
+async def test_view_survives_its_consumer_being_deleted_and_does_not_replay_the_bucket(bus: Bus) -> None:
+    """Found by review. The follow's server-side consumer is lost (a NATS restart loses ordered consumers, a pause
+    past the inactive threshold deletes them): nats-py recreates it from its last delivered sequence + 1, which
+    is 1 when it had delivered nothing yet. The view stays right, and the whole bucket that comes again is
+    skipped before it is decoded."""
+    store = await JobStore.open(bus)
+    for i in range(200):
+        await store.create(make_job(f"k{i}").build())
+    view = RecordView(store)
+    calls: list[int] = []
+    real = view._on_entry
+
+    def counting(job_id: str, record: JobRecord | None, seq: int) -> None:
+        calls.append(seq)
+        real(job_id, record, seq)
+
+    view._on_entry = counting  # type: ignore[method-assign]
+    await view.start()
+    try:
+        (consumer,) = [c for c in await bus.js.consumers_info(store.stream) if c.config.deliver_subject]
+        await bus.js.delete_consumer(store.stream, consumer.name)
+        await asyncio.sleep(12)  # two missed heartbeats, then nats-py recreates it
+        await store.create(make_job("after").build())
+        await eventually(lambda: "after" in view.active, within=20)
+        await view.caught_up(timeout_s=5)
+        assert view.records() == await store.load_all(), "the view is still right after the reset"
+        assert [s for s in calls if s <= 200] == [], f"replayed {len([s for s in calls if s <= 200])} old entries"
+    finally:
+        await view.stop()
+
+
+async def test_caught_up_when_the_streams_last_message_is_gone(bus: Bus) -> None:
+    """Found by review. The stream's last message removed before the follow delivered it (a stream purge of that
+    subject, as an operator's `nats stream purge --subject` does; KV streams deny single deletes): last_seq stays
+    and the follow never delivers it. caught_up waited its whole timeout (30 s at takeover); it now asks whether
+    any write it has not seen is left."""
+    store = await JobStore.open(bus)
+    await store.create(make_job("a").build())
+    view = RecordView(store)
+    await view.start()
+    await view.stop()  # the follow lags (stopped here to make the race deterministic) ...
+    await store.create(make_job("e").build())
+    e_seq = await store.last_sequence()
+    await bus.js.purge_stream(store.stream, subject=f"{store.prefix}e")  # ... while e's message is removed
+    assert await store.last_sequence() == e_seq
+    view._stop = await store.follow_entries(view._on_entry, after=view.seen)  # ... and catches up
+    started = time.monotonic()
+    try:
+        await view.caught_up(timeout_s=3)
+    except BusError as exc:
+        pytest.fail(f"caught_up waited {time.monotonic() - started:.1f} s and failed: {exc}")
+    finally:
+        await view.stop()
+
+
+async def test_the_predictor_counts_a_success_once_even_when_many_end_during_the_first_read(bus: Bus) -> None:
+    """Found by review. More ended records written between the first read's starting sequence and its end than the
+    view keeps: the follow hands them over again (sequence > that start), and the ones evicted while the read was
+    taken in were observed a second time (and kept again in place of later ones). The same write is taken in once."""
+    store = await JobStore.open(bus)
+    real = store.load_all
+
+    async def racing() -> dict[str, tuple[JobRecord, int]]:
+        # the live leader writes while the standby reads the bucket
+        for i in range(5):
+            await store.create(_ended(f"e{i}", 100.0 + i, run_s=10.0 * (i + 1)))
+        return await real()
+
+    store.load_all = racing  # type: ignore[method-assign]
+    view = RecordView(store, keep_ended=2)
+    await view.start()
+    try:
+        await view.caught_up(timeout_s=5)
+        full = await real()
+        cold = learned(r for r, _ in full.values())
+        assert view.predictor.observed == cold.observed, (view.predictor.observed, cold.observed)
     finally:
         await view.stop()
 

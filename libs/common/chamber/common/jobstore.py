@@ -15,7 +15,7 @@ from nats.aio.msg import Msg
 from nats.js.api import ConsumerConfig, DeliverPolicy
 from nats.js.kv import KV_DEL, KV_OP, KV_PURGE, KeyValue
 
-from chamber.common.bus import Bus, BusError, WrongLastSequence, read_stream
+from chamber.common.bus import Bus, BusError, WrongLastSequence, messages_left, read_stream
 from chamber.common.codec import DecodeError, Decoder, encode
 from chamber.common.contracts import JobRecord
 from chamber.common.log import get_logger
@@ -114,6 +114,10 @@ class JobStore:
         last = await self.last_sequence()
         return await self.load_all(), last
 
+    async def written_between(self, after: int, end: int) -> bool:
+        """Whether a write with a stream sequence in (after, end] is still stored."""
+        return await messages_left(self.bus.js, self.stream, f"{self.prefix}>", after, end)
+
     async def last_sequence(self) -> int:
         """The stream sequence of the bucket's last write so far."""
         try:
@@ -178,11 +182,21 @@ class JobStore:
         self, on_entry: Callable[[str, JobRecord | None, int], None], *, after: int
     ) -> Callable[[], Awaitable[None]]:
         """Call `on_entry(job id, record, stream sequence)` for every write after stream sequence `after` (from
-        `snapshot`); the record is None where the write removed the key (a delete or a purge) or holds no record
-        (undecodable), as `load_all` would then not return it. Returns a stop function."""
+        `snapshot`), once each, in order; the record is None where the write removed the key (a delete or a purge)
+        or holds no record (undecodable), as `load_all` would then not return it. Returns a stop function.
+
+        A write at or before the last one handed over is skipped before it is decoded: nats-py recreates a lost
+        ordered consumer (a NATS restart, a pause past its inactive threshold) from the last sequence it delivered,
+        which is 0 when it delivered none yet, and the whole bucket then came again."""
         prefix = self.prefix
+        handed = after
 
         def on_msg(msg: Msg) -> None:
+            nonlocal handed
+            seq = msg.metadata.sequence.stream
+            if seq <= handed:
+                return
+            handed = seq
             headers = msg.headers
             record = None
             if msg.data and not (headers and (KV_OP in headers or MARKER_REASON in headers)):
@@ -190,7 +204,7 @@ class JobStore:
                     record = _decoder.decode(msg.data)
                 except DecodeError:
                     log.error("jobstore.undecodable_record", job_id=msg.subject[len(prefix) :])
-            on_entry(msg.subject[len(prefix) :], record, msg.metadata.sequence.stream)
+            on_entry(msg.subject[len(prefix) :], record, seq)
 
         async def on_msg_safe(msg: Msg) -> None:
             try:

@@ -137,12 +137,12 @@ class Scheduler:
         self.holder = holder
         self.confirm_lead = confirm_lead
         self.lead_fresh = lead_fresh
-        self.view = view
-        """The records as this process followed them while it waited as standby: read at start instead of the
-        whole bucket (`standby.py`), then stopped."""
         """False when this leader's lease was not confirmed lately (it was paused, or NATS was away): before it acks
         events it then proves it still leads (a deposed leader used to ack, as no-ops, events about jobs it never
         heard of, and they were lost to the new leader)."""
+        self.view = view
+        """The records as this process followed them while it waited as standby: read at start instead of the
+        whole bucket (`standby.py`), then stopped."""
         self.names = bus.names
         settings = ctx.settings
         self.control = Controller(

@@ -13,7 +13,8 @@ ended ones (the new leader publishes again the changes the old one wrote and may
 the last decision on the bus; `covers` says whether they are all kept, and the takeover reads the bucket in full
 when they are not), and a runtime predictor that has learned from every job that succeeded (those of its first
 read in the order they finished, as a full read relearns them, then in the order their records were written).
-Memory is bounded by the active jobs and `KEEP_ENDED`.
+Memory is bounded by the active jobs and `KEEP_ENDED`. A record removed by purging the bucket's stream directly
+(not through the KV API, whose delete and purge leave a marker the view takes in) stays in the view.
 """
 
 import asyncio
@@ -49,6 +50,10 @@ class RecordView:
         """The stream sequence of the last write taken in."""
         self._progress = asyncio.Event()
         self._stop: Callable[[], Awaitable[None]] | None = None
+        self._read: dict[str, int] = {}
+        """Entries of the first read written after the sequence it started from (the follow starts there too):
+        job -> revision, so that the same write handed over again is not taken in twice (a success observed
+        twice, an ended record kept again in place of a later one)."""
 
     async def start(self) -> None:
         """Read the bucket (once), then follow every write after that read."""
@@ -56,6 +61,8 @@ class RecordView:
         self.predictor = learned(record for record, _ in stored.values())
         for job_id, (record, revision) in stored.items():
             self._keep(job_id, record, revision)
+            if revision > last:  # written during the read: the follow hands it over again
+                self._read[job_id] = revision
         self.seen = last
         self._stop = await self.store.follow_entries(self._on_entry, after=last)
 
@@ -66,8 +73,11 @@ class RecordView:
 
     def _on_entry(self, job_id: str, record: JobRecord | None, seq: int) -> None:
         if seq <= self.seen:
-            return  # (the ordered consumer delivers each write once, in order; nothing older is taken again)
+            return  # (the follow hands each write over once, in order; nothing older is taken again)
         self.seen = seq
+        if self._read and self._read.pop(job_id, None) == seq:
+            self._progress.set()
+            return  # the first read took it in already
         before = self.active.get(job_id) or self.ended.get(job_id)
         if (
             record is not None
@@ -106,9 +116,10 @@ class RecordView:
                 raise BusError(f"the standby's view of the job records is behind: at {self.seen} of {last}")
             self._progress.clear()
             try:
-                await asyncio.wait_for(self._progress.wait(), timeout=min(left, 1.0))
+                await asyncio.wait_for(self._progress.wait(), timeout=min(left, 0.5))
             except TimeoutError:
-                continue
+                if not await self.store.written_between(self.seen, last):
+                    return  # the writes it has not seen were removed since (an operator's purge): none is left
 
     def records(self) -> Stored:
         return {**self.ended, **self.active}

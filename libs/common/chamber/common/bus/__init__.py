@@ -3,6 +3,15 @@
 from chamber.common.bus.client import Bus
 from chamber.common.bus.consumer import Consumer
 from chamber.common.bus.errors import BusError, BusUnavailable, PublishError, WrongLastSequence
-from chamber.common.bus.reading import read_stream
+from chamber.common.bus.reading import messages_left, read_stream
 
-__all__ = ["Bus", "BusError", "BusUnavailable", "Consumer", "PublishError", "WrongLastSequence", "read_stream"]
+__all__ = [
+    "Bus",
+    "BusError",
+    "BusUnavailable",
+    "Consumer",
+    "PublishError",
+    "WrongLastSequence",
+    "messages_left",
+    "read_stream",
+]

@@ -93,6 +93,15 @@ async def read_stream(
         await psub.unsubscribe()
 
 
+async def messages_left(js: JetStreamContext, stream: str, subject: str, after: int, end: int) -> bool:
+    """Is a message on `subject` with a sequence in (after, end] still stored? (A follower that has taken in every
+    write up to `after` has then seen all there is up to `end`, whatever was removed meanwhile.)"""
+    try:
+        return await _left(js, stream, subject, after, end, latest_only=False)
+    except nats.errors.Error as exc:
+        raise BusError(f"cannot read {subject} from {stream}: {exc}") from exc
+
+
 async def _left(js: JetStreamContext, stream: str, subject: str, after: int, end: int, *, latest_only: bool) -> bool:
     """Is a message on `subject` with a sequence in (after, end] still to be delivered? With `latest_only`, one
     superseded by a later message on its own subject does not count (that later one is what is delivered)."""
