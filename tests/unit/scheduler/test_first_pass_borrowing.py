@@ -1,7 +1,8 @@
-"""Under quotas a cycle's first pass gives each job only what its team's guarantee admits: a job that may use
+"""Under quotas a cycle's first pass starts each job only where its team's guarantee admits it: a job that may use
 several pools, within its team's guarantee in one (full) and borrowing in another, does not borrow there before
-the jobs that other teams' guarantees admit in that pool have had their turn. It borrows in the second pass, like
-any borrower, if room is left."""
+the jobs that other teams' guarantees admit in that pool have had their turn. Where it could start by borrowing
+now, it is set aside and borrows in the second pass, like any borrower, if room is left; where it could not, the
+first pass decides it in full, as a job its guarantee admits (reclaiming, displacing, reserving)."""
 
 from chamber.common.contracts import JobRecord, OrgConfig, PoolConfig, QuotaConfig, TeamConfig, TeamQuota
 from chamber.common.quota import QuotaBook, validate
@@ -14,33 +15,35 @@ NOW = 1000.0
 NODES = [make_node("na").pool("a").gpus(8).build(), make_node("nb").pool("b").gpus(8).build()]
 
 
-def book() -> QuotaBook:
-    """x is guaranteed 8 GPUs of pool a, y 8 of pool b; z nothing (it borrows). One cohort lends all."""
+def book(nominal: dict[str, tuple[int, int]], capacity_b: int = 8, capacity_a: int = 8) -> QuotaBook:
+    """Pools a and b (8 GPUs each on the nodes; quota capacity may be larger), one cohort that lends all: team ->
+    (its guarantee in a, in b)."""
     return validate(
         QuotaConfig(
             pools=[PoolConfig(name="a", gpu_model="H100"), PoolConfig(name="b", gpu_model="H100")],
             orgs=[OrgConfig(name="org")],
-            teams=[
-                TeamConfig(name="x", org="org", cohort="c",
-                           quotas=[TeamQuota(pool="a", nominal=8), TeamQuota(pool="b", nominal=0)]),
-                TeamConfig(name="y", org="org", cohort="c",
-                           quotas=[TeamQuota(pool="a", nominal=0), TeamQuota(pool="b", nominal=8)]),
-                TeamConfig(name="z", org="org", cohort="c",
-                           quotas=[TeamQuota(pool="a", nominal=0), TeamQuota(pool="b", nominal=0)]),
-            ],
+            teams=[TeamConfig(name=team, org="org", cohort="c",
+                              quotas=[TeamQuota(pool="a", nominal=a), TeamQuota(pool="b", nominal=b)])
+                   for team, (a, b) in nominal.items()],
         ),
-        capacity={"a": 8, "b": 8},
+        capacity={"a": capacity_a, "b": capacity_b},
     )  # fmt: skip
 
 
+def cycle(
+    queued: list[JobRecord], running: list[JobRecord], quota: QuotaBook, config: SchedulerConfig | None = None
+) -> list[Decision]:
+    jobs = [*running, *queued]
+    owners = {g.slot: r.id for r in jobs if r.placement for g in r.placement.gpus}
+    return SchedulingState.from_snapshot(NODES, owners, {}, jobs, quota=quota, config=config).cycle(NOW)
+
+
 def _cycle(queued: list[JobRecord]) -> list[Decision]:
-    # z borrows all of pool a, and may not be preempted yet (its minimum runtime): x cannot reclaim it this cycle.
+    """x is guaranteed pool a, y pool b; z borrows all of pool a, and may not be preempted yet (its minimum
+    runtime): x cannot reclaim it this cycle."""
     z = (make_job("z").team("z").priority("research").pool("a").min_runtime_s(3600).started_at(NOW - 10)
          .running_on(*[("na", i) for i in range(8)]).build())  # fmt: skip
-    jobs = [z, *queued]
-    owners = {g.slot: r.id for r in jobs if r.placement for g in r.placement.gpus}
-    state = SchedulingState.from_snapshot(NODES, owners, {}, jobs, quota=book())
-    return state.cycle(NOW)
+    return cycle(queued, [z], book({"x": (8, 0), "y": (0, 8), "z": (0, 0)}))
 
 
 def test_a_job_guaranteed_in_a_full_pool_does_not_borrow_before_another_teams_guarantee() -> None:
@@ -63,29 +66,11 @@ def test_it_borrows_in_the_second_pass_when_room_is_left() -> None:
     assert "borrowing" in placed["x-any-pool"].reason
 
 
-def book_reclaimable() -> QuotaBook:
+def cycle_with(queued: list[JobRecord], config: SchedulerConfig | None = None) -> list[Decision]:
     """x is guaranteed 4 GPUs of pool a; w 8 of pool b, which it uses with non-preemptible work (pool b's quota
     capacity is 16: 8 unassigned GPUs, so x may borrow there as far as the quota goes, though b is physically
-    full). z is guaranteed nothing: it borrows all of pool a."""
-    return validate(
-        QuotaConfig(
-            pools=[PoolConfig(name="a", gpu_model="H100"), PoolConfig(name="b", gpu_model="H100")],
-            orgs=[OrgConfig(name="org")],
-            teams=[
-                TeamConfig(name="x", org="org", cohort="c",
-                           quotas=[TeamQuota(pool="a", nominal=4), TeamQuota(pool="b", nominal=0)]),
-                TeamConfig(name="w", org="org", cohort="c",
-                           quotas=[TeamQuota(pool="a", nominal=0), TeamQuota(pool="b", nominal=8)]),
-                TeamConfig(name="z", org="org", cohort="c",
-                           quotas=[TeamQuota(pool="a", nominal=0), TeamQuota(pool="b", nominal=0)]),
-            ],
-        ),
-        capacity={"a": 8, "b": 16},
-    )  # fmt: skip
-
-
-def running_reclaimable() -> list[JobRecord]:
-    return [
+    full). z is guaranteed nothing: it borrows all of pool a (reclaimable)."""
+    running = [
         make_job("z0").team("z").priority("research").pool("a").started_at(0.0).estimate(3000.0)
         .running_on(*[("na", i) for i in range(4)]).build(),
         make_job("z1").team("z").priority("research").pool("a").started_at(0.0).estimate(3000.0)
@@ -93,18 +78,7 @@ def running_reclaimable() -> list[JobRecord]:
         make_job("w0").team("w").priority("train").pool("b").started_at(0.0).estimate(5000.0)
         .running_on(*[("nb", i) for i in range(8)]).build(),
     ]  # fmt: skip
-
-
-def cycle_with(
-    queued: list[JobRecord],
-    config: SchedulerConfig | None = None,
-    run: list[JobRecord] | None = None,
-    quota: QuotaBook | None = None,
-) -> list[Decision]:
-    jobs = [*(running_reclaimable() if run is None else run), *queued]
-    owners = {g.slot: r.id for r in jobs if r.placement for g in r.placement.gpus}
-    state = SchedulingState.from_snapshot(NODES, owners, {}, jobs, quota=quota or book_reclaimable(), config=config)
-    return state.cycle(NOW)
+    return cycle(queued, running, book({"x": (4, 0), "w": (0, 8), "z": (0, 0)}, capacity_b=16), config)
 
 
 def test_a_teams_higher_priority_job_reclaims_its_guarantee_before_its_lower_priority_job() -> None:
@@ -142,21 +116,7 @@ def test_a_job_deferred_by_the_first_pass_does_not_lose_its_reservation_to_a_lat
     and then Y, both x's research 4-GPU jobs within x's guarantee in a, wait; X1 may use any pool (borrowing in b,
     quota-wise, where no GPU is free), Y only a. One reservation is allowed: X1, first in the queue, gets it (set
     aside, it lost it to Y)."""
-    quota = validate(
-        QuotaConfig(
-            pools=[PoolConfig(name="a", gpu_model="H100"), PoolConfig(name="b", gpu_model="H100")],
-            orgs=[OrgConfig(name="org")],
-            teams=[
-                TeamConfig(name="x", org="org", cohort="c",
-                           quotas=[TeamQuota(pool="a", nominal=4), TeamQuota(pool="b", nominal=0)]),
-                TeamConfig(name="v", org="org", cohort="c",
-                           quotas=[TeamQuota(pool="a", nominal=8), TeamQuota(pool="b", nominal=0)]),
-                TeamConfig(name="w", org="org", cohort="c",
-                           quotas=[TeamQuota(pool="a", nominal=0), TeamQuota(pool="b", nominal=8)]),
-            ],
-        ),
-        capacity={"a": 12, "b": 16},
-    )  # fmt: skip
+    quota = book({"x": (4, 0), "v": (8, 0), "w": (0, 8)}, capacity_a=12, capacity_b=16)
     run = [
         make_job("v0").team("v").priority("train").pool("a").started_at(0.0).estimate(3000.0)
         .running_on(*[("na", i) for i in range(8)]).build(),
@@ -165,9 +125,9 @@ def test_a_job_deferred_by_the_first_pass_does_not_lose_its_reservation_to_a_lat
         make_job("w1").team("w").priority("best-effort").pool("b").started_at(0.0).estimate(5000.0)
         .running_on(("nb", 7)).build(),
     ]  # fmt: skip
-    decisions = cycle_with([
+    decisions = cycle([
         make_job("X1").team("x").priority("research").gpus(4).at(1.0).build(),
         make_job("Y").team("x").priority("research").gpus(4).pool("a").at(2.0).build(),
-    ], SchedulerConfig(max_reservations=1, order="fifo"), run, quota)  # fmt: skip
+    ], run, quota, SchedulerConfig(max_reservations=1, order="fifo"))  # fmt: skip
     reserved = [d.job_id for d in decisions if isinstance(d, Wait) and d.why.kind == WaitKind.RESERVED]
     assert reserved == ["X1"], decisions
