@@ -195,8 +195,8 @@ class Scheduler:
         started = time.perf_counter()
         if self.ledger.token:
             await self.ledger.take_fence()  # from now on a paused former leader cannot claim or release
-        records, predictor = await self._first_read()
-        await self._republish_unannounced(records)
+        records, predictor, since = await self._first_read()
+        await self._republish_unannounced(records, since)
         for inv in await self.bus.read_latest(INVENTORY, self.names.subject("inventory.>"), Decoder(NodeInventory)):
             self.nodes[inv.node.name] = inv.node
         self.quota_config, _ = await self.quota_store.get()
@@ -231,27 +231,29 @@ class Scheduler:
             nodes=len(self.nodes), took_ms=round((time.perf_counter() - started) * 1000, 1),
         )  # fmt: skip
 
-    async def _first_read(self) -> tuple[list[JobRecord], RuntimePredictor | None]:
-        """The records to start from, and a predictor already learned from them (None: relearn). From the view a
-        standby kept, once it has taken in every write up to now (after the fence: nobody else writes), when it
-        holds every record changed since the last decision on the bus (`_republish_unannounced` publishes those
-        again); else, as a cold start, the whole bucket."""
+    async def _first_read(self) -> tuple[list[JobRecord], RuntimePredictor | None, float]:
+        """The records to start from, a predictor already learned from them (None: relearn), and the time since
+        which their changes may be unannounced (`_unannounced_since`). From the view a standby kept, once it has
+        taken in every write up to now (after the fence: nobody else writes), when it holds every record changed
+        since then (`_republish_unannounced` publishes those again); else, as a cold start, the whole bucket."""
         view, self.view = self.view, None
-        if view is None:
-            return await self._read_records(), None
-        try:
-            await view.caught_up()
-            stored = view.records()
-            if view.covers(await self._unannounced_since()):
-                self.revisions = {job_id: rev for job_id, (r, rev) in stored.items() if r.state not in TERMINAL_STATES}
-                log.info("scheduler.records_from_standby", active=len(view.active), ended=len(view.ended))
-                return [record for record, _ in stored.values()], view.predictor
-            log.info("scheduler.standby_view_short", dropped_until=view.dropped_until)
-        except BusError as exc:
-            log.warning("scheduler.standby_view_failed", error=str(exc))
-        finally:
-            await view.stop()
-        return await self._read_records(), None
+        if view is not None:
+            try:
+                await view.caught_up()
+                stored = view.records()
+                since = await self._unannounced_since()
+                if view.covers(since):
+                    self.revisions = {job_id: rev for job_id, (r, rev) in stored.items()
+                                      if r.state not in TERMINAL_STATES}  # fmt: skip
+                    log.info("scheduler.records_from_standby", active=len(view.active), ended=len(view.ended))
+                    return [record for record, _ in stored.values()], view.predictor, since
+                log.info("scheduler.standby_view_short", dropped_until=view.dropped_until)
+            except BusError as exc:
+                log.warning("scheduler.standby_view_failed", error=str(exc))
+            finally:
+                await view.stop()
+        records = await self._read_records()
+        return records, None, await self._unannounced_since()
 
     async def _unannounced_since(self) -> float:
         """Records changed at or after this time may have changes nobody heard of: those since the last decision on
@@ -265,11 +267,13 @@ class Scheduler:
             return 0.0
         return (decision.at if isinstance(decision, JobStateChanged) else decision.decided_at) - REPUBLISH_SLACK_S
 
-    async def _republish_unannounced(self, records: Sequence[JobRecord]) -> None:
+    async def _republish_unannounced(self, records: Sequence[JobRecord], since: float | None = None) -> None:
         """A leader that died between writing records and publishing their changes left changes nobody heard of:
-        publish again every record changed since the last decision on the bus (message ids drop the ones that
-        were published after all; consumers keep the highest version of a record)."""
-        since = await self._unannounced_since()
+        publish again every record changed since the last decision on the bus (`since`, read now unless given;
+        message ids drop the ones that were published after all; consumers keep the highest version of a
+        record)."""
+        if since is None:
+            since = await self._unannounced_since()
         todo = _Pending()
         for record in records:
             if record.updated_at >= since:

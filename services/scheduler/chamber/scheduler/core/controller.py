@@ -231,9 +231,9 @@ class Controller:
         return event.job_id not in self.records
 
 
-def learned(records: Iterable[JobRecord], predictor: RuntimePredictor | None = None) -> RuntimePredictor:
+def learned(records: Iterable[JobRecord]) -> RuntimePredictor:
     """A runtime predictor that has observed the records' succeeded jobs, in the order they finished."""
-    predictor = predictor or RuntimePredictor()
+    predictor = RuntimePredictor()
     for done in sorted((r for r in records if r.state == JobState.SUCCEEDED), key=lambda r: r.finished_at or 0.0):
         observe(predictor, done)
     return predictor
