@@ -167,28 +167,3 @@ def test_a_job_whose_held_gpus_were_dropped_is_told_even_when_the_walk_does_not_
     assert live == again
     assert set(again) == {"y"}
     assert {g.slot for g in again["y"]} == {slot}
-
-
-def test_a_job_on_the_list_that_fits_as_the_fleet_stands_is_placed_not_given_up() -> None:
-    """Found by review: within `consolidate`, a reservation given up by a job that room was opened for frees the
-    GPUs it held, and a later job on the list may then fit without moving anyone. `plan_consolidation` leaves such
-    a job to its caller ("it fits without moving anything"), which marked its shape as failed instead: the job
-    waited a cycle, and so did every later job of its shape. Here the list holds a job that fits as it stands."""
-    from chamber.scheduler.core.cycle import CycleContext, _Cycle
-    from chamber.scheduler.core.model import pending_from
-    from chamber.scheduler.core.state import SchedulingState
-
-    nodes = [make_node("n0").gpus(4).build()]
-    job = make_job("gang").gpus(2, replicas=2).priority("research").build()
-    state = SchedulingState.from_snapshot(nodes, {}, {}, [job])
-    ctx = CycleContext(NOW, cost_at=NOW)
-    waiting = state.queue.jobs["gang"]
-    assert waiting == pending_from(job)
-    ctx.to_consolidate.append((None, waiting))
-    decisions: list[Decision] = []
-    _Cycle(state, ctx).consolidate(decisions)
-    (place,) = decisions
-    assert isinstance(place, Place)
-    assert place.job_id == "gang"
-    assert sorted(g.index for g in place.gpus) == [0, 1, 2, 3]
-    assert not ctx.consolidation_failed, "later jobs of its shape still get their turn"

@@ -77,7 +77,7 @@ def plan_consolidation(
     need = shape.per_replica
     ready = sorted((n.name for n in index.nodes_with(parts, need)), key=lambda n: (len(index.nodes[n].free), n))
     if len(ready) >= shape.replicas:
-        return None  # it fits without moving anything (the caller places it)
+        return None  # it fits without moving anything: nothing to plan (the next cycle places it, in queue order)
     options: list[tuple[float, int, str, tuple[RunningJob, ...]]] = []
     for name in index.nodes_in(parts):
         node = index.nodes[name]

@@ -1107,16 +1107,14 @@ class _Cycle:
 
     def _try_consolidation(self, job: PendingJob, decisions: list[Decision], option: Option) -> bool:
         """Move a few small preemptible jobs elsewhere (each re-placed at once) to open room for this job on a
-        fleet whose free GPUs suffice but are scattered (see `consolidation`); or place it, where it fits as the
-        fleet stands (which `plan_consolidation` leaves to its caller)."""
+        fleet whose free GPUs suffice but are scattered (see `consolidation`). Where it fits as the fleet stands
+        (GPUs a reservation given up in `consolidate` held), nothing is planned and it is not placed here: the next
+        cycle gives those GPUs in queue order, to jobs that are not on this list as well (placing it here let a
+        lower-priority job take what a waiting higher-priority one could use: found by review, a test pins it)."""
         state, ctx = self.state, self.ctx
         shape, now = option.shape, ctx.now
         if shape in ctx.consolidation_failed:
             return False
-        gpus = find_placement(state.index, shape)
-        if gpus is not None:  # GPUs a reservation given up in `consolidate` held: it fits without moving anyone
-            self._place_in(job, gpus, option, decisions)
-            return True
 
         def movable(r: RunningJob) -> bool:
             return (
