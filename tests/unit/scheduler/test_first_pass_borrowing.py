@@ -4,9 +4,9 @@ the jobs that other teams' guarantees admit in that pool have had their turn. Wh
 now, it is set aside and borrows in the second pass, like any borrower, if room is left; where it could not, the
 first pass decides it in full, as a job its guarantee admits (reclaiming, displacing, reserving)."""
 
-from chamber.common.contracts import JobRecord, OrgConfig, PoolConfig, QuotaConfig, TeamConfig, TeamQuota
+from chamber.common.contracts import JobRecord, Node, OrgConfig, PoolConfig, QuotaConfig, TeamConfig, TeamQuota
 from chamber.common.quota import QuotaBook, validate
-from chamber.scheduler.core.decisions import Decision, Nominate, Place, Wait
+from chamber.scheduler.core.decisions import Decision, Nominate, Place, Preempt, Wait
 from chamber.scheduler.core.reasons import WaitKind
 from chamber.scheduler.core.state import SchedulerConfig, SchedulingState
 from tests.support.builders import make_job, make_node
@@ -31,11 +31,15 @@ def book(nominal: dict[str, tuple[int, int]], capacity_b: int = 8, capacity_a: i
 
 
 def cycle(
-    queued: list[JobRecord], running: list[JobRecord], quota: QuotaBook, config: SchedulerConfig | None = None
+    queued: list[JobRecord],
+    running: list[JobRecord],
+    quota: QuotaBook,
+    config: SchedulerConfig | None = None,
+    nodes: list[Node] = NODES,
 ) -> list[Decision]:
     jobs = [*running, *queued]
     owners = {g.slot: r.id for r in jobs if r.placement for g in r.placement.gpus}
-    return SchedulingState.from_snapshot(NODES, owners, {}, jobs, quota=quota, config=config).cycle(NOW)
+    return SchedulingState.from_snapshot(nodes, owners, {}, jobs, quota=quota, config=config).cycle(NOW)
 
 
 def _cycle(queued: list[JobRecord]) -> list[Decision]:
@@ -131,3 +135,29 @@ def test_a_job_deferred_by_the_first_pass_does_not_lose_its_reservation_to_a_lat
     ], run, quota, SchedulerConfig(max_reservations=1, order="fifo"))  # fmt: skip
     reserved = [d.job_id for d in decisions if isinstance(d, Wait) and d.why.kind == WaitKind.RESERVED]
     assert reserved == ["X1"], decisions
+
+
+def test_no_room_is_opened_by_borrowing_when_the_first_pass_was_cut_short() -> None:
+    """Found by review: when the budget of looks ends the first pass before the queue does, nobody borrows in the
+    cycle (guaranteed heads it never reached may be owed the GPUs), and that held for the walk but not for
+    consolidation after it. X1 (any pool) is within x's guarantee in pool a, full of z's work that may not be
+    preempted yet, and would borrow in pool b, where no node has 4 GPUs free but moving one small job would open
+    one. W1, w's guaranteed head in b, is not reached. X1 waits; no room is opened for it in b."""
+    nodes = [make_node("na").pool("a").gpus(8).build(), make_node("nb").pool("b").gpus(8).build(),
+             make_node("nb2").pool("b").gpus(8).build()]  # fmt: skip
+    running = [
+        make_job("z").team("z").priority("research").pool("a").min_runtime_s(3600).started_at(NOW - 10)
+        .running_on(*[("na", i) for i in range(8)]).build(),
+        *(make_job(f"m{i}").team("m").priority("research").pool("b").started_at(0.0).running_on(("nb", i)).build()
+          for i in range(5)),
+        make_job("n").team("n").priority("train").pool("b").started_at(0.0)
+        .running_on(*[("nb2", i) for i in range(5)]).build(),
+    ]  # fmt: skip
+    quota = book({"x": (8, 0), "w": (0, 8), "n": (0, 5), "m": (0, 0), "z": (0, 0)}, capacity_b=16)
+    queued = [
+        make_job("X1").team("x").priority("research").gpus(4).at(1.0).build(),
+        make_job("W1").team("w").priority("research").gpus(8).pool("b").at(2.0).build(),
+    ]
+    config = SchedulerConfig(max_tests_per_cycle=1, max_reservations=0, order="fifo")
+    decisions = cycle(queued, running, quota, config, nodes)
+    assert not [d for d in decisions if isinstance(d, Nominate | Preempt | Place)], decisions

@@ -1070,6 +1070,8 @@ class _Cycle:
                 for node, indices in ctx.held[mine].items():
                     state.index.give(node, indices)
             options = admissions(state, job, ctx, explain=False).options
+            if not ctx.borrowing:  # the first pass was cut short: nobody borrows in this cycle, by moves neither
+                options = [o for o in options if not o.borrowing]
             moved = any(self._try_consolidation(job, decisions, o) for o in options)
             if mine is None:
                 continue
