@@ -19,7 +19,7 @@ from chamber.common.jobstore import JobStore, StaleWrite, Write
 from chamber.common.quotastore import QuotaStore
 from chamber.common.runtime import make_context
 from chamber.common.settings import Settings
-from chamber.common.subjects import DECISIONS, QUOTA_BUCKET
+from chamber.common.subjects import DECISIONS, JOBS_BUCKET, QUOTA_BUCKET
 from chamber.scheduler.core.controller import learned
 from chamber.scheduler.executor.simulated import SimulatedExecutor
 from chamber.scheduler.service import Scheduler
@@ -226,6 +226,34 @@ async def test_the_predictor_counts_a_success_once_even_when_many_end_during_the
         full = await real()
         cold = learned(r for r, _ in full.values())
         assert view.predictor.observed == cold.observed, (view.predictor.observed, cold.observed)
+    finally:
+        await view.stop()
+
+
+@pytest.mark.parametrize("history", [1, 5])
+async def test_a_success_written_during_the_first_read_is_counted_once_whatever_the_buckets_history(
+    bus: Bus, history: int
+) -> None:
+    """From the review: a job written twice (created, then ended) while the first read runs. A bucket that keeps
+    more than one write a key (one made elsewhere with history > 1 is opened as it is) also hands over the earlier
+    write to the follow; it must not make the read's own write of the job be taken in a second time."""
+    kv = await bus.js.create_key_value(bucket=bus.names.bucket(JOBS_BUCKET), history=history)
+    store = JobStore(kv, bus)
+    real = store.load_all
+
+    async def racing() -> dict[str, tuple[JobRecord, int]]:
+        rev = await store.create(make_job("j").build()) or 0
+        await store.update(_ended("j", 500.0, run_s=10.0), rev)
+        return await real()
+
+    store.load_all = racing  # type: ignore[method-assign]
+    view = RecordView(store)
+    await view.start()
+    try:
+        await view.caught_up(timeout_s=5)
+        cold = learned(r for r, _ in (await real()).values())
+        assert view.predictor.observed == cold.observed
+        assert view.records() == await real()
     finally:
         await view.stop()
 

@@ -75,9 +75,12 @@ class RecordView:
         if seq <= self.seen:
             return  # (the follow hands each write over once, in order; nothing older is taken again)
         self.seen = seq
-        if self._read and self._read.pop(job_id, None) == seq:
+        read = self._read.get(job_id) if self._read else None
+        if read is not None and seq <= read:  # the first read took it in already, or a later write of the job
+            if seq == read:  # (a bucket keeping more than one write a key hands over the earlier ones too)
+                del self._read[job_id]
             self._progress.set()
-            return  # the first read took it in already
+            return
         before = self.active.get(job_id) or self.ended.get(job_id)
         if (
             record is not None
