@@ -258,6 +258,28 @@ async def test_a_success_written_during_the_first_read_is_counted_once_whatever_
         await view.stop()
 
 
+async def test_a_takeover_does_not_wait_for_a_follow_that_stands_still(bus: Bus) -> None:
+    """Found by `make chaos`: after a NATS restart the follow's consumer is gone until nats-py notices missed
+    heartbeats (seconds), and a leader taking over waited for it (the harness then froze that leader too, and
+    jobs waited 12 s). A follow that takes in nothing while writes it has not seen are stored is given up at
+    once: the takeover reads the bucket instead, as a cold start does."""
+
+    async def nothing() -> None:
+        return None
+
+    store = await JobStore.open(bus)
+    view = RecordView(store)
+    await view.start()
+    stop, view._stop = view._stop, nothing
+    assert stop is not None
+    await stop()  # the follow's consumer is gone
+    await store.create(make_job("later").build())
+    started = time.monotonic()
+    with pytest.raises(BusError, match="stands still"):
+        await view.caught_up(timeout_s=10)
+    assert time.monotonic() - started < 2
+
+
 async def _scheduler(settings: Settings, bus: Bus, view: RecordView) -> Scheduler:
     ctx = make_context(settings, "scheduler")
     quota = QuotaStore(await bus.key_value(QUOTA_BUCKET))

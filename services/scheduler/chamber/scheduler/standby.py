@@ -30,6 +30,9 @@ from chamber.scheduler.core.estimates import RuntimePredictor
 
 log = get_logger(__name__)
 
+STALL_S = 0.5
+"""How long the follow may take in nothing, while writes it has not seen are stored, before a takeover reads the
+bucket instead (a healthy follow hands a write over within milliseconds)."""
 KEEP_ENDED = 5000
 """Ended records kept, the latest written: at a thousand jobs a second, the last five seconds of them."""
 
@@ -108,9 +111,12 @@ class RecordView:
         """Whether every ended record changed at or after `since` is kept."""
         return self.dropped_until < since
 
-    async def caught_up(self, timeout_s: float = 30.0) -> None:
-        """Wait until every write up to the stream's end, as it is now, is taken in. Raises BusError when that
-        takes longer than `timeout_s` (the caller then reads the bucket instead)."""
+    async def caught_up(self, timeout_s: float = 10.0, stall_s: float = STALL_S) -> None:
+        """Wait until every write up to the stream's end, as it is now, is taken in. Raises BusError (the caller
+        then reads the bucket instead) when that takes longer than `timeout_s`, or when the follow takes in
+        nothing for `stall_s` while writes it has not seen are stored: a follow whose consumer was lost (a NATS
+        restart) is only recreated by nats-py after missed heartbeats, and a takeover waiting for it stood still
+        for seconds (found by `make chaos`, when the leader that took over was frozen in turn)."""
         last = await self.store.last_sequence()
         deadline = asyncio.get_running_loop().time() + timeout_s
         while self.seen < last:
@@ -119,10 +125,13 @@ class RecordView:
                 raise BusError(f"the standby's view of the job records is behind: at {self.seen} of {last}")
             self._progress.clear()
             try:
-                await asyncio.wait_for(self._progress.wait(), timeout=min(left, 0.5))
+                await asyncio.wait_for(self._progress.wait(), timeout=min(left, stall_s))
             except TimeoutError:
                 if not await self.store.written_between(self.seen, last):
                     return  # the writes it has not seen were removed since (an operator's purge): none is left
+                raise BusError(
+                    f"the standby's view of the job records stands still: at {self.seen} of {last}"
+                ) from None
 
     def records(self) -> Stored:
         return {**self.ended, **self.active}
