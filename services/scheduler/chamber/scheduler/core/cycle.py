@@ -856,7 +856,8 @@ class _Cycle:
                 continue
             gpus = find_placement(state.index, option.shape)
             if gpus is not None:
-                self._place_in(job, gpus, option, decisions)
+                note = "; borrowing idle quota" if option.borrowing else ""
+                self._place(job, gpus, _placed_reason(gpus) + note, decisions, borrowing=option.borrowing)
                 return "placed"
             ctx.blocked.add(option.shape)
         if options and self._backfill_into_reservation(job, decisions, options):
@@ -1245,11 +1246,6 @@ class _Cycle:
         return tested
 
     # ---- committing ------------------------------------------------------------------------------------------
-
-    def _place_in(self, job: PendingJob, gpus: tuple[GpuRef, ...], option: Option, decisions: list[Decision]) -> None:
-        """Place the job on free GPUs `admissions` admitted it to by `option` (borrowing or not)."""
-        note = "; borrowing idle quota" if option.borrowing else ""
-        self._place(job, gpus, _placed_reason(gpus) + note, decisions, borrowing=option.borrowing)
 
     def _place(
         self, job: PendingJob, gpus: tuple[GpuRef, ...], reason: str, decisions: list[Decision], borrowing: bool = False
