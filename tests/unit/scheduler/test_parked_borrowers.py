@@ -11,7 +11,7 @@ from chamber.scheduler.core.cycle import _Cycle
 from chamber.scheduler.core.decisions import Nominate, Place, Preempt, Wait
 from chamber.scheduler.core.model import PendingJob, pending_from
 from chamber.scheduler.core.placement import find_placement
-from chamber.scheduler.core.queue import SubQueue
+from chamber.scheduler.core.queue import Entry, Walk
 from chamber.scheduler.core.reasons import WaitKind
 from chamber.scheduler.core.state import SchedulerConfig, SchedulingState
 from tests.support.builders import make_job, make_node, pool_quota
@@ -163,13 +163,13 @@ def test_once_a_cohort_lends_nothing_more_its_later_groups_are_not_looked_at() -
     state, _ = cohort_lending(one_gpu=False)
     state.release("w-running1")  # c may borrow 2: x's 2-GPU job takes both, y's group wakes nothing after it
     looked: list[tuple[str, str, bool, int]] = []
-    wake = _Cycle._wake
+    wake = _Cycle._wake_in_turn
 
-    def counting(self: _Cycle, group: tuple[str, str, bool, int]) -> tuple[list[SubQueue], bool]:
+    def counting(self: _Cycle, group: tuple[str, str, bool, int], room: int, popped: Entry, heads: Walk) -> None:
         looked.append(group)
-        return wake(self, group)
+        wake(self, group, room, popped, heads)
 
-    with patch.object(_Cycle, "_wake", counting):
+    with patch.object(_Cycle, "_wake_in_turn", counting):
         placed = [d.job_id for d in state.cycle(1200.0) if isinstance(d, Place)]
     assert placed == ["x-waits"]
     assert [group[0] for group in looked] == ["x", "y"]

@@ -47,7 +47,7 @@ from chamber.scheduler.core.preemption import (
     plan_preemption,
     victim_cost,
 )
-from chamber.scheduler.core.queue import WOKEN, Entry, ParkGroup, Parking, QueueKey, SubQueue, Walk, entry
+from chamber.scheduler.core.queue import WOKEN, Entry, Order, ParkGroup, Parking, QueueKey, SubQueue, Walk, entry
 from chamber.scheduler.core.reasons import Reason, WaitKind, placed_on
 from chamber.scheduler.core.state import SchedulingState
 
@@ -374,6 +374,9 @@ class _Cycle:
                 mark = popped
             self.turn = (passing, mark)
             if not isinstance(item, SubQueue):
+                if ctx.borrowing and (room := self._borrower_only(item)) is not None:
+                    self._wake_in_turn(item, room, popped, heads)  # the common case with a thousand teams
+                    continue
                 woken, borrowers = self._wake(item)
                 if not woken and heads.lane is not None and state.usage.borrowable(item[0], item[1]) <= 0:
                     heads.close(heads.lane)  # its cohort lends nothing more this cycle: no group of it wakes
@@ -647,9 +650,7 @@ class _Cycle:
             return [], False  # woken whole since
         borrower = self._borrower_only(group)
         if borrower is not None:  # the common case with a thousand teams at their quota, answered at once
-            if self.ctx.borrowing:
-                top = min(parking.subqueues[-1][0], borrower)
-                return (queue.wake(group, top) if top >= parking.min_gpus else []), False
+            # (in the second pass such a group is `_wake_in_turn`'s)
             return [], parking.min_gpus <= borrower
         if self.ctx.borrowing:
             top = self._largest(group, parking, borrowing=True)
@@ -665,6 +666,52 @@ class _Cycle:
         if parking is None or not self._admitted(group, parking.min_gpus, borrowing=True):
             return woken, False
         return woken, True
+
+    def _wake_in_turn(self, group: ParkGroup, room: int, popped: Entry, heads: Walk) -> None:
+        """A parked group's turn in the second pass, its team one that may only borrow (`_borrower_only`, `room`
+        GPUs): wake the one sub-queue whose head comes first in queue order among those the quota admits now, if
+        that head's turn is now, and have the group's turn come again at the next such head's; if it is later,
+        the group's turn moves there. Heads before the turn were decided in this cycle already (one refused since
+        parks into the group again, and stays refused: usage only grows within a cycle).
+
+        Waking every admitted sub-queue at once (as `_wake` does) was most of the second pass with a thousand
+        teams at their quota: the cohort lent a few GPUs, the first woken head borrowed them, and every other one
+        was looked at in full only to be refused and parked again, in every cycle. Woken one by one at its turn,
+        each head finds what is left to lend then, which is what it would have found at its own turn anyway: the
+        same decisions (`tests/unit/scheduler/test_wake_in_turn.py`)."""
+        queue, standing, seq = self.state.queue, self.state.standing, self.ctx.seq
+        parking = queue.parked.get(group)
+        if parking is None:
+            return  # woken whole since
+        turn = popped[:-3]
+        top = min(parking.subqueues[-1][0], room)
+        first: tuple[Order, SubQueue] | None = None
+        then: Order | None = None
+        for gpus, _, sq in parking.subqueues:
+            if gpus > top:
+                break
+            head = queue.head_of(sq)
+            if head is None:
+                continue
+            order = queue.order_of(head, standing)
+            if order < turn:
+                continue
+            if first is None or order < first[0]:
+                then = first[0] if first is not None else then
+                first = (order, sq)
+            elif then is None or order < then:
+                then = order
+        if first is None:
+            if heads.lane is not None and self.state.usage.borrowable(group[0], group[1]) <= 0:
+                heads.close(heads.lane)  # its cohort lends nothing more this cycle: no group of it wakes
+            return
+        if first[0] == turn:
+            queue.wake_one(group, first[1])
+            heads.push(entry(turn, WOKEN, next(seq), first[1]))
+        else:
+            then = first[0]
+        if then is not None:
+            heads.push(entry(then, WOKEN, next(seq), group))
 
     def _largest(self, group: ParkGroup, parking: Parking, *, borrowing: bool) -> int:
         """The most GPUs the group's quota admits a head of now (0: not even its smallest head)."""

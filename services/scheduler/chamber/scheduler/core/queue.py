@@ -452,6 +452,21 @@ class JobQueue:
                 self._stale += 1
         return woken
 
+    def wake_one(self, group: ParkGroup, sq: SubQueue) -> None:
+        """Back into the cycle: one sub-queue of the group (see `_Cycle._wake_first`)."""
+        parking = self.parked.get(group)
+        if parking is None or sq.parked != group:
+            return
+        sq.parked = None
+        self._changed.add(sq)
+        parking.subqueues = [item for item in parking.subqueues if item[2] is not sq]
+        if parking.first is not None and parking.first[3] is sq:
+            parking.first = None
+        if not parking.subqueues:
+            del self.parked[group]
+            if parking.entry is not None:
+                self._stale += 1
+
     def wake_all(self) -> None:
         for group in list(self.parked):
             self.wake(group)
