@@ -15,7 +15,7 @@ from nats.aio.msg import Msg
 from nats.js.api import ConsumerConfig, DeliverPolicy
 from nats.js.kv import KV_DEL, KV_OP, KV_PURGE, KeyValue
 
-from chamber.common.bus import Bus, BusError, WrongLastSequence, messages_left, read_stream
+from chamber.common.bus import ORDERED_HEARTBEAT_S, Bus, BusError, WrongLastSequence, messages_left, read_stream
 from chamber.common.codec import DecodeError, Decoder, encode
 from chamber.common.contracts import JobRecord
 from chamber.common.log import get_logger
@@ -223,6 +223,7 @@ class JobStore:
                 deliver_policy=DeliverPolicy.LAST_PER_SUBJECT if after is None else DeliverPolicy.BY_START_SEQUENCE,
                 config=None if after is None else ConsumerConfig(opt_start_seq=after + 1),
                 pending_msgs_limit=UNLIMITED, pending_bytes_limit=UNLIMITED, inactive_threshold=FOLLOW_INACTIVE_S,
+                idle_heartbeat=ORDERED_HEARTBEAT_S,
             )  # fmt: skip
         except nats.errors.Error as exc:
             raise BusError(f"cannot follow the job records: {exc}") from exc

@@ -35,7 +35,7 @@ import msgspec
 import nats.errors
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
-from chamber.common.bus import Bus, PublishError
+from chamber.common.bus import ORDERED_HEARTBEAT_S, Bus, PublishError
 from chamber.common.clock import Clock
 from chamber.common.codec import DecodeError, Decoder, encode
 from chamber.common.contracts import (
@@ -187,14 +187,18 @@ class ProcessExecutor:
             config.deliver_policy = DeliverPolicy.NEW
         self._subs.append(
             await self.bus.js.subscribe(
-                names.subject("replicas.>"), cb=self._on_report, ordered_consumer=True, config=config
+                names.subject("replicas.>"),
+                cb=self._on_report,
+                ordered_consumer=True,
+                config=config,
+                idle_heartbeat=ORDERED_HEARTBEAT_S,
             )
         )
         self._subs.append(await self.bus.nc.subscribe(names.subject("agents.status.>"), cb=self._on_status))
         self._subs.append(
             await self.bus.js.subscribe(
                 names.subject("decisions.state.>"), cb=self._on_record, ordered_consumer=True,
-                deliver_policy=DeliverPolicy.NEW,
+                deliver_policy=DeliverPolicy.NEW, idle_heartbeat=ORDERED_HEARTBEAT_S,
             )
         )  # fmt: skip
         self._watchdog = asyncio.create_task(self._watch(), name="process-executor-watchdog")
