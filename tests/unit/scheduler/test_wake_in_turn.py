@@ -6,10 +6,13 @@ head borrowed what the cohort lent, and every other one was looked at in full on
 The claim: this changes no placement, preemption or nomination. On any quotas in two pools, cohorts, running work,
 queue and arrivals, three decision rounds decide exactly what waking every admitted sub-queue at once decides
 (the old way, kept here as the reference), in the same order, when the test budget does not cut a pass short;
-only the refusals of heads that were woken for nothing are gone."""
+only the refusals of heads that were woken for nothing are gone. Not in a strict order (`strict_fifo`,
+`strict_fifo_per_team`), where a refused head ends the walk or its team's turn: there every admitted head still
+wakes at its group's turn (the last test)."""
 
 from unittest.mock import patch
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -144,3 +147,35 @@ def test_a_head_the_cohort_no_longer_lends_enough_for_is_not_woken() -> None:
     assert all(isinstance(d, Place) and d.reason.endswith("borrowing idle quota") for d in second)
     assert looked == ["b1", "b2"]
     assert "b4" in state.queue.jobs
+
+
+def strict_second_cycle(config: SchedulerConfig) -> list[str]:
+    """As the test above, with a second 1-GPU job behind b1, in a strict order (one more sub-queue parks per
+    cycle there, the walk stopping at it): the jobs placed in the cycle after a's job ends."""
+    state = SchedulingState(config)
+    for node in ("n0", "n1"):
+        state.index.add_node(node, pool="default", model="H100", rack="r", zone="z", capacity=8, free=range(8))
+    state.set_quota(pool_quota(8, ("a", "c1", 6, None), ("b", "c1", 2, None)))
+    for job_id, spec in (("ra", ("a", "train", 6, None, None)), ("rb", ("b", "research", 2, None, None))):
+        running = job(job_id, spec, 0.0)
+        where = find_placement(state.index, running.shape)
+        assert where is not None
+        state.place(running, where, "running", 0.0, borrowing=False)
+    for i, (name, gpus) in enumerate((("b1", 1), ("b2", 2), ("b4", 4), ("b1-again", 1))):
+        state.add(job(name, ("b", "research", gpus, None, None), 100.0 + i))
+    for t in (200.0, 210.0, 220.0):
+        state.cycle(t)
+    assert [len(p.subqueues) for p in state.queue.parked.values()] == [3]
+    state.release("ra")
+    return [d.job_id for d in state.cycle(300.0) if isinstance(d, Place)]
+
+
+@pytest.mark.parametrize(
+    "config", [SchedulerConfig(strict_fifo=True), SchedulerConfig(strict_fifo_per_team=True)], ids=["fifo", "team"]
+)
+def test_in_a_strict_order_a_head_refused_at_its_turn_still_ends_the_walk(config: SchedulerConfig) -> None:
+    """Found by review: in a strict order, a head refused at its turn ends the walk (or its team's turn). The
+    cohort lends 6: b1 and b2 borrow 3, and b4, woken with them, is refused at its turn, so b1-again (behind b1)
+    is not placed. Waking one head at a time never woke b4, and the walk went on to place b1-again; in a strict
+    order every admitted head wakes at the group's turn, as before."""
+    assert strict_second_cycle(config) == ["b1", "b2"]

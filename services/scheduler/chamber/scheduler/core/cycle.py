@@ -365,6 +365,10 @@ class _Cycle:
         deferred: list[Entry] = []
         seq = ctx.seq
         passing = 1 if ctx.borrowing else 0
+        # Parked groups wake one sub-queue at a time (`_wake_in_turn`), except in a strict order: there a head
+        # refused at its turn ends the walk or its team's turn, so every head the cohort lent for when its group
+        # came up has its turn (found by review: waking one at a time let the walk go on past such a head).
+        lazy = not (self.config.strict_fifo or self.config.strict_fifo_per_team)
         mark: Entry | None = None
         while ctx.tests < self.config.max_tests_per_cycle and (popped := heads.pop()) is not None:
             kind, number, item = popped[-3:]
@@ -374,7 +378,7 @@ class _Cycle:
                 mark = popped
             self.turn = (passing, mark)
             if not isinstance(item, SubQueue):
-                if ctx.borrowing and (room := self._borrower_only(item)) is not None:
+                if ctx.borrowing and lazy and (room := self._borrower_only(item)) is not None:
                     self._wake_in_turn(item, room, popped, heads)  # the common case with a thousand teams
                     continue
                 woken, borrowers = self._wake(item)
@@ -650,7 +654,9 @@ class _Cycle:
             return [], False  # woken whole since
         borrower = self._borrower_only(group)
         if borrower is not None:  # the common case with a thousand teams at their quota, answered at once
-            # (in the second pass such a group is `_wake_in_turn`'s)
+            if self.ctx.borrowing:  # (only in a strict order: else such a group is `_wake_in_turn`'s)
+                top = min(parking.subqueues[-1][0], borrower)
+                return (queue.wake(group, top) if top >= parking.min_gpus else []), False
             return [], parking.min_gpus <= borrower
         if self.ctx.borrowing:
             top = self._largest(group, parking, borrowing=True)
@@ -678,7 +684,7 @@ class _Cycle:
         teams at their quota: the cohort lent a few GPUs, the first woken head borrowed them, and every other one
         was looked at in full only to be refused and parked again, in every cycle. Woken one by one at its turn,
         each head finds what is left to lend then, which is what it would have found at its own turn anyway: the
-        same decisions (`tests/unit/scheduler/test_wake_in_turn.py`)."""
+        same decisions (`tests/unit/scheduler/test_wake_in_turn.py`). Not in a strict order (see `_walk`)."""
         queue, standing, seq = self.state.queue, self.state.standing, self.ctx.seq
         parking = queue.parked.get(group)
         if parking is None:
