@@ -113,12 +113,10 @@ def test_waking_in_turn_decides_what_waking_every_admitted_head_decides(situatio
     assert moves(lazy) == moves(eager)
 
 
-def test_a_head_the_cohort_no_longer_lends_enough_for_is_not_woken() -> None:
-    """Two 8-GPU nodes, a pool of 8 GPUs in quotas. b (guarantee 2) runs its 2 GPUs and waits with 1-, 2- and
-    4-GPU jobs, parked while a (guarantee 6) uses all of its guarantee: GPUs are free, but nothing is lent. a's
-    job ends: the cohort lends 6. b's 1- and 2-GPU heads borrow 3 of them, in queue order; the 4-GPU head is not
-    woken (3 are left to lend), so it is neither looked at nor refused again."""
-    state = SchedulingState()
+def lenders(config: SchedulerConfig | None = None) -> SchedulingState:
+    """Two 8-GPU nodes, a pool of 8 GPUs in quotas, one cohort: a (guarantee 6) runs ra on 6 GPUs, b (guarantee
+    2) runs rb on 2. GPUs are free, but the cohort lends nothing until ra ends."""
+    state = SchedulingState(config)
     for node in ("n0", "n1"):
         state.index.add_node(node, pool="default", model="H100", rack="r", zone="z", capacity=8, free=range(8))
     state.set_quota(pool_quota(8, ("a", "c1", 6, None), ("b", "c1", 2, None)))
@@ -127,6 +125,15 @@ def test_a_head_the_cohort_no_longer_lends_enough_for_is_not_woken() -> None:
         where = find_placement(state.index, running.shape)
         assert where is not None
         state.place(running, where, "running", 0.0, borrowing=False)
+    return state
+
+
+def test_a_head_the_cohort_no_longer_lends_enough_for_is_not_woken() -> None:
+    """Two 8-GPU nodes, a pool of 8 GPUs in quotas. b (guarantee 2) runs its 2 GPUs and waits with 1-, 2- and
+    4-GPU jobs, parked while a (guarantee 6) uses all of its guarantee: GPUs are free, but nothing is lent. a's
+    job ends: the cohort lends 6. b's 1- and 2-GPU heads borrow 3 of them, in queue order; the 4-GPU head is not
+    woken (3 are left to lend), so it is neither looked at nor refused again."""
+    state = lenders()
     for i, gpus in enumerate((1, 2, 4)):
         state.add(job(f"b{gpus}", ("b", "research", gpus, None, None), 100.0 + i))
     first = state.cycle(200.0)
@@ -152,15 +159,7 @@ def test_a_head_the_cohort_no_longer_lends_enough_for_is_not_woken() -> None:
 def strict_second_cycle(config: SchedulerConfig) -> list[str]:
     """As the test above, with a second 1-GPU job behind b1, in a strict order (one more sub-queue parks per
     cycle there, the walk stopping at it): the jobs placed in the cycle after a's job ends."""
-    state = SchedulingState(config)
-    for node in ("n0", "n1"):
-        state.index.add_node(node, pool="default", model="H100", rack="r", zone="z", capacity=8, free=range(8))
-    state.set_quota(pool_quota(8, ("a", "c1", 6, None), ("b", "c1", 2, None)))
-    for job_id, spec in (("ra", ("a", "train", 6, None, None)), ("rb", ("b", "research", 2, None, None))):
-        running = job(job_id, spec, 0.0)
-        where = find_placement(state.index, running.shape)
-        assert where is not None
-        state.place(running, where, "running", 0.0, borrowing=False)
+    state = lenders(config)
     for i, (name, gpus) in enumerate((("b1", 1), ("b2", 2), ("b4", 4), ("b1-again", 1))):
         state.add(job(name, ("b", "research", gpus, None, None), 100.0 + i))
     for t in (200.0, 210.0, 220.0):

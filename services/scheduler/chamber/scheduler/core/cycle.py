@@ -703,7 +703,8 @@ class _Cycle:
             if order < turn:
                 continue
             if first is None or order < first[0]:
-                then = first[0] if first is not None else then
+                if first is not None:
+                    then = first[0]  # the earlier first comes next
                 first = (order, sq)
             elif then is None or order < then:
                 then = order

@@ -453,7 +453,7 @@ class JobQueue:
         return woken
 
     def wake_one(self, group: ParkGroup, sq: SubQueue) -> None:
-        """Back into the cycle: one sub-queue of the group (see `_Cycle._wake_first`)."""
+        """Back into the cycle: one sub-queue of the group (see `_Cycle._wake_in_turn`)."""
         parking = self.parked.get(group)
         if parking is None or sq.parked != group:
             return
