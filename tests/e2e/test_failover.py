@@ -33,7 +33,7 @@ from chamber.common.ledger import LedgerFenced
 from chamber.common.quotastore import QuotaStore
 from chamber.common.runtime import make_context
 from chamber.common.settings import Settings
-from chamber.common.subjects import DECISIONS, JOBS, QUOTA_BUCKET, Names
+from chamber.common.subjects import DECISIONS, JOBS, Names
 from chamber.scheduler.executor import SimulatedExecutor
 from chamber.scheduler.service import Scheduler
 from tests.support.processes import ServiceProcesses
@@ -205,7 +205,7 @@ async def test_a_leader_that_lost_its_lease_cannot_claim(settings: Settings, bus
 
     async with running(settings, ("collector", collector.main)):
         ctx = make_context(settings, "scheduler")
-        quota = QuotaStore(await bus.key_value(QUOTA_BUCKET))
+        quota = await QuotaStore.open(bus)
         lease_a = await Lease.open(bus, "scheduler", "a", ttl_s=30)
         assert await lease_a.try_acquire()
         ledger_a = ctx.ledger()

@@ -9,9 +9,21 @@ from chamber.cli.infra import embedded_nats
 from chamber.common.bus import Bus, Consumer
 from chamber.common.bus.puller import Puller
 from chamber.common.codec import Decoder, encode
-from chamber.common.contracts import JobCancelRequested, JobEvent, JobRecord, Node, NodeInventory, Pool
+from chamber.common.contracts import (
+    JobCancelRequested,
+    JobEvent,
+    JobRecord,
+    Node,
+    NodeInventory,
+    Pool,
+    PoolConfig,
+    QuotaConfig,
+)
 from chamber.common.jobstore import JobStore
+from chamber.common.quotastore import QuotaStore
 from chamber.common.subjects import JOBS, Names
+from chamber.gateway.core.authz import Role
+from chamber.gateway.tokens import TokenStore
 from tests.support.builders import make_job
 from tests.support.services import eventually
 
@@ -137,6 +149,52 @@ async def test_follows_and_watches_hear_the_writes_made_after_a_nats_restart_at_
         )  # fmt: skip
         await stop_follow()
         await stop_entries()
+        await bus.close()
+    finally:
+        server.stop()
+
+
+async def test_a_token_revoked_and_a_quota_change_made_after_a_nats_restart_are_heard_at_once(tmp_path: Path) -> None:
+    """The token and quota-configuration follows had nats-py's KV watcher, whose ordered consumer keeps the 5 s
+    heartbeat: after a NATS restart a gateway kept accepting a token another gateway revoked for ~15 s, and the
+    scheduler kept the old quotas as long. Now they follow with `ORDERED_HEARTBEAT_S` (`follow_kv`), as every
+    other ordered consumer: both are heard within a few seconds of the restarted server taking the writes."""
+    server = embedded_nats(tmp_path)
+    server.start()
+    try:
+        bus = await Bus.connect(server.url, Names("kvfollow"), "test")
+        await bus.ensure_streams()
+        serving, other = await TokenStore.open(bus), await TokenStore.open(bus)
+        await serving.start()
+        await other.start()
+        record, token = await other.create(name="ci", role=Role.MEMBER, teams=("a",), created_by="t", now=1.0)
+        await eventually(lambda: serving.authenticate(token) is not None, what="the new token is known")
+        quota = await QuotaStore.open(bus)
+        seen: list[QuotaConfig] = []
+        stop_quota = await quota.follow(seen.append)
+        await quota.put(QuotaConfig(pools=[PoolConfig(name="before", gpu_model="H100")]), 0)
+        await eventually(lambda: bool(seen) and seen[-1].pools[0].name == "before", what="the configuration")
+
+        server.kill()
+        server.start()
+
+        async def written() -> bool:
+            try:
+                await other.revoke(record.id)
+                _, revision = await quota.get()
+                await quota.put(QuotaConfig(pools=[PoolConfig(name="after", gpu_model="H100")]), revision)
+            except Exception:
+                return False
+            return True
+
+        await eventually(written, within=30, what="the restarted server takes writes")
+        await eventually(
+            lambda: serving.authenticate(token) is None and seen[-1].pools[0].name == "after",
+            within=8, what="the revocation and the new configuration are heard",
+        )  # fmt: skip
+        await stop_quota()
+        await serving.stop()
+        await other.stop()
         await bus.close()
     finally:
         server.stop()

@@ -386,10 +386,10 @@ async def _org(settings: Settings) -> None:
     from chamber.common.bus import Bus
     from chamber.common.contracts import OrgConfig
     from chamber.common.quotastore import QuotaStore
-    from chamber.common.subjects import QUOTA_BUCKET, Names
+    from chamber.common.subjects import Names
 
     bus = await Bus.connect(settings.nats_url, Names(settings.namespace), "test")
-    store = QuotaStore(await bus.key_value(QUOTA_BUCKET))
+    store = await QuotaStore.open(bus)
     config, revision = await store.get()
     await store.put(msgspec.structs.replace(config, orgs=[OrgConfig(name="acme")]), revision)
     await bus.close()

@@ -42,7 +42,6 @@ from chamber.common.kube.client import (
 from chamber.common.kube.errors import KubeError
 from chamber.common.quotastore import QuotaStore
 from chamber.common.settings import Settings
-from chamber.common.subjects import QUOTA_BUCKET
 from chamber.gateway import service as gateway
 from chamber.health import service as health
 from chamber.scheduler import service as scheduler
@@ -256,7 +255,7 @@ async def test_the_webhooks_reject_what_chamber_cannot_run_and_ignore_unlabelled
             assert "denied the request" in said, (name, said)
             assert message in said, (name, said)
         # A team that takes workloads only from its own namespaces: the webhook follows the quota store.
-        quota = QuotaStore(await bus.key_value(QUOTA_BUCKET))
+        quota = await QuotaStore.open(bus)
         config, revision = await quota.get()
         await quota.put(msgspec.structs.replace(config, teams=[
             TeamConfig(name="nlp", org="research", namespaces=["nlp"]),

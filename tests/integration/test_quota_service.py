@@ -77,10 +77,10 @@ async def test_guarantees_above_capacity_are_rejected(client: AsyncTestClient[An
     from chamber.common.bus import Bus
     from chamber.common.contracts import OrgConfig, PoolConfig, QuotaConfig
     from chamber.common.quotastore import QuotaStore
-    from chamber.common.subjects import QUOTA_BUCKET, Names
+    from chamber.common.subjects import Names
 
     bus = await Bus.connect(settings.nats_url, Names(settings.namespace), "test")
-    store = QuotaStore(await bus.key_value(QUOTA_BUCKET))
+    store = await QuotaStore.open(bus)
     await store.put(QuotaConfig(pools=[PoolConfig(name="p", gpu_model="H100", capacity=16)],
                                 orgs=[OrgConfig(name="o")]), 0)  # fmt: skip
     await bus.close()

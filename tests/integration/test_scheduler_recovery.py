@@ -43,7 +43,7 @@ from chamber.common.ledger import Claim, Ledger, LedgerFenced, LedgerNotReady, L
 from chamber.common.quotastore import QuotaStore
 from chamber.common.runtime import make_context
 from chamber.common.settings import Settings
-from chamber.common.subjects import DECISIONS, JOBS, QUOTA_BUCKET
+from chamber.common.subjects import DECISIONS, JOBS
 from chamber.scheduler.core.lifecycle import holds_gpus
 from chamber.scheduler.executor.simulated import SimulatedExecutor
 from chamber.scheduler.service import Scheduler
@@ -73,7 +73,7 @@ async def ledger(settings: Settings) -> AsyncIterator[Ledger]:
 async def _scheduler(settings: Settings, bus: Bus, ledger: Ledger) -> Scheduler:
     """A scheduler whose job events are fed by the test (its own consumer stopped), as the consumer would."""
     ctx = make_context(settings, "scheduler")
-    quota = QuotaStore(await bus.key_value(QUOTA_BUCKET))
+    quota = await QuotaStore.open(bus)
     s = Scheduler(ctx, bus, ledger, await JobStore.open(bus), SimulatedExecutor(bus, ctx.clock), quota_store=quota)
     await s.start()
     assert s.consumer is not None
@@ -261,7 +261,7 @@ async def test_a_deposed_leader_does_not_rebuild_a_wiped_ledger(
     lease = await Lease.open(bus, "scheduler", "a", ttl_s=30)
     assert await lease.try_acquire()
     ledger.token = lease.token
-    quota = QuotaStore(await bus.key_value(QUOTA_BUCKET))
+    quota = await QuotaStore.open(bus)
     a = Scheduler(ctx, bus, ledger, await JobStore.open(bus), SimulatedExecutor(bus, ctx.clock), quota_store=quota,
                   holder="a", confirm_lead=lease.renew)  # fmt: skip
     await a.start()
@@ -313,7 +313,7 @@ async def _leader(
 
         executor.stop = stop  # type: ignore[method-assign]
     fresh = None if trusts_lease_s is None else (lambda: lease.fresh(trusts_lease_s))
-    quota = QuotaStore(await bus.key_value(QUOTA_BUCKET))
+    quota = await QuotaStore.open(bus)
     s = Scheduler(ctx, bus, led, await JobStore.open(bus), executor, quota_store=quota, holder=name,
                   confirm_lead=lease.renew, lead_fresh=fresh)  # fmt: skip
     await s.start()

@@ -33,7 +33,6 @@ from chamber.common.jobstore import JobStore
 from chamber.common.quotastore import QuotaStore
 from chamber.common.runtime import make_context
 from chamber.common.settings import Settings
-from chamber.common.subjects import QUOTA_BUCKET
 from chamber.scheduler.service import Scheduler
 from chamber.sim.engine import Simulation
 from chamber.sim.scenario import Defaults, FleetSpec, PoolSpec, Scenario, TraceJob, WorkloadSpec
@@ -149,7 +148,7 @@ async def test_the_simulator_and_the_service_decide_alike(settings: Settings, bu
     ledger = ctx.ledger()
     scheduler = Scheduler(
         ctx, bus, ledger, await JobStore.open(bus), executor,
-        quota_store=QuotaStore(await bus.key_value(QUOTA_BUCKET)),
+        quota_store=await QuotaStore.open(bus),
     )  # fmt: skip
     await scheduler.start()
     for job in sim.jobs.values():

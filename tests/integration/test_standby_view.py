@@ -19,7 +19,7 @@ from chamber.common.jobstore import JobStore, StaleWrite, Write
 from chamber.common.quotastore import QuotaStore
 from chamber.common.runtime import make_context
 from chamber.common.settings import Settings
-from chamber.common.subjects import DECISIONS, JOBS_BUCKET, QUOTA_BUCKET
+from chamber.common.subjects import DECISIONS, JOBS_BUCKET
 from chamber.scheduler.core.controller import learned
 from chamber.scheduler.executor.simulated import SimulatedExecutor
 from chamber.scheduler.service import Scheduler
@@ -282,7 +282,7 @@ async def test_a_takeover_does_not_wait_for_a_follow_that_stands_still(bus: Bus)
 
 async def _scheduler(settings: Settings, bus: Bus, view: RecordView) -> Scheduler:
     ctx = make_context(settings, "scheduler")
-    quota = QuotaStore(await bus.key_value(QUOTA_BUCKET))
+    quota = await QuotaStore.open(bus)
     store = await JobStore.open(bus)
     return Scheduler(ctx, bus, ctx.ledger(), store, SimulatedExecutor(bus, ctx.clock), quota_store=quota, view=view)
 

@@ -15,11 +15,14 @@ import nats.js.errors
 import yaml
 from nats.js.kv import KeyValue
 
+from chamber.common.bus.client import Bus
 from chamber.common.bus.errors import BusError
+from chamber.common.bus.kv_follow import KvEntry, follow_kv
 from chamber.common.codec import DecodeError, Decoder, encode, unknown_fields
 from chamber.common.contracts import QuotaConfig
 from chamber.common.log import get_logger
 from chamber.common.quota import ConfigError, non_finite
+from chamber.common.subjects import QUOTA_BUCKET
 
 log = get_logger(__name__)
 
@@ -55,8 +58,13 @@ def load_yaml(path: str | Path) -> QuotaConfig:
 
 
 class QuotaStore:
-    def __init__(self, kv: KeyValue) -> None:
+    def __init__(self, kv: KeyValue, bus: Bus) -> None:
         self.kv = kv
+        self.bus = bus
+
+    @classmethod
+    async def open(cls, bus: Bus) -> "QuotaStore":
+        return cls(await bus.key_value(QUOTA_BUCKET), bus)
 
     async def get(self) -> tuple[QuotaConfig, int]:
         """The configuration and its revision (revision 0: none stored yet, an empty configuration)."""
@@ -85,28 +93,20 @@ class QuotaStore:
             raise BusError(f"cannot write the quota configuration: {exc}") from exc
 
     async def follow(self, on_config: Callable[[QuotaConfig], Awaitable[None] | None]) -> Callable[[], Any]:
-        """Call `on_config` with the current configuration and every later one."""
-        import asyncio
+        """Call `on_config` with the current configuration and every later one (`follow_kv`: heard at once after a
+        NATS restart too)."""
 
-        watcher = await self.kv.watch(CONFIG_KEY)
+        async def on_entry(entry: KvEntry) -> None:
+            if entry.value is None:
+                return
+            try:
+                config = _decoder.decode(entry.value)
+            except DecodeError:
+                log.error("quota.config_undecodable")
+                return
+            result = on_config(config)
+            if result is not None:
+                await result
 
-        async def pump() -> None:
-            async for entry in watcher:
-                if entry is None or entry.value is None:
-                    continue
-                try:
-                    config = _decoder.decode(entry.value)
-                except DecodeError:
-                    log.error("quota.config_undecodable")
-                    continue
-                result = on_config(config)
-                if result is not None:
-                    await result
-
-        task = asyncio.create_task(pump(), name="quota-config-follow")
-
-        async def stop() -> None:
-            await watcher.stop()  # type: ignore[no-untyped-call]
-            task.cancel()
-
-        return stop
+        follow = await follow_kv(self.bus.js, self.bus.names.bucket(QUOTA_BUCKET), CONFIG_KEY, on_entry)
+        return follow.stop

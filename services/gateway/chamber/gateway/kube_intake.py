@@ -62,7 +62,6 @@ from chamber.common.kube.workloads import (
 from chamber.common.log import get_logger
 from chamber.common.quotastore import QuotaStore
 from chamber.common.runtime import Context, wait_event
-from chamber.common.subjects import QUOTA_BUCKET
 from chamber.gateway.intake import IntakeGate
 
 log = get_logger(__name__)
@@ -469,7 +468,7 @@ async def run(ctx: Context, stop: asyncio.Event, gate: IntakeGate | None = None)
     bus = await ctx.bus()
     client = KubeClient.connect(s.kube_api)
     teams = TeamNamespaces()
-    quota = QuotaStore(await bus.key_value(QUOTA_BUCKET))
+    quota = await QuotaStore.open(bus)
     teams.update((await quota.get())[0])  # before the webhooks answer: no window in which any namespace passes
     stop_following = await quota.follow(teams.update)
     admission = Admission(runtime_reader(client), teams)

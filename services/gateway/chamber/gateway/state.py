@@ -58,8 +58,6 @@ from chamber.common.subjects import (
     IDEMPOTENCY_TTL_S,
     JOBS,
     METRICS,
-    QUOTA_BUCKET,
-    TOKENS_BUCKET,
     StreamSpec,
 )
 from chamber.gateway.access_log import AccessLog
@@ -194,9 +192,9 @@ class GatewayState:
         await self.bus.watch_latest(names.subject("inventory.>"), Decoder(NodeInventory), self._on_inventory)
         await self.bus.watch_latest(names.quota_state(), Decoder(QuotaState), self._on_quota)
         await self.bus.watch_latest(names.subject("metrics.fleet"), Decoder(FleetSnapshot), self._on_metrics)
-        self._quota_store = QuotaStore(await self.bus.key_value(QUOTA_BUCKET))
+        self._quota_store = await QuotaStore.open(self.bus)
         self._stops.append(await self.quota_store.follow(self._on_quota_config))
-        self._tokens = TokenStore(await self.bus.key_value(TOKENS_BUCKET))
+        self._tokens = await TokenStore.open(self.bus)
         await self.tokens.start()
         self._stops.append(self.tokens.stop)
         self._audit = AuditLog(self.bus)

@@ -14,16 +14,18 @@ import contextlib
 import hashlib
 import os
 import secrets
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import msgspec
 import nats.errors
 import nats.js.errors
-from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
+from nats.js.kv import KeyValue
 
+from chamber.common.bus import Bus
 from chamber.common.bus.errors import BusError
+from chamber.common.bus.kv_follow import KvEntry, KvFollow, follow_kv
 from chamber.common.log import get_logger
+from chamber.common.subjects import TOKENS_BUCKET
 from chamber.gateway.core.authz import Principal, Role
 
 log = get_logger(__name__)
@@ -79,12 +81,16 @@ def write_token_file(path: str, token: str) -> None:
 
 
 class TokenStore:
-    def __init__(self, kv: KeyValue) -> None:
+    def __init__(self, kv: KeyValue, bus: Bus) -> None:
         self.kv = kv
+        self.bus = bus
         self._by_id: dict[str, TokenRecord] = {}
         self._by_hash: dict[str, TokenRecord] = {}
-        self._watch: asyncio.Task[None] | None = None
-        self._stop_watch: Callable[[], Awaitable[None]] | None = None
+        self._follow: KvFollow | None = None
+
+    @classmethod
+    async def open(cls, bus: Bus) -> "TokenStore":
+        return cls(await bus.key_value(TOKENS_BUCKET), bus)
 
     def authenticate(self, token: str) -> Principal | None:
         record = self._by_hash.get(digest(token))
@@ -107,38 +113,25 @@ class TokenStore:
             del self._by_hash[old.secret_sha256]
 
     async def start(self) -> None:
-        """Load every token, then follow changes (made by this or another gateway)."""
-        watcher = await self.kv.watchall()
-        loaded = asyncio.Event()
+        """Load every token, then follow changes (made by this or another gateway; `follow_kv`: heard at once after
+        a NATS restart too, so a revocation made then takes effect at once)."""
 
-        async def pump() -> None:
-            async for entry in watcher:
-                if entry is None:
-                    loaded.set()
-                    continue
-                if entry.operation in (KV_DEL, KV_PURGE) or not entry.value:
-                    self._forget(entry.key)
-                    continue
-                try:
-                    self._remember(_decoder.decode(entry.value))
-                except (msgspec.DecodeError, msgspec.ValidationError):
-                    log.error("tokens.undecodable", key=entry.key)
+        def on_entry(entry: KvEntry) -> None:
+            if not entry.value:
+                self._forget(entry.key)
+                return
+            try:
+                self._remember(_decoder.decode(entry.value))
+            except (msgspec.DecodeError, msgspec.ValidationError):
+                log.error("tokens.undecodable", key=entry.key)
 
-        self._watch = asyncio.create_task(pump(), name="tokens-follow")
+        self._follow = await follow_kv(self.bus.js, self.bus.names.bucket(TOKENS_BUCKET), ">", on_entry)
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(loaded.wait(), timeout=5.0)
-
-        async def stop() -> None:
-            with contextlib.suppress(nats.errors.Error):
-                await watcher.stop()  # type: ignore[no-untyped-call]
-            if self._watch is not None:
-                self._watch.cancel()
-
-        self._stop_watch = stop
+            await asyncio.wait_for(self._follow.loaded.wait(), timeout=5.0)
 
     async def stop(self) -> None:
-        if self._stop_watch is not None:
-            await self._stop_watch()
+        if self._follow is not None:
+            await self._follow.stop()
 
     async def create(
         self, *, name: str, role: Role, teams: tuple[str, ...], created_by: str, now: float

@@ -25,7 +25,7 @@ from chamber.common.log import get_logger
 from chamber.common.quota import ConfigError, QuotaBook, validate
 from chamber.common.quotastore import QuotaStore, load_yaml
 from chamber.common.runtime import Context, wait_event
-from chamber.common.subjects import DECISIONS, QUOTA_BUCKET
+from chamber.common.subjects import DECISIONS
 from chamber.quota.core.accounting import Accounting
 from chamber.quota.core.report import org_totals
 
@@ -142,7 +142,7 @@ async def main(ctx: Context, stop: asyncio.Event) -> None:
         ctx,
         bus,
         await JobStore.open(bus),
-        QuotaStore(await bus.key_value(QUOTA_BUCKET)),
+        await QuotaStore.open(bus),
     )
     try:
         try:

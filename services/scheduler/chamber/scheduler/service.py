@@ -52,7 +52,7 @@ from chamber.common.log import get_logger
 from chamber.common.quota import QuotaBook
 from chamber.common.quotastore import QuotaStore
 from chamber.common.runtime import Context, wait_event
-from chamber.common.subjects import DECISIONS, INVENTORY, JOBS, QUOTA, QUOTA_BUCKET
+from chamber.common.subjects import DECISIONS, INVENTORY, JOBS, QUOTA
 from chamber.scheduler.core.controller import Change, Controller
 from chamber.scheduler.core.decisions import Place, Preempt
 from chamber.scheduler.core.estimates import RuntimePredictor
@@ -1030,7 +1030,7 @@ async def main(ctx: Context, stop: asyncio.Event) -> None:
         ledger.token = lease.token
         keeper = asyncio.create_task(lease.keep(lost), name="scheduler-lease")
         executor = make_executor(ctx, bus)
-        quota_store = QuotaStore(await bus.key_value(QUOTA_BUCKET))
+        quota_store = await QuotaStore.open(bus)
         scheduler = Scheduler(
             ctx,
             bus,
