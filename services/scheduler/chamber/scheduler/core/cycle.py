@@ -89,7 +89,8 @@ class CycleContext:
     larger job of the same kind is refused too (usage only grows within a cycle), without asking again."""
     cost_at: float = 0.0
     _victims: list[tuple[VictimCost, RunningJob]] | None = None
-    _by_team: dict[str, list[tuple[int, RunningJob]]] | None = None
+    _by_team: dict[str, list[tuple[VictimCost, RunningJob]]] | None = None
+    _sorted_teams: set[str] = field(default_factory=set)
     _releases: list[Release] | None = None
     _stopping: dict[tuple[str, str], int] | None = None
     _pools: dict[tuple[str | None, str | None], list[str]] = field(default_factory=dict)
@@ -154,17 +155,32 @@ class CycleContext:
     def victims_of(self, state: SchedulingState, teams: Collection[str]) -> Iterator[RunningJob]:
         """`victims`, only those of `teams`, in the same order: under quotas a plan may only take from the
         preemptor's team and the teams it reclaims from, and scanning every running job for each of a thousand
-        teams' plans made the scan most of a contended cycle."""
-        if self._by_team is None:
-            self.victims(state)
-            assert self._victims is not None
-            self._by_team = {}
-            for i, (_, r) in enumerate(self._victims):
-                self._by_team.setdefault(r.team, []).append((i, r))
-        lists = [self._by_team[t] for t in teams if t in self._by_team]
+        teams' plans made the scan most of a contended cycle. Costs are taken for every victim at once (at the
+        moment `victims` would), but each team's list is sorted only when a plan first asks for it: a cycle asks
+        for a few of a thousand teams, and sorting every victim was most of its plans' time. A cost ends with the
+        job's id, so the merged lists are in exactly the order `victims` gives."""
+        by_team = self._by_team
+        if by_team is None:
+            by_team = self._by_team = {}
+            fresh, at = self.fresh, self.cost_at
+            for r in state.running.values():
+                if r.preemptible and r.id not in fresh:
+                    found = by_team.get(r.team)
+                    if found is None:
+                        found = by_team[r.team] = []
+                    found.append((victim_cost(r, at), r))
+        lists = []
+        for team in teams:
+            found = by_team.get(team)
+            if not found:
+                continue
+            if team not in self._sorted_teams:
+                found.sort(key=_cost)
+                self._sorted_teams.add(team)
+            lists.append(found)
         if len(lists) == 1:
             return (r for _, r in lists[0])
-        return (r for _, r in heapq.merge(*lists, key=_first))
+        return (r for _, r in heapq.merge(*lists, key=_cost))
 
     def release_order(self, state: SchedulingState) -> list[Release]:
         """Running jobs by expected end (see `backfill.release_order`), once per context: jobs placed under it since
@@ -1149,17 +1165,21 @@ class _Cycle:
         shapes = self._pinned_shapes(shape)
         if all(s in ctx.consolidation_failed for s in shapes):
             return
-        job = state.queue.head_of(sq)
-        if job is None or budget_refusal(state, job):
-            return
         known = ctx.refused.get((team, shape.pool, shape.gpu_model, preemptible, priority))
         if known is not None and shape.gpus >= known[0]:
             return  # its quota refuses it (usage only grows within the cycle)
         usage, gpus = state.usage, shape.gpus
-        for pool, pinned in zip(ctx.pools_of(state, shape), shapes, strict=True):
-            if admits(book, usage, team, pool, gpus, preemptible=preemptible)[0] and self._try_consolidation(
-                job, decisions, Option(pinned, True, False)
-            ):
+        admitted = [
+            pinned for pool, pinned in zip(ctx.pools_of(state, shape), shapes, strict=True)
+            if admits(book, usage, team, pool, gpus, preemptible=preemptible)[0]
+        ]  # fmt: skip
+        if not admitted:  # most of them: asked first, from the sub-queue's key alone (a plan that fails moves nothing)
+            return
+        job = state.queue.head_of(sq)
+        if job is None or budget_refusal(state, job):
+            return
+        for pinned in admitted:
+            if self._try_consolidation(job, decisions, Option(pinned, True, False)):
                 return
 
     def _try_consolidation(self, job: PendingJob, decisions: list[Decision], option: Option) -> bool:
@@ -1387,7 +1407,7 @@ class _Cycle:
         return Reason(WaitKind.CAPACITY, text, free)
 
 
-def _first(item: tuple[int, RunningJob]) -> int:
+def _cost(item: tuple[VictimCost, RunningJob]) -> VictimCost:
     return item[0]
 
 
