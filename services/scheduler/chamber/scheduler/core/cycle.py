@@ -95,6 +95,8 @@ class CycleContext:
     _stopping: dict[tuple[str, str], int] | None = None
     _pools: dict[tuple[str | None, str | None], list[str]] = field(default_factory=dict)
     _pinned: dict[tuple[Shape, str], Shape] = field(default_factory=dict)
+    pinned_lists: dict[Shape, list[Shape]] = field(default_factory=dict)
+    """Per shape, `_Cycle._pinned_shapes` (a cycle asks it thousands of times); not to be changed by its users."""
     to_consolidate: list[tuple[Turn | None, PendingJob]] = field(default_factory=list)
     """Multi-GPU jobs the walk found no room for, in the walk's order, each with the turn it was found at (None
     outside a walk): room is opened for them after it."""
@@ -1282,7 +1284,12 @@ class _Cycle:
     def _pinned_shapes(self, shape: Shape) -> list[Shape]:
         """The shape pinned to each pool it may use (as `admissions` pins its options); itself without quotas."""
         ctx = self.ctx
-        return [ctx.pinned(shape, p) for p in ctx.pools_of(self.state, shape)] if self.state.quota_on else [shape]
+        found = ctx.pinned_lists.get(shape)
+        if found is None:
+            found = ctx.pinned_lists[shape] = (
+                [ctx.pinned(shape, p) for p in ctx.pools_of(self.state, shape)] if self.state.quota_on else [shape]
+            )
+        return found
 
     def _may_look_ahead(self) -> bool:
         """Whether `_backfill_behind` might look behind a blocked head: a reservation holds GPUs free until a known

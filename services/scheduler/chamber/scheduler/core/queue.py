@@ -165,6 +165,8 @@ class JobQueue:
         """Order by rank before fair-share standing (standing then only breaks ties)."""
         self.jobs: dict[str, PendingJob] = {}
         self._subqueues: dict[QueueKey, SubQueue] = {}
+        self._shapes: dict[Shape, Shape] = {}
+        """Every shape a job waited with, one object each (a few dozen): equal shapes found by identity first."""
         self._where: dict[str, SubQueue] = {}
         self._rank_of: dict[str, float] = {}
         self._entry: dict[str, int] = {}
@@ -208,6 +210,11 @@ class JobQueue:
     def push(self, job: PendingJob) -> None:
         if job.id in self.jobs:
             self.remove(job.id)
+        canonical = self._shapes.get(job.shape)
+        if canonical is None:
+            self._shapes[job.shape] = job.shape
+        elif canonical is not job.shape:
+            job.shape = canonical  # one object per shape: the cycle's dict and set lookups then match by identity
         key = self.key_of(job)
         sq = self._subqueues.get(key)
         if sq is None:
