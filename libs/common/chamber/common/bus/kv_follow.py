@@ -30,9 +30,6 @@ log = get_logger(__name__)
 MARKER_REASON = "Nats-Marker-Reason"
 """The header of an entry the server itself placed when a key expired or was removed (nats-server 2.11+)."""
 REMOVING_MARKERS = frozenset({"MaxAge", "Purge", "Remove"})
-INACTIVE_S = 300.0
-"""How long the server keeps the consumer while its client is away (as nats-py's watcher does): the server's
-default, 5 s, would delete it during a short disconnect."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,9 +85,12 @@ async def follow_kv(
     try:
         sub = await js.subscribe(
             prefix + keys, stream=f"KV_{bucket}", cb=on_msg, ordered_consumer=True,
-            deliver_policy=DeliverPolicy.LAST_PER_SUBJECT, inactive_threshold=INACTIVE_S,
-            idle_heartbeat=ORDERED_HEARTBEAT_S, pending_msgs_limit=0, pending_bytes_limit=0,
+            deliver_policy=DeliverPolicy.LAST_PER_SUBJECT, idle_heartbeat=ORDERED_HEARTBEAT_S,
+            pending_msgs_limit=0, pending_bytes_limit=0,
         )  # fmt: skip
+        # The server's default inactive threshold (5 s), as `Bus.watch_latest`: while the server is down nats-py
+        # asks for a new consumer every two missed heartbeats, and at the reconnect each of those requests made
+        # one; with nats-py's watcher's 300 s, the ones nobody listens to stayed that long (found by review).
         follow._sub = sub
         info = await sub.consumer_info()
     except nats.errors.Error as exc:
