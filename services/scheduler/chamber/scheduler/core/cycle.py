@@ -337,6 +337,8 @@ class _Cycle:
         self._watching: list[Tail] = []
         """Tails of this pass whose cutoff is not known yet."""
         self._free_seen = -1
+        self._tail_refused: dict[tuple[str, str, bool], int] = {}
+        """(team, pool, preemptible) -> the fewest GPUs its quota refused a closed lane's head in `consolidate`."""
 
     def run(self) -> list[Decision]:
         state, ctx = self.state, self.ctx
@@ -1120,6 +1122,7 @@ class _Cycle:
         state, ctx = self.state, self.ctx
         waiting, ctx.to_consolidate = ctx.to_consolidate, []
         tails, ctx.consolidation_tails = ctx.consolidation_tails, []
+        self._tail_refused = {}
         found: Iterable[tuple[Turn | None, PendingJob | None]] = waiting
         if tails:  # the closed lanes' heads, each at its turn in the second pass (None: its sub-queue's head)
             found = heapq.merge(waiting, *(tail.kept() for tail in tails), key=_turn)
@@ -1170,11 +1173,16 @@ class _Cycle:
         known = ctx.refused.get((team, shape.pool, shape.gpu_model, preemptible, priority))
         if known is not None and shape.gpus >= known[0]:
             return  # its quota refuses it (usage only grows within the cycle)
-        usage, gpus = state.usage, shape.gpus
-        admitted = [
-            pinned for pool, pinned in zip(ctx.pools_of(state, shape), shapes, strict=True)
-            if admits(book, usage, team, pool, gpus, preemptible=preemptible)[0]
-        ]  # fmt: skip
+        usage, gpus, refused = state.usage, shape.gpus, self._tail_refused
+        admitted = []
+        for pool, pinned in zip(ctx.pools_of(state, shape), shapes, strict=True):
+            least = refused.get((team, pool, preemptible))
+            if least is not None and gpus >= least:
+                continue  # refused fewer GPUs already in this consolidation (usage only grows in it)
+            if admits(book, usage, team, pool, gpus, preemptible=preemptible)[0]:
+                admitted.append(pinned)
+            else:
+                refused[(team, pool, preemptible)] = gpus
         if not admitted:  # most of them: asked first, from the sub-queue's key alone (a plan that fails moves nothing)
             return
         job = state.queue.head_of(sq)
