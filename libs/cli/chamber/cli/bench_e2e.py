@@ -223,7 +223,9 @@ async def _bench(cfg: E2EConfig, settings: Settings, services: _Services) -> dic
             lambda: _all_placed(placed_at, submitted_at), cfg.timeout_s, "every submitted job placed", services
         )
         cpu1 = services.cpu()
-        await asyncio.sleep(1.2)  # one more scheduler report
+        reports = len(stats)
+        # One more scheduler report, however late it comes (the suite's run once got none within a fixed 1.2 s).
+        await _until(lambda: _more_reports(stats, reports), 30, "a scheduler report after the last placement", services)
     finally:
         for conn in conns:
             conn.close()
@@ -295,6 +297,10 @@ async def _placed_count(placed: dict[str, float], n: int) -> bool:
 
 async def _waiting(stats: list[SchedulerStats], n: int) -> bool:
     return bool(stats) and stats[-1].waiting >= n
+
+
+async def _more_reports(stats: list[SchedulerStats], seen: int) -> bool:
+    return len(stats) > seen
 
 
 async def _all_placed(placed: dict[str, float], submitted: dict[str, float]) -> bool:
