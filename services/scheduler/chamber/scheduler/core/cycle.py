@@ -501,8 +501,10 @@ class _Cycle:
             floor[(team, pool)] = found
             return found
 
-        room: dict[tuple[str, str], tuple[int, int]] = {}
-        """(team, pool) -> (GPUs left of its guarantee, GPUs its cohort could lend it), as the cycle starts."""
+        left_of: dict[tuple[str, str], int] = {}
+        """(team, pool) -> GPUs left of its guarantee, as the cycle starts."""
+        lends_of: dict[tuple[str, str], int] = {}
+        """(team, pool) -> GPUs its cohort could lend it, as the cycle starts (asked only for preemptible groups)."""
         passing = ctx.reclaimable and self.config.reclaim_past_guarantee
         smallest = ctx.smallest_waiting(state) if passing else {}
 
@@ -519,11 +521,10 @@ class _Cycle:
             if parking is None:
                 return True  # not current: the walk passes it by
             gpus = parking.min_gpus
-            known = room.get((team, pool))
-            if known is None:
-                left = quota(team, pool).nominal - usage.get((team, pool), 0)
-                known = room[(team, pool)] = (left, state.usage.borrowable(team, pool))
-            left, lends = known
+            key = (team, pool)
+            left = left_of.get(key)
+            if left is None:
+                left = left_of[key] = quota(team, pool).nominal - usage.get(key, 0)
             if gpus <= left:
                 return True
             lower = state.preemptible_below(team, pool, priority)
@@ -533,6 +534,9 @@ class _Cycle:
                 return True
             if passing and left > 0 and gpus <= smallest.get(team, gpus):
                 return True
+            lends = lends_of.get(key)
+            if lends is None:
+                lends = lends_of[key] = state.usage.borrowable(team, pool)
             return gpus - max(left, 0) <= lends
 
         # ~6,000 items a cycle with a thousand teams: the loop is kept lean (a shape's pools looked up once).
