@@ -102,9 +102,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     """The first admin API token (docs/api.md); when empty, the gateway makes one at its first start."""
     admin_token_file: str = ""
     """Where a development admin token is kept: read when it exists, else written at first start (`make up`)."""
-    intake_limit: Annotated[int, msgspec.Meta(ge=0)] = 128
+    intake_limit: Annotated[int, msgspec.Meta(ge=0)] = 32
     """Submits a gateway has stored that the scheduler has not yet taken in, past which a new submit waits (up to
-    1 s) for one to be: a burst then waits at the door instead of behind an unseen backlog (0: no limit)."""
+    1 s) for one to be: a burst then waits at the door instead of behind an unseen backlog (0: no limit). The
+    fewer, the lower the latency under a burst, and with a long queue the fewer jobs a second (docs/api.md)."""
     gateway_finished_jobs: Annotated[int, msgspec.Meta(ge=0)] = 50_000
     """Ended jobs a gateway keeps in memory for listing, those that ended last (every job not ended is kept; any job
     is still served by id, from the KV)."""
