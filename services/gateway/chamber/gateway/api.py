@@ -16,7 +16,7 @@ from chamber.gateway.access_api import ROUTES as ACCESS_ROUTES
 from chamber.gateway.dashboard import ROUTES as DASHBOARD_ROUTES
 from chamber.gateway.fleet_api import ROUTES as FLEET_ROUTES
 from chamber.gateway.health_api import ROUTES as HEALTH_ROUTES
-from chamber.gateway.http_edge import authorize, edge_middleware, strict_body
+from chamber.gateway.http_edge import admit, edge_middleware
 from chamber.gateway.jobs_api import ROUTES as JOB_ROUTES
 from chamber.gateway.logs_api import ROUTES as LOGS_ROUTES
 from chamber.gateway.problems import EXCEPTION_HANDLERS
@@ -43,8 +43,7 @@ def create_app(gateway: GatewayState) -> Litestar:
         state=State({"gateway": gateway}),
         logging_config=None,  # the service's own logging (structlog) is configured once, at start; not a second one
         middleware=[DefineMiddleware(edge_middleware(gateway))],
-        guards=[authorize],
-        before_request=strict_body,
+        before_request=admit,
         exception_handlers=EXCEPTION_HANDLERS,
         request_max_body_size=MAX_BODY_BYTES,
         openapi_config=OpenAPIConfig(

@@ -15,7 +15,6 @@ from typing import Any, cast
 
 import msgspec
 from litestar import Request
-from litestar.connection import ASGIConnection
 from litestar.enums import ScopeType
 from litestar.handlers import BaseRouteHandler
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
@@ -127,12 +126,14 @@ async def _send_problem(send: Send, status: int, detail: str, path: str, headers
     await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
-async def authorize(connection: ASGIConnection[Any, Any, Any, Any], handler: BaseRouteHandler) -> None:
-    """The app-wide guard: the route's `permission` (its `opt`) against the caller's role."""
+def authorize(scope: Scope, handler: BaseRouteHandler) -> None:
+    """The route's `permission` (its `opt`) against the caller's role. Checked first thing in `admit` rather than
+    as a Litestar guard: a guard is handed a copy of the route handler, made for every request (`chamber bench
+    gateway`: 13% of a cached read's CPU, 4% of a submit's)."""
     permission: Permission | None = handler.opt.get("permission")
     if permission is None:
         return
-    who: Principal | None = connection.scope.get("user")
+    who: Principal | None = scope.get("user")
     if who is None:
         raise Unauthenticated("no token: send 'Authorization: Bearer <token>'")
     why = denial(who, permission)
@@ -204,8 +205,14 @@ def decode_strict(raw: bytes, decoder: msgspec.json.Decoder[Any]) -> Any:
                          code="malformed-json") from exc  # fmt: skip
 
 
+async def admit(request: Request[Any, Any, Any]) -> None:
+    """before_request, for every route: the caller's permission (`authorize`), then the body (`strict_body`)."""
+    authorize(request.scope, request.route_handler)
+    await strict_body(request)
+
+
 async def strict_body(request: Request[Any, Any, Any]) -> None:
-    """before_request: decode the route's `data` strictly (the route then gets the same value)."""
+    """Decode the route's `data` strictly (the route then gets the same value)."""
     found = _decoder_for(request.route_handler)
     if found is None:
         return
