@@ -4,7 +4,7 @@ import heapq
 import itertools
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from chamber.common.contracts import OrgConfig, PoolConfig, QuotaConfig, TeamConfig, TeamQuota
@@ -167,7 +167,27 @@ def _reclaim_could_place(state: SchedulingState, team: str, gpus: int, borrowed:
     return False
 
 
+# Found by this test (2026-12-05), team a held 8 GPUs of a guarantee of 7 with no borrowing allowed: a 4-GPU
+# `train` job of a, admitted by displacing a's own `research` work, counted the quota of a's jobs already stopping
+# (for b's reclaim) as coming back, and was placed when its own victim had stopped, before they had (first);
+# and it counted a job being moved to open room for b's gang, which starts again at once (second).
+_FIRST = [("a", 1, "research", 1, 0)] * 17 + [
+    ("a", 1, "research", 29, 7), ("a", 1, "research", 29, 9), ("a", 1, "research", 173, 0), ("a", 1, "train", 1, 0),
+    ("a", 1, "train", 202, 171), ("a", 1, "train", 284, 60), ("a", 2, "research", 145, 6),
+    ("a", 2, "research", 198, 0), ("a", 4, "research", 223, 5), ("a", 4, "train", 1, 391),
+    ("b", 2, "research", 281, 92), ("b", 4, "research", 1, 106), ("b", 4, "research", 269, 105),
+]  # fmt: skip
+_SECOND = [("a", 1, "research", 1, 0)] * 18 + [
+    ("a", 1, "research", 3, 7), ("a", 1, "research", 30, 7), ("a", 1, "research", 173, 0),
+    ("a", 1, "train", 202, 198), ("a", 1, "train", 227, 144), ("a", 2, "research", 172, 6),
+    ("a", 2, "research", 225, 0), ("a", 4, "research", 223, 5), ("a", 4, "train", 1, 402),
+    ("b", 2, "research", 282, 118), ("b", 4, "research", 1, 118), ("b", 4, "research", 283, 117),
+]  # fmt: skip
+
+
 @settings(max_examples=300, deadline=None)
+@example(jobs_spec=_FIRST, nominal_a=7, borrow=0)
+@example(jobs_spec=_SECOND, nominal_a=7, borrow=0)
 @given(
     st.lists(
         st.tuples(st.sampled_from(["a", "b"]), st.sampled_from([1, 2, 4]), st.sampled_from(["research", "train"]),

@@ -192,17 +192,18 @@ class CycleContext:
         return self._releases
 
     def stopping_gpus(self, state: SchedulingState, team: str, pool: str) -> int:
-        """GPUs of `team` in `pool` held by jobs that are stopping (their quota comes back soon)."""
+        """GPUs of `team` in `pool` held by jobs that are stopping (their quota comes back soon), except those of
+        jobs being moved (`returning`): they start again at once, their quota with them."""
         if self._stopping is None:
             self._stopping = {}
             for r in state.running.values():
-                if r.stopping:
+                if r.stopping and not returning(state, r):
                     self._stopping[(r.team, r.pool)] = self._stopping.get((r.team, r.pool), 0) + len(r.gpus)
         return self._stopping.get((team, pool), 0)
 
-    def stopped(self, job: RunningJob) -> None:
-        """A job this context asked to stop."""
-        if self._stopping is not None:
+    def stopped(self, job: RunningJob, *, moved: bool = False) -> None:
+        """A job this context asked to stop (`moved`: to start again at once elsewhere, see `returning`)."""
+        if self._stopping is not None and not moved:
             key = (job.team, job.pool)
             self._stopping[key] = self._stopping.get(key, 0) + len(job.gpus)
 
@@ -1113,11 +1114,21 @@ class _Cycle:
             ctx.preempt_failed[key] = job.priority
             return False
         why = ""
+        counted: tuple[RunningJob, ...] = ()
         if need is not None:
             why = f" to free team {job.team}'s quota"
+            if quota_need is not None and quota_need[2] < need.gpus:
+                # The plan counted the quota of the team's jobs already stopping as coming back: the job waits for
+                # them as well as for its victims (placed when its victims had stopped, it held the team past its
+                # borrowing limit until the others had; found by test_quota_invariants_over_time).
+                counted = tuple(
+                    r for r in state.running.values()
+                    if r.stopping and r.team == need.team and r.pool == need.pool and r not in plan.victims
+                    and not returning(state, r)
+                )  # fmt: skip
         elif past and any(v.team != job.team for v in plan.victims):
             why = f" to bring team {job.team} up to its guarantee ({past} GPUs past it, as borrowing)"
-        self._preempt_for(job, plan.victims, plan.gpus, decisions, why=why)
+        self._preempt_for(job, plan.victims, plan.gpus, decisions, why=why, counted=counted)
         return True
 
     def consolidate(self, decisions: list[Decision]) -> None:
@@ -1224,7 +1235,7 @@ class _Cycle:
         for move in plan.moves:
             victim = move.job
             victim.stopping = True
-            ctx.stopped(victim)
+            ctx.stopped(victim, moved=True)
             names.append(victim.id)
             state.hold_move(victim.id, move.to)
             grace = victim.checkpoint_grace_s
@@ -1354,7 +1365,10 @@ class _Cycle:
         decisions: list[Decision],
         *,
         why: str = "",
+        counted: tuple[RunningJob, ...] = (),
     ) -> None:
+        """Stop `victims` for `job` and set `gpus` aside for it; it starts once they, and the jobs in `counted`
+        (already stopping, whose quota its admission counted on), have stopped."""
         names = []
         for victim in victims:
             victim.stopping = True
@@ -1365,10 +1379,12 @@ class _Cycle:
                 Preempt(victim.id, victim.attempt, grace, f"preempted by {job.id} (priority {job.priority}){why}; "
                         f"{grace:g} s to checkpoint", by=job.id)
             )  # fmt: skip
-        job.waiting_for = tuple(f"{v.id}/{v.attempt}" for v in victims)
+        job.waiting_for = tuple(f"{v.id}/{v.attempt}" for v in (*victims, *counted))
         self.state.nominate(job, gpus)
         reason = f"preempting {', '.join(names)}{why} for {job.shape.describe()}; starts when they stop"
-        decisions.append(Nominate(job.id, gpus, reason, victims=tuple(names)))
+        if counted:
+            reason += f" (and {', '.join(r.id for r in counted)}, stopping already)"
+        decisions.append(Nominate(job.id, gpus, reason, victims=(*names, *(r.id for r in counted))))
 
     def _place_nominated(self, decisions: list[Decision]) -> None:
         state = self.state
@@ -1424,6 +1440,12 @@ class _Cycle:
             if len(ctx.reservations) > 3:
                 text += f" and {len(ctx.reservations) - 3} more"
         return Reason(WaitKind.CAPACITY, text, free)
+
+
+def returning(state: SchedulingState, job: RunningJob) -> bool:
+    """A stopping job being moved (GPUs held for it, `SchedulingState.moves`): it starts again as soon as it has
+    stopped, so the quota it holds does not come back to its team."""
+    return job.id in state.moves
 
 
 def _cost(item: tuple[VictimCost, RunningJob]) -> VictimCost:
