@@ -649,7 +649,7 @@ async def test_the_job_the_ledger_does_not_back_is_interrupted_not_taken_as_a_vi
     assert backed is not None
     assert backed.stopping, "the job on the GPUs is the one preempted for p"
     assert p is not None
-    assert p.waiting_for == ["z-backed"]
+    assert p.waiting_for == ["z-backed/1"]
     await s.close()
 
 

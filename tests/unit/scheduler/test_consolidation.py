@@ -33,7 +33,7 @@ def test_a_moved_job_starts_again_at_once_on_the_gpus_held_for_it() -> None:
     assert all(d.move and d.by == "wide" for d in moves)
     (nominate,) = [d for d in decisions if isinstance(d, Nominate)]
     assert {g.node for g in nominate.gpus} == {"a"}
-    assert set(nominate.victims) == {"s1", "s2"}
+    assert set(nominate.victims) == {"s1/1", "s2/1"}  # as job/attempt
     held = {job: {g.slot for g in gpus} for job, gpus in control.state.moves.items()}
     assert set(held) == {"s1", "s2"}
     assert all(slot.startswith("b/") for slots in held.values() for slot in slots)

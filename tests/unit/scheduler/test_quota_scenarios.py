@@ -99,7 +99,7 @@ def test_a_team_displaces_its_own_lower_priority_work_when_its_quota_is_full() -
     assert preempt.by == "more"
     (nominate,) = [d for d in decisions if isinstance(d, Nominate)]
     assert nominate.job_id == "more"
-    assert nominate.victims == (preempt.job_id,)
+    assert nominate.victims == (f"{preempt.job_id}/{preempt.attempt}",)
 
 
 def test_a_non_preemptible_job_within_nominal_never_waits_behind_its_teams_borrowed_work() -> None:

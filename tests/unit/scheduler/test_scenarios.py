@@ -2,6 +2,7 @@
 
 from dataclasses import dataclass, field
 
+import msgspec
 import pytest
 
 from chamber.common.contracts import Cordon, JobRecord, Node
@@ -490,6 +491,17 @@ SCENARIOS = [
             J("other").gpus(2).priority("inference").at(0).build(),
         ],
         waiting={"hi": "waiting for v to stop", "other": "waiting"},
+    ),
+    Scenario(
+        "a preemptor read back from its record waits for the victims it names there, also one holding only quota",
+        [make_node("a").gpus(4).build(), make_node("b").gpus(4).build()],
+        [
+            J("v").priority("research").running_on(*holding("v", "b", 2)).stopping().build(),
+            msgspec.structs.replace(
+                J("hi").gpus(4).priority("train").nominated(*holding("hi", "a", 4)).build(), waiting_for=["v/1"]
+            ),
+        ],
+        waiting={"hi": "waiting for v to stop"},
     ),
     Scenario(
         "a preemptor starts on its nominated GPUs once its victims are gone",

@@ -1246,7 +1246,7 @@ class _Cycle:
         job.waiting_for = tuple(f"{m.job.id}/{m.job.attempt}" for m in plan.moves)
         state.nominate(job, plan.gpus)
         reason = f"moving {', '.join(names)} elsewhere to open room for {job.shape.describe()}; starts when they stop"
-        decisions.append(Nominate(job.id, plan.gpus, reason, victims=tuple(names)))
+        decisions.append(Nominate(job.id, plan.gpus, reason, victims=job.waiting_for))
         return True
 
     def _backfill_into_reservation(self, job: PendingJob, decisions: list[Decision], options: list[Option]) -> bool:
@@ -1384,7 +1384,7 @@ class _Cycle:
         reason = f"preempting {', '.join(names)}{why} for {job.shape.describe()}; starts when they stop"
         if counted:
             reason += f" (and {', '.join(r.id for r in counted)}, stopping already)"
-        decisions.append(Nominate(job.id, gpus, reason, victims=(*names, *(r.id for r in counted))))
+        decisions.append(Nominate(job.id, gpus, reason, victims=job.waiting_for))
 
     def _place_nominated(self, decisions: list[Decision]) -> None:
         state = self.state

@@ -42,7 +42,9 @@ class Nominate:
     gpus: tuple[GpuRef, ...]
     reason: str
     victims: tuple[str, ...] = ()
-    """The jobs it waits for (their GPUs, or the team quota they hold)."""
+    """The attempts it waits for (their GPUs, or the team quota they hold), as `job/attempt`: the record keeps them
+    (`JobRecord.waiting_for`), so a scheduler restarted in between still waits for them (with bare job ids, as
+    written before 2026-12-05, it waited only for the holders of its GPUs)."""
 
 
 @dataclass(frozen=True, slots=True)
