@@ -184,10 +184,22 @@ _SECOND = [("a", 1, "research", 1, 0)] * 18 + [
     ("b", 2, "research", 282, 118), ("b", 4, "research", 1, 118), ("b", 4, "research", 283, 117),
 ]  # fmt: skip
 
+# Found by this test too: team b, within its guarantee, waited 34 s for a reclaim of a's one 4-GPU job (a borrowing
+# 1), because the plan's node-by-node order tried first a node of a's 1-GPU jobs, of which the budget allows one.
+_THIRD = [
+    ("a", 1, "research", 1, 0), ("a", 1, "research", 1, 0), ("a", 1, "research", 124, 20),
+    ("a", 1, "research", 130, 102), ("a", 1, "research", 166, 143), ("a", 1, "research", 191, 41),
+    ("a", 1, "research", 145, 0), ("a", 1, "research", 78, 232), ("a", 1, "research", 300, 10),
+    ("a", 1, "research", 145, 0), ("a", 1, "research", 1, 0), ("a", 4, "research", 101, 145),
+    ("a", 4, "train", 65, 215), ("a", 2, "research", 113, 133), ("b", 2, "research", 63, 247),
+    ("b", 4, "research", 1, 248),
+]  # fmt: skip
+
 
 @settings(max_examples=300, deadline=None)
 @example(jobs_spec=_FIRST, nominal_a=7, borrow=0)
 @example(jobs_spec=_SECOND, nominal_a=7, borrow=0)
+@example(jobs_spec=_THIRD, nominal_a=10, borrow=None)
 @given(
     st.lists(
         st.tuples(st.sampled_from(["a", "b"]), st.sampled_from([1, 2, 4]), st.sampled_from(["research", "train"]),
@@ -223,10 +235,12 @@ def test_quota_invariants_over_time(jobs_spec: list[tuple[str, int, str, int, in
         while arrivals and arrivals[-1][0] <= now:
             _, job_id = arrivals.pop()
             state.requeue(pending[job_id])
+        placed = False
         for d in state.cycle(now):
             if isinstance(d, Nominate):
                 nominated_at[d.job_id] = now
             if isinstance(d, Place):
+                placed = True
                 if d.job_id in nominated_at:
                     waited = now - nominated_at.pop(d.job_id)
                     assert waited <= grace + 2, f"{d.job_id} started {waited} s after its reclaim was decided"
@@ -265,6 +279,13 @@ def test_quota_invariants_over_time(jobs_spec: list[tuple[str, int, str, int, in
                 starved_since.pop(t, None)
             last_have[t] = have
         next_arrival = arrivals[-1][0] if arrivals else None
+        # The service's safety net: a cycle a second later (it runs one every second). A job placed in a cycle is
+        # no victim in it, so without the next one a team within its guarantee waited for the next event to
+        # reclaim from a job placed while it waited (34 s once, found by this test).
+        tick = now + 1.0 if placed and (state.queue.jobs or state.nominated) else None
+        if tick is not None and all(t is None or tick < t for t in (next_arrival, events[0][0] if events else None)):
+            now = tick
+            continue
         if not events and next_arrival is None:
             break
         if events and (next_arrival is None or events[0][0] <= next_arrival):

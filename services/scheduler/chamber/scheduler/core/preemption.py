@@ -89,7 +89,7 @@ def plan_preemption(
         # With per-team caps, the cheapest-first greedy can spend a team's budget on victims scattered over many
         # nodes and then have to skip the one whose node would free the gang. Try a node-by-node order too.
         listed = list(candidates)
-        orders = [listed, _node_order(listed, avail, only)]
+        orders = [listed, _node_order(listed, avail, only, budgets, strict_budgets)]
     for order in orders:
         plan = _search(
             index, job, order, dict(avail), only=only, budgets=budgets, quota_need=quota_need, strict=strict_budgets
@@ -106,11 +106,28 @@ def _freed(victim: RunningJob, only: Set[str] | None) -> tuple[tuple[str, int], 
     return tuple((name, n) for name, n in victim.spread if name in only)
 
 
-def _node_order(candidates: list[RunningJob], avail: Mapping[str, int], only: Set[str] | None) -> list[RunningJob]:
-    """Victims grouped by node, the nodes that would be freest first (cheapest victims first within a node)."""
+def _node_order(
+    candidates: list[RunningJob],
+    avail: Mapping[str, int],
+    only: Set[str] | None,
+    budgets: Mapping[str, int] | None = None,
+    strict: bool = False,
+) -> list[RunningJob]:
+    """Victims grouped by node, the nodes that would be freest first (cheapest victims first within a node). A
+    node's room counts a team's victims there only as far as the team's budget lets them be taken (`_search`'s
+    rule, victims of the node alone): a node full of one team's small jobs, of which its budget allows one, came
+    first by name and spent the budget, where another node's one larger job of that team would have freed the
+    gang (found by test_quota_invariants_over_time: a team within its guarantee waited 34 s for nothing)."""
     room: dict[str, int] = dict(avail)
+    spent: dict[tuple[str, str], int] = {}
     for v in candidates:
+        limit = budgets.get(v.team) if budgets is not None else None
         for name, n in _freed(v, only):
+            if limit is not None:
+                taken = spent.get((name, v.team), 0)
+                if taken + len(v.gpus) > limit if strict else taken >= limit:
+                    continue
+                spent[(name, v.team)] = taken + len(v.gpus)
             room[name] = room.get(name, 0) + n
     return sorted(candidates, key=lambda v: (-max(room.get(g.node, 0) for g in v.gpus), v.gpus[0].node))
 
