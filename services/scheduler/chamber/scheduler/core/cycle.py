@@ -92,7 +92,7 @@ class CycleContext:
     _by_team: dict[str, list[tuple[VictimCost, RunningJob]]] | None = None
     _sorted_teams: set[str] = field(default_factory=set)
     _releases: list[Release] | None = None
-    _stopping: dict[tuple[str, str], int] | None = None
+    _stopping: dict[tuple[str, str], list[RunningJob]] | None = None
     _pools: dict[tuple[str | None, str | None], list[str]] = field(default_factory=dict)
     _pinned: dict[tuple[Shape, str], Shape] = field(default_factory=dict)
     pinned_lists: dict[Shape, list[Shape]] = field(default_factory=dict)
@@ -191,21 +191,20 @@ class CycleContext:
             self._releases = release_order(state.running.values(), self.cost_at)
         return self._releases
 
-    def stopping_gpus(self, state: SchedulingState, team: str, pool: str) -> int:
-        """GPUs of `team` in `pool` held by jobs that are stopping (their quota comes back soon), except those of
-        jobs being moved (`returning`): they start again at once, their quota with them."""
+    def stopping_jobs(self, state: SchedulingState, team: str, pool: str) -> list[RunningJob]:
+        """The jobs of `team` in `pool` that are stopping, whose quota comes back soon; not those being moved
+        (`returning`): they start again at once, their quota with them."""
         if self._stopping is None:
             self._stopping = {}
             for r in state.running.values():
                 if r.stopping and not returning(state, r):
-                    self._stopping[(r.team, r.pool)] = self._stopping.get((r.team, r.pool), 0) + len(r.gpus)
-        return self._stopping.get((team, pool), 0)
+                    self._stopping.setdefault((r.team, r.pool), []).append(r)
+        return self._stopping.get((team, pool), [])
 
     def stopped(self, job: RunningJob, *, moved: bool = False) -> None:
         """A job this context asked to stop (`moved`: to start again at once elsewhere, see `returning`)."""
         if self._stopping is not None and not moved:
-            key = (job.team, job.pool)
-            self._stopping[key] = self._stopping.get(key, 0) + len(job.gpus)
+            self._stopping.setdefault((job.team, job.pool), []).append(job)
 
     def more_free(self) -> None:
         """GPUs became free within the context (a reservation given up with some of its held GPUs unused): what
@@ -1067,7 +1066,7 @@ class _Cycle:
             book = state.quota
             assert book is not None
             if need is not None:
-                stopping = ctx.stopping_gpus(state, need.team, need.pool)
+                stopping = sum(len(r.gpus) for r in ctx.stopping_jobs(state, need.team, need.pool))
                 if need.gpus - stopping <= 0:
                     return False  # enough of its own work is already stopping: it is admitted once it has
                 quota_need = (need.team, need.pool, need.gpus - stopping)
@@ -1121,11 +1120,7 @@ class _Cycle:
                 # The plan counted the quota of the team's jobs already stopping as coming back: the job waits for
                 # them as well as for its victims (placed when its victims had stopped, it held the team past its
                 # borrowing limit until the others had; found by test_quota_invariants_over_time).
-                counted = tuple(
-                    r for r in state.running.values()
-                    if r.stopping and r.team == need.team and r.pool == need.pool and r not in plan.victims
-                    and not returning(state, r)
-                )  # fmt: skip
+                counted = tuple(ctx.stopping_jobs(state, need.team, need.pool))
         elif past and any(v.team != job.team for v in plan.victims):
             why = f" to bring team {job.team} up to its guarantee ({past} GPUs past it, as borrowing)"
         self._preempt_for(job, plan.victims, plan.gpus, decisions, why=why, counted=counted)
