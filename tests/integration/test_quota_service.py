@@ -179,3 +179,59 @@ async def test_a_failed_cleanup_of_the_old_consumer_does_not_stop_the_service(er
         names=types.SimpleNamespace(stream=lambda spec: "NS_DECISIONS"),
     )
     await q._drop_old_consumer()
+
+
+async def test_ended_jobs_settle_and_a_new_price_reads_them_again(
+    client: AsyncTestClient[Any], settings: Settings
+) -> None:
+    """The service keeps only the records of jobs that have not ended; an ended job's GPU time stays in the sums
+    (read at start, or followed), and a new configuration reads every record again, so a new price applies to all
+    of them, as the from-scratch definition says."""
+    import time
+
+    from chamber.common.bus import Bus
+    from chamber.common.contracts import (
+        JobRecord,
+        JobSpec,
+        JobState,
+        OrgConfig,
+        PoolConfig,
+        QuotaConfig,
+        TeamConfig,
+        TeamQuota,
+    )
+    from chamber.common.jobstore import JobStore
+    from chamber.common.quotastore import QuotaStore
+    from chamber.common.subjects import Names
+
+    def ended(job_id: str) -> JobRecord:
+        at = time.time() - 7200
+        spec = JobSpec(name=job_id, team="a", gpus_per_replica=1, pool="p")
+        return JobRecord(id=job_id, spec=spec, state=JobState.SUCCEEDED, submitted_at=at, updated_at=at + 3600,
+                         version=3, started_at=at, finished_at=at + 3600, run_s=3600.0)  # fmt: skip
+
+    def config(price: float) -> QuotaConfig:
+        return QuotaConfig(pools=[PoolConfig(name="p", gpu_model="H100", capacity=8, cost_per_gpu_hour=price)],
+                           orgs=[OrgConfig(name="o")],
+                           teams=[TeamConfig(name="a", org="o", quotas=[TeamQuota(pool="p", nominal=4)])])  # fmt: skip
+
+    bus = await Bus.connect(settings.nats_url, Names(settings.namespace), "test")
+    try:
+        quotas = await QuotaStore.open(bus)
+        revision = await quotas.put(config(2.0), 0)
+        records = await JobStore.open(bus)
+        for job_id in ("e1", "e2", "e3"):
+            assert await records.create(ended(job_id)) is not None
+
+        async def usage_is(hours: float, cost: float) -> bool:
+            usage = (await client.get("/v1/teams/a")).json()["usage"]
+            return bool(usage["gpu_hours"] == hours and usage["cost"] == cost)
+
+        async with running(settings, ("quota", quota.main)):
+            await eventually(lambda: usage_is(3.0, 6.0), what="the ended jobs read at start are summed")
+            assert await records.create(ended("e4")) is not None
+            await eventually(lambda: usage_is(4.0, 8.0), what="an ended job followed is summed")
+            await quotas.put(config(3.0), revision)
+            await eventually(lambda: usage_is(4.0, 12.0), what="the new price applies to every ended job")
+    finally:
+        await bus.close()

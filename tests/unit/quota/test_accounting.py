@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from chamber.common.contracts import (
+    TERMINAL_STATES,
     BudgetSpec,
     GpuRef,
     JobRecord,
@@ -24,7 +25,7 @@ from chamber.common.contracts import (
 )
 from chamber.common.quota import QuotaBook
 from chamber.quota.core.accounting import Accounting
-from chamber.quota.core.report import compute
+from chamber.quota.core.report import compute, ended_at
 from tests.support.builders import make_job
 
 START = 1_800_000_000.0
@@ -80,21 +81,35 @@ def version(draw: st.DrawFn, job: str, number: int, end: float) -> JobRecord:
     )  # fmt: skip
 
 
+def settles(record: JobRecord, now: float) -> bool:
+    """An ended job, its end not in the future: it never changes again, and the accounting lets its record go."""
+    return record.state in TERMINAL_STATES and ended_at(record) <= now
+
+
 @st.composite
 def history(draw: st.DrawFn) -> tuple[list[tuple[float, JobRecord | None]], float]:
-    """Record changes at increasing times (None: read the accounting then), and the time of the final check."""
+    """Record changes at increasing times (None: read the accounting then), and the time of the final check. A job
+    whose newest record settled gets no more records (the state machine changes no ended job, and the service
+    takes in each write once), but the others get repeats and stale versions too."""
     end = START + draw(st.floats(DAY, 7 * DAY))
     steps: list[tuple[float, JobRecord | None]] = []
     versions: dict[str, int] = {}
+    newest: dict[str, int] = {}
+    settled: set[str] = set()
     now = START
     for _ in range(draw(st.integers(1, 40))):
         now = min(end, now + draw(st.floats(0, DAY / 2)))
-        if draw(st.integers(0, 4)) == 0:
+        job = f"j{draw(st.integers(0, 7))}"
+        if job in settled or draw(st.integers(0, 4)) == 0:
             steps.append((now, None))
             continue
-        job = f"j{draw(st.integers(0, 7))}"
         versions[job] = versions.get(job, 0) + draw(st.integers(-1, 2))  # repeats and stale versions too
-        steps.append((now, draw(version(job, versions[job], end))))
+        record = draw(version(job, versions[job], end))
+        steps.append((now, record))
+        if record.version > newest.get(job, -(10**9)):
+            newest[job] = record.version
+            if settles(record, now):
+                settled.add(job)
     return steps, end
 
 
@@ -124,6 +139,7 @@ def test_incremental_accounting_equals_the_from_scratch_sum(case: tuple[list[tup
     b = book()
     acc = Accounting(b, NODE_POOL, START)
     latest: dict[str, JobRecord] = {}
+    settled: set[str] = set()
     for now, record in steps:
         if record is None:
             acc.teams(now)
@@ -132,7 +148,9 @@ def test_incremental_accounting_equals_the_from_scratch_sum(case: tuple[list[tup
         known = latest.get(record.id)
         if known is None or known.version < record.version:
             latest[record.id] = record
-    assert acc.records == latest
+            if settles(record, now):
+                settled.add(record.id)
+    assert acc.records == {job: r for job, r in latest.items() if job not in settled}  # only the jobs not ended
     assert_same(acc.teams(end), compute(b, latest.values(), NODE_POOL, end))
 
 
@@ -206,3 +224,55 @@ def test_a_waiting_reason_written_later_does_not_move_a_requeued_jobs_past_run()
     after = Accounting.build(book(), NODE_POOL, [requeued, noted], now).teams(now)["a"]
     assert (after.budget_used, after.standing) == (before.budget_used, before.standing)
     assert before.budget_used == 0.0, "the whole run lies in yesterday"
+
+
+def _finished(job: str, team: str, end: float, *, hours: float = 2.0, node: str | None = None) -> JobRecord:
+    placement = Placement(attempt=1, gpus=[GpuRef(node, 0)]) if node else None
+    return JobRecord(id=job, spec=JobSpec(name=job, team=team, gpus_per_replica=2, pool=None if node else "p"),
+                     state=JobState.SUCCEEDED, submitted_at=end - hours * 3600, updated_at=end, version=4,
+                     placement=placement, started_at=end - hours * 3600, finished_at=end,
+                     run_s=hours * 3600)  # fmt: skip
+
+
+def test_memory_holds_only_the_jobs_that_have_not_ended() -> None:
+    """A thousand jobs that ended leave no record behind, and their GPU time stays in the sums; a job whose end
+    lies in the future (a clock ahead) is kept until it is applied again."""
+    b = book()
+    now = START + DAY
+    acc = Accounting(b, NODE_POOL, START)
+    records = [_finished(f"j{i}", "abc"[i % 3], START + i * 60) for i in range(1000)]
+    ahead = _finished("ahead", "a", now + 600)
+    for r in [*records, ahead]:
+        acc.apply(r, now)
+    assert acc.records == {"ahead": ahead}
+    assert_same(acc.teams(now + 3600), compute(b, [*records, ahead], NODE_POOL, now + 3600))
+
+
+def test_a_job_that_ends_in_a_period_not_yet_looked_at_is_counted_in_it() -> None:
+    """Team a's daily budget was last read before midnight; a job that ended after midnight settles at once, so its
+    part after midnight is counted in the new day, not lost when the new day starts from the jobs kept."""
+    b = book()
+    day2 = midnight(2)
+    acc = Accounting(b, NODE_POOL, START)
+    acc.teams(day2 - 3600)
+    late = _finished("late", "a", day2 + 1800, hours=2.0)  # 2 GPUs, 22:30 to 00:30: one GPU-hour after midnight
+    acc.apply(late, day2 + 3600)
+    got = acc.teams(day2 + 7200)["a"]
+    assert got.budget_used == pytest.approx(1.0 / 73.3, abs=1e-4)
+    assert_same(acc.teams(day2 + 7200), compute(b, [late], NODE_POOL, day2 + 7200))
+
+
+def test_new_nodes_re_sum_the_jobs_not_ended_and_a_settled_job_on_an_unknown_node_is_named() -> None:
+    """A node new to the inventory changes the pool only of jobs on it; a job that ended on a node not yet known
+    was summed in no pool, so that node is named (the service reads every record again when it appears)."""
+    b = book()
+    now = START + DAY
+    spec = JobSpec(name="r", team="a", gpus_per_replica=4)
+    running = JobRecord(id="r", spec=spec, state=JobState.RUNNING, submitted_at=START, updated_at=START,
+                        placement=Placement(attempt=1, gpus=[GpuRef("n3", 0)]), started_at=START)  # fmt: skip
+    gone = _finished("g", "b", START + 3600, node="n4")
+    acc = Accounting.build(b, NODE_POOL, [running, gone], now)
+    assert acc.settled_on_unknown == {"n4"}
+    nodes = {**NODE_POOL, "n3": "q"}
+    acc.with_nodes(nodes)
+    assert_same(acc.teams(now), compute(b, [running, gone], nodes, now))

@@ -5,10 +5,12 @@ A seeded random configuration (`teams` teams over `pools` pools, 1 to 3 pools ea
 
 - `recompute_ms`: fair shares (water-filling per pool) and standings for every team, from demand and recent usage;
 - `admission_check_us`: one `admit()` against incrementally kept cohort totals (what the scheduler does per job);
-- `service_update_ms` (median, `_p99`): one job state change applied to the quota service's accounting holding
-  `jobs` records (what it does for each change of a record it follows);
+- `service_update_ms` (median, `_p99`): one job state change applied to the quota service's accounting built from
+  `jobs` records (what it does for each change of a record it follows; it keeps the records of jobs not ended);
 - `publish_ms`: the whole published state (every team's usage, fair share, standing, budget) from that
-  accounting; `from_scratch_ms`: the same from every record (what a restart does once).
+  accounting; `from_scratch_ms`: the same from every record (what a restart does once);
+- `records_kept`: the records the accounting holds after the changes (those of jobs not ended: what bounds the
+  quota service's memory).
 
 Times are the CPU time of this thread (`time.thread_time`): what one core spends, however busy the machine is.
 """
@@ -20,6 +22,7 @@ import time
 import msgspec
 
 from chamber.common.contracts import (
+    TERMINAL_STATES,
     BudgetSpec,
     GpuRef,
     JobRecord,
@@ -121,7 +124,7 @@ def _next_version(rng: random.Random, r: JobRecord, now: float) -> JobRecord:
         return msgspec.structs.replace(r, state=JobState.RUNNING, version=r.version + 1, updated_at=now,
                                        started_at=now, placement=Placement(attempt=r.attempt + 1,
                                                                            gpus=[GpuRef("spare", 0)]))  # fmt: skip
-    return msgspec.structs.replace(r, version=r.version + 1, updated_at=now)
+    raise ValueError(f"job {r.id} has ended: its record changes no more")
 
 
 def run(
@@ -167,12 +170,16 @@ def run(
     from_scratch_ms = (time.thread_time() - t0) * 1000
     acc = Accounting.build(book, node_pool, records, NOW)
     current = {r.id: r for r in records}
-    ids = list(current)
+    ids = [r.id for r in records if r.state not in TERMINAL_STATES]  # (an ended job changes no more)
     changes = []
     for i in range(updates):
-        job = rng.choice(ids)
+        at = rng.randrange(len(ids))
+        job = ids[at]
         current[job] = _next_version(rng, current[job], NOW + i)
         changes.append(current[job])
+        if current[job].state in TERMINAL_STATES:
+            ids[at] = ids[-1]
+            ids.pop()
     update_ms = []
     for i, record in enumerate(changes):
         t0 = time.thread_time()
@@ -199,4 +206,5 @@ def run(
         "service_update_p99_ms": round(update_ms[int(0.99 * (len(update_ms) - 1))], 4),
         "publish_ms": round(statistics.median(publish), 2),
         "from_scratch_ms": round(from_scratch_ms, 1),
+        "records_kept": len(acc.records),
     }

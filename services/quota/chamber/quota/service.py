@@ -3,7 +3,10 @@
 At start the configuration is seeded from `CHAMBER_QUOTA_FILE` into the quota KV bucket if none is stored yet;
 afterwards the KV is the truth (admins change it through the gateway). Usage and spend come from the job records,
 so a restart recomputes them exactly: at start from all records, then one record write at a time, followed in the
-jobs KV (`chamber.quota.core.accounting`); a new configuration or a node changing pool rebuilds the sums once.
+jobs KV (`chamber.quota.core.accounting`). The service keeps only the records of jobs that have not ended (an ended
+job's record settles into the sums), so a new configuration or a node changing pool reads every record again, once;
+a node new to the inventory re-sums only the jobs not settled. Each write is taken in once (`follow_entries` skips
+what a recreated consumer delivers again): a settled job delivered twice would be counted twice.
 
 The records are followed, not the `decisions.state` announcements: the sums are a function of the current records,
 so the transitions between two writes of a record add nothing, and following needs no acks (three a job, which
@@ -17,7 +20,7 @@ from typing import Any
 import nats.errors
 import nats.js.errors
 
-from chamber.common.bus import Bus, PublishError
+from chamber.common.bus import Bus, BusError, PublishError
 from chamber.common.codec import Decoder
 from chamber.common.contracts import JobRecord, NodeInventory, QuotaConfig, QuotaState
 from chamber.common.jobstore import JobStore
@@ -44,8 +47,11 @@ class Quota:
         self.config_store = config_store
         self.config = QuotaConfig()
         self.accounting = Accounting(QuotaBook(self.config), {}, ctx.clock.now())
-        self._stale = False
-        """The configuration or a node's pool changed since the accounting was built."""
+        self._reload = False
+        """The configuration changed, or a node moved to another pool (or appeared where a settled job had run),
+        since the accounting was built: every record is read again."""
+        self._new_nodes = False
+        """Nodes new to the inventory since the accounting was built (see `Accounting.with_nodes`)."""
         self.node_pool: dict[str, str] = {}
         self.node_gpus: dict[str, int] = {}
         self._published: QuotaState | None = None
@@ -56,12 +62,24 @@ class Quota:
         await self.bootstrap()
         self._stop_follow = await self.config_store.follow(self._on_config)
         await self.bus.watch_latest(self.bus.names.subject("inventory.>"), Decoder(NodeInventory), self._on_inventory)
-        stored, last = await self.store.snapshot()
-        records = [rec for rec, _ in stored.values()]
-        self.accounting = Accounting.build(self._book(), self.node_pool, records, self.ctx.clock.now())
-        self._stale = False
-        self._stop_records = await self.store.follow(self.on_record, after=last)
+        await self.load()
         await self._drop_old_consumer()
+
+    async def load(self) -> None:
+        """Sum every record (those of ended jobs settle into the sums), then follow the writes after them."""
+        if self._stop_records is not None:
+            await self._stop_records()
+            self._stop_records = None
+        stored, last = await self.store.snapshot()
+        self._reload = self._new_nodes = False  # (changes from here on are not in the book built now)
+        records = (rec for rec, _ in stored.values())
+        self.accounting = Accounting.build(self._book(), self.node_pool, records, self.ctx.clock.now())
+        del stored
+        try:
+            self._stop_records = await self.store.follow_entries(self._on_entry, after=last)
+        except BusError:
+            self._reload = True  # not following: read everything again at the next turn
+            raise
 
     async def _drop_old_consumer(self) -> None:
         """Versions that consumed `decisions.state` left a durable consumer on DECISIONS, which nobody acks now."""
@@ -86,17 +104,24 @@ class Quota:
 
     @property
     def records(self) -> dict[str, JobRecord]:
+        """The records of the jobs that have not ended."""
         return self.accounting.records
 
     def _on_config(self, config: QuotaConfig) -> None:
-        self.config = config
-        self._stale = True
+        if config != self.config:  # (the same one again, as after a NATS restart, changes nothing)
+            self.config = config
+            self._reload = True
 
     def _on_inventory(self, inv: NodeInventory) -> None:
-        if self.node_pool.get(inv.node.name) != inv.node.pool:
-            self.node_pool[inv.node.name] = inv.node.pool
-            self._stale = True
-        self.node_gpus[inv.node.name] = len(inv.node.gpus)
+        name, pool = inv.node.name, inv.node.pool
+        known = self.node_pool.get(name)
+        if known != pool:
+            self.node_pool[name] = pool
+            if known is None and name not in self.accounting.settled_on_unknown:
+                self._new_nodes = True
+            else:
+                self._reload = True
+        self.node_gpus[name] = len(inv.node.gpus)
 
     def _book(self) -> QuotaBook:
         return QuotaBook(self.config, self.capacity())
@@ -110,12 +135,18 @@ class Quota:
     def on_record(self, record: JobRecord) -> None:
         self.accounting.apply(record, self.ctx.clock.now())
 
+    def _on_entry(self, job_id: str, record: JobRecord | None, sequence: int) -> None:
+        if record is not None:  # (None: a key removed; a job's spend stays where it was summed)
+            self.on_record(record)
+
     async def publish(self) -> None:
+        if self._reload:
+            await self.load()
+        elif self._new_nodes:
+            self._new_nodes = False
+            self.accounting.with_nodes(self.node_pool)
         now = self.ctx.clock.now()
         book = self._book()
-        if self._stale:
-            self.accounting = Accounting.build(book, self.node_pool, self.records.values(), now)
-            self._stale = False
         teams = self.accounting.teams(now, book)
         stale = self._published is None or now - self._published.computed_at >= REFRESH_S
         if not stale and self._published is not None and self._published.teams == teams:
@@ -130,6 +161,8 @@ class Quota:
                 await self.publish()
             except PublishError as exc:
                 log.warning("quota.publish_failed", error=str(exc))
+            except BusError as exc:  # reading the records again failed: tried again at the next turn
+                log.warning("quota.reload_failed", error=str(exc))
             await wait_event(stop, PUBLISH_INTERVAL_S)
         for stop_following in (self._stop_follow, self._stop_records):
             if stop_following is not None:

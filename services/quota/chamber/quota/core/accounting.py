@@ -12,15 +12,26 @@ A budget period counts a record's finished GPU time after the period start (a co
 from max(period start, attempt start): both fit the same linear form. When the period start moves (a new day,
 week or month), the teams concerned are summed again from their records.
 
-This equals `report.tally` (the definition, from scratch) for records whose times are not in the future; the
-property tests in tests/unit/quota/test_accounting.py hold it to that.
+Memory is bounded by the jobs that have not ended. A job that has ended (succeeded, failed or cancelled, its end
+not in the future) never changes again, so its record settles: its contribution stays in the sums and the record
+is let go (the jobs KV keeps it). What a settled job adds to the sums is fixed from then on but for one thing, the
+part of its GPU time inside a budget period, which a new period recounts from the records; a new period starts
+after the job ended, so it holds nothing of it (a record settles only once the period it is applied in is the
+current one, see `_roll`). What changes the sums of settled jobs, a new configuration (prices, periods, half-life)
+or a node that moved to another pool, means reading the records again (`Quota` does, from the KV); a node new to
+the inventory only re-sums the jobs not settled (`with_nodes`), unless a settled job ran on it before it was known
+(`settled_on_unknown`).
+
+This equals `report.tally` (the definition, from scratch) over every record, settled ones included, for records
+whose times are not in the future and a clock that does not go back; the property tests in
+tests/unit/quota/test_accounting.py hold it to that.
 """
 
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from chamber.common.contracts import JobRecord, TeamUsage
+from chamber.common.contracts import TERMINAL_STATES, JobRecord, TeamUsage
 from chamber.common.quota import QuotaBook
 from chamber.quota.core.report import (
     Tally,
@@ -90,6 +101,14 @@ class _Team:
     in_period: Grows = field(default_factory=Grows)
     in_period_cost: Grows = field(default_factory=Grows)
     jobs: set[str] = field(default_factory=set)
+    """Its jobs not settled."""
+    settled: int = 0
+    """Its jobs settled (see the module's docstring): their records are gone, their contributions stay."""
+
+    @property
+    def has_jobs(self) -> bool:
+        """Whether any record is the team's (the from-scratch sum lists only such teams)."""
+        return bool(self.jobs) or self.settled > 0
 
 
 class Accounting:
@@ -102,6 +121,10 @@ class Accounting:
         self.k = math.log(2) / book.config.usage_half_life_s
         self.budget_period = {t.name: t.budget.period for t in book.config.teams if t.budget}
         self.records: dict[str, JobRecord] = {}
+        """The records of the jobs not settled (those that have not ended)."""
+        self.settled_on_unknown: set[str] = set()
+        """Nodes missing from `node_pool` that a settled job ran on (it was summed in no pool): when one appears,
+        the sums are wrong until the records are read again."""
         self.counts = Tally()
         self._teams: dict[str, _Team] = {}
 
@@ -120,11 +143,33 @@ class Accounting:
         if known is not None and known.version >= record.version:
             return False
         self._maybe_rebase(now)
+        settles = record.state in TERMINAL_STATES and ended_at(record) <= now
+        if settles:
+            self._roll(record.spec.team, now)  # (its part of a period that began before `now` is counted in it)
         if known is not None:
             self._contribute(known, -1)
-        self.records[record.id] = record
         self._contribute(record, +1)
+        if settles:
+            self.records.pop(record.id, None)
+            s = self._teams[record.spec.team]
+            s.jobs.discard(record.id)
+            s.settled += 1
+            if record.placement is not None and record.placement.gpus:
+                node = record.placement.gpus[0].node
+                if node not in self.node_pool:
+                    self.settled_on_unknown.add(node)
+        else:
+            self.records[record.id] = record
         return True
+
+    def with_nodes(self, node_pool: Mapping[str, str]) -> None:
+        """Take in nodes new to the inventory (no node moved to another pool, none that a settled job ran on): only
+        the jobs not settled may be on them."""
+        for r in self.records.values():
+            self._contribute(r, -1)
+        self.node_pool = dict(node_pool)
+        for r in self.records.values():
+            self._contribute(r, +1)
 
     def teams(self, now: float, book: QuotaBook | None = None) -> dict[str, TeamUsage]:
         """Every team's usage at `now`; `book` brings current pool capacities (the configuration must be the same)."""
@@ -132,17 +177,14 @@ class Accounting:
 
     def tally(self, now: float) -> Tally:
         self._maybe_rebase(now)
-        for team, period in self.budget_period.items():
-            start = period_start(period, now)
-            state = self._teams.get(team)
-            if state is not None and state.period_start != start:
-                self._recount_period(team, state, start)
+        for team in self.budget_period:
+            self._roll(team, now)
         t = now - self.epoch
         decay = math.exp(-self.k * t)
-        counts = {team: row for team, row in self.counts.counts.items() if self._teams[team].jobs}
+        counts = {team: row for team, row in self.counts.counts.items() if self._teams[team].has_jobs}
         out = Tally(usage=self.counts.usage, demand=self.counts.demand, counts=counts)
         for team, s in self._teams.items():
-            if not s.jobs:
+            if not s.has_jobs:
                 continue
             out.hours[team] = s.hours.hours(t)
             pools = {p: g.hours(t) for p, g in s.by_pool.items() if g.reported(t)}
@@ -210,9 +252,22 @@ class Accounting:
         s.in_period.add(done, gpus, since, sign)
         s.in_period_cost.add(done * price, gpus * price, since, sign)
 
+    def _roll(self, team: str, now: float) -> None:
+        """Start the team's new budget period if one began by `now` (and the team has a budget). Only forward: a
+        period that settled jobs were counted in is never counted again without them."""
+        period = self.budget_period.get(team)
+        if period is None:
+            return
+        start = period_start(period, now)
+        s = self._teams.get(team)
+        if s is None:
+            self._teams[team] = _Team(period_start=start)
+        elif s.period_start is None or start > s.period_start:
+            self._recount_period(team, s, start)
+
     def _recount_period(self, team: str, s: _Team, start: float) -> None:
-        """A new period (day, week, month): what each record has in it from scratch, since the part of a run
-        before the new start no longer counts."""
+        """A new period (day, week, month): what each record not settled has in it from scratch, since the part of
+        a run before the new start no longer counts. A settled job has none: it ended before the period began."""
         s.period_start = start
         s.in_period, s.in_period_cost = Grows(), Grows()
         for job in s.jobs:
