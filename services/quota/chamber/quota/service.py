@@ -60,6 +60,7 @@ class Quota:
 
     async def start(self) -> None:
         await self.bootstrap()
+        self.config, _ = await self.config_store.get()  # (so the follow's first delivery, the same, reads nothing)
         self._stop_follow = await self.config_store.follow(self._on_config)
         await self.bus.watch_latest(self.bus.names.subject("inventory.>"), Decoder(NodeInventory), self._on_inventory)
         await self.load()
