@@ -20,3 +20,6 @@ def test_bench_e2e_places_every_submitted_job_and_prints_one_json_object(capsys:
         assert report[key] > 0
     assert {"gateway", "scheduler", "quota", "loadgen"} <= set(report["cpu_ms_per_job"])
     assert 0 <= report["running_peak"] <= report["pool_gpus"] == 32
+    assert {"gateway", "scheduler", "quota", "collector"} <= set(report["peak_rss_mb"])
+    assert all(mb > 0 for mb in report["peak_rss_mb"].values())
+    assert report["nats_server_version"].count(".") == 2

