@@ -127,6 +127,8 @@ class Accounting:
         the sums are wrong until the records are read again."""
         self.counts = Tally()
         self._teams: dict[str, _Team] = {}
+        self._starts: dict[str, tuple[float, float]] = {}
+        """Budget period -> (a time, the start of the period it falls in): the last one `_roll` asked for."""
 
     @classmethod
     def build(
@@ -258,7 +260,12 @@ class Accounting:
         period = self.budget_period.get(team)
         if period is None:
             return
-        start = period_start(period, now)
+        known = self._starts.get(period)
+        if known is not None and known[0] == now:
+            start = known[1]
+        else:  # (`build` settles every ended job at one `now`: the calendar is asked once per period)
+            start = period_start(period, now)
+            self._starts[period] = (now, start)
         s = self._teams.get(team)
         if s is None:
             self._teams[team] = _Team(period_start=start)
