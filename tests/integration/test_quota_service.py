@@ -235,3 +235,41 @@ async def test_ended_jobs_settle_and_a_new_price_reads_them_again(
             await eventually(lambda: usage_is(4.0, 12.0), what="the new price applies to every ended job")
     finally:
         await bus.close()
+
+
+def test_what_a_node_change_costs_depends_on_what_the_accounting_let_go() -> None:
+    """A node new to the inventory re-sums only the jobs kept; one that moved to another pool, or that a settled job
+    ran on before it was known, makes the service read every record again (their sums would be wrong)."""
+    from chamber.common.contracts import (
+        GpuRef,
+        JobRecord,
+        JobSpec,
+        JobState,
+        Node,
+        NodeInventory,
+        Placement,
+        Pool,
+        QuotaConfig,
+    )
+    from chamber.common.quota import QuotaBook
+    from chamber.quota.core.accounting import Accounting
+
+    def inventory(name: str, pool: str) -> NodeInventory:
+        return NodeInventory(node=Node(name=name, pool=pool, gpus=[]), pool=Pool(name=pool, gpu_model="H100"),
+                             observed_at=0.0)  # fmt: skip
+
+    q = quota.Quota.__new__(quota.Quota)
+    q.node_pool, q.node_gpus = {"n1": "p"}, {}
+    q.accounting = Accounting(QuotaBook(QuotaConfig()), q.node_pool, 100.0)
+    ended = JobRecord(id="j", spec=JobSpec(name="j", team="t", gpus_per_replica=1), state=JobState.SUCCEEDED,
+                      submitted_at=0.0, updated_at=50.0, started_at=0.0, finished_at=50.0, run_s=50.0,
+                      placement=Placement(attempt=1, gpus=[GpuRef("n9", 0)]))  # fmt: skip
+    q.accounting.apply(ended, 100.0)
+    cases = [("n2", "p", (False, True)), ("n1", "q", (True, False)), ("n9", "p", (True, False))]
+    for name, pool, flags in cases:
+        q._reload = q._new_nodes = False
+        q._on_inventory(inventory(name, pool))
+        assert (q._reload, q._new_nodes) == flags, name
+    q._reload = q._new_nodes = False
+    q._on_inventory(inventory("n2", "p"))
+    assert (q._reload, q._new_nodes) == (False, False), "the same inventory again changes nothing"
