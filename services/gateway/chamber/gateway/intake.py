@@ -35,7 +35,9 @@ class IntakeGate:
         self.forget_s = forget_s
         self._open: OrderedDict[str, float] = OrderedDict()
         """Job id -> when it was admitted (the loop's clock), oldest first."""
-        self._waiters: deque[asyncio.Future[None]] = deque()
+        self._waiters: deque[asyncio.Future[bool]] = deque()
+        """Waiting submits, first come first; each one's future says True when it was woken with a place kept for it,
+        False when it gave up waiting (`max_wait_s`)."""
         self._gone = 0
         """Futures in `_waiters` given up (timed out or cancelled), not popped yet."""
         self._woken = 0
@@ -58,23 +60,28 @@ class IntakeGate:
         if len(self._open) + self._woken < self.limit and len(self._waiters) == self._gone:
             self._open[job_id] = loop.time()
             return
-        turn: asyncio.Future[None] = loop.create_future()
+        turn: asyncio.Future[bool] = loop.create_future()
         self._waiters.append(turn)
         self._arm(loop)
+        # A timer that ends the wait, not `asyncio.wait(timeout=)`: that wraps each wait in a set, a waiter and
+        # callbacks, and most submits wait here under a burst.
+        timer = loop.call_later(self.max_wait_s, _give_up, turn)
         try:
-            await asyncio.wait([turn], timeout=self.max_wait_s)
+            await turn
         except BaseException:  # the request was cancelled (its client left): its place goes to the next
+            timer.cancel()
             self._leave(turn)
             self._wake()
             raise
+        timer.cancel()
         self._leave(turn)
         self._open.pop(job_id, None)
         self._open[job_id] = loop.time()
         self._wake()  # more places may be free than this one
         self._arm(loop)
 
-    def _leave(self, turn: "asyncio.Future[None]") -> None:
-        if turn.done() and not turn.cancelled():
+    def _leave(self, turn: "asyncio.Future[bool]") -> None:
+        if turn.done() and not turn.cancelled() and turn.result():
             self._woken -= 1  # the place kept for it is taken now (or given back)
             return
         turn.cancel()  # out of the queue (`_wake` skips it)
@@ -112,5 +119,11 @@ class IntakeGate:
             if turn.done():
                 self._gone -= 1
                 continue
-            turn.set_result(None)
+            turn.set_result(True)
             self._woken += 1
+
+
+def _give_up(turn: "asyncio.Future[bool]") -> None:
+    """`max_wait_s` passed: the submit goes ahead without a place kept for it."""
+    if not turn.done():
+        turn.set_result(False)
