@@ -69,11 +69,11 @@ class IntakeGate:
         try:
             await turn
         except BaseException:  # the request was cancelled (its client left): its place goes to the next
-            timer.cancel()
             self._leave(turn)
             self._wake()
             raise
-        timer.cancel()
+        finally:
+            timer.cancel()
         self._leave(turn)
         self._open.pop(job_id, None)
         self._open[job_id] = loop.time()

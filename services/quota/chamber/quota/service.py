@@ -133,12 +133,9 @@ class Quota:
             cap[pool] = cap.get(pool, 0) + self.node_gpus.get(node, 0)
         return cap
 
-    def on_record(self, record: JobRecord) -> None:
-        self.accounting.apply(record, self.ctx.clock.now())
-
     def _on_entry(self, job_id: str, record: JobRecord | None, sequence: int) -> None:
         if record is not None:  # (None: a key removed; a job's spend stays where it was summed)
-            self.on_record(record)
+            self.accounting.apply(record, self.ctx.clock.now())
 
     async def publish(self) -> None:
         if self._reload:
