@@ -421,6 +421,7 @@ class _Cycle:
                 continue
             if self._exhausted(job):
                 decisions.append(Wait(job.id, self._capacity_reason(job)))
+                self._new_heads_exhausted(heads, decisions)
                 break
             if self._hopeless(job):
                 if isinstance(heads.lane, Shape) and (verdict := self._shape_hopeless(heads.lane)):
@@ -823,6 +824,26 @@ class _Cycle:
         if ctx.reclaimable:
             return False
         return ctx.lowest_victim is None or job.priority <= ctx.lowest_victim
+
+    def _new_heads_exhausted(self, heads: Walk, decisions: list[Decision]) -> None:
+        """The walk stops at a head `_exhausted` finds nothing for, and so would each head after it, at its turn.
+        The heads that came up in this walk (the next job of a sub-queue whose head started, or a woken sub-queue's)
+        and were not reached are told so now, with the reason their turn would have given them. Before, they kept
+        the one they got when they arrived ("queued behind earlier jobs of the same priority, team and shape")
+        while first in their sub-queue: most heads of a full fleet. A head not reached that was one already when
+        the walk began was, in most cases, told in the cycle it became one, or on arrival, and that reason holds
+        (the service stores a reason only when its kind or words change; its numbers are rendered on read). A few
+        a cycle: as many as started in it."""
+        queue, blocked = self.state.queue, self.ctx.blocked_teams
+        told: set[SubQueue] = set()
+        for item in sorted(heads.pushed()):
+            sq = item[-1]
+            if sq.__class__ is not SubQueue or sq in told or sq.parked is not None:
+                continue
+            told.add(sq)
+            job = queue.head_of(sq)
+            if job is not None and job.team not in blocked and self._exhausted(job):
+                decisions.append(Wait(job.id, self._capacity_reason(job)))
 
     def _hopeless(self, job: PendingJob) -> bool:
         """Already known this cycle: its shape does not fit, it may neither preempt nor backfill, and nothing is

@@ -148,6 +148,10 @@ class Walk:
         """No more items from `lane`."""
         self._closed.add(lane)
 
+    def pushed(self) -> list[Entry]:
+        """The items pushed during the walk and not given yet (in no particular order)."""
+        return list(self._pushed)
+
     def rest(self) -> list[Entry]:
         """The items not yet given of the lane the last item came from (see `lane`)."""
         return self._lanes[self.lane][self._lane_next :] if self.lane is not None else []
