@@ -28,7 +28,10 @@ class Context:
     names: Names
 
     async def bus(self) -> Bus:
-        bus = await Bus.connect(self.settings.nats_url, self.names, self.service, replicas=self.settings.nats_replicas)
+        bus = await Bus.connect(
+            self.settings.nats_url, self.names, self.service, replicas=self.settings.nats_replicas,
+            direct=self.settings.nats_direct_publish,
+        )  # fmt: skip
         await bus.ensure_streams()
         return bus
 

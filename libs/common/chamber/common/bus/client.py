@@ -22,6 +22,7 @@ from nats.js.api import (
 from nats.js.kv import KeyValue
 
 from chamber.common.bus.consumer import BatchHandler, Consumer, EventHandler
+from chamber.common.bus.direct import DirectAckPipeline, direct_supported
 from chamber.common.bus.errors import BusError, BusUnavailable, PublishError
 from chamber.common.bus.pipeline import AckPipeline
 from chamber.common.bus.reading import read_stream
@@ -47,24 +48,29 @@ heartbeat a second."""
 class Bus:
     """One NATS connection with JetStream, scoped to a namespace."""
 
-    def __init__(self, nc: Client, names: Names, service: str) -> None:
+    def __init__(self, nc: Client, names: Names, service: str, *, direct_url: str | None = None) -> None:
+        """`direct_url`: the server's URL, for JetStream publishes over a connection of their own where it is a
+        single plain `nats://` one (`DirectAckPipeline`); without it they go through nats-py (`AckPipeline`)."""
         self.nc = nc
         self.js: JetStreamContext = nc.jetstream()
         self.names = names
         self.service = service
         self._consumers: list[Consumer[Any]] = []
         self._subscriptions: list[Any] = []
-        self._pipeline = AckPipeline(nc)
+        self._pipeline: AckPipeline | DirectAckPipeline = AckPipeline(nc)
+        if direct_url is not None and direct_supported(direct_url):
+            self._pipeline = DirectAckPipeline(direct_url, self._pipeline, name=f"chamber-{service}")
         self.replicas = 1
         """Copies of each stream and KV bucket this bus makes (`Settings.nats_replicas`)."""
 
     @classmethod
     async def connect(
-        cls, url: str, names: Names, service: str, *, timeout_s: float = 30.0, replicas: int = 1
+        cls, url: str, names: Names, service: str, *, timeout_s: float = 30.0, replicas: int = 1, direct: bool = True
     ) -> "Bus":
         """Connect, retrying until `timeout_s` (then `BusUnavailable` with the last error); afterwards nats-py
         reconnects by itself forever. nats-py retries a first connection forever too when reconnecting is allowed,
-        so the wait is bounded here, and the half-made client closed."""
+        so the wait is bounded here, and the half-made client closed. `direct`: JetStream publishes over a
+        connection of their own where the URL allows (`DirectAckPipeline`)."""
         last: list[Exception] = []
 
         async def on_error(exc: Exception) -> None:
@@ -94,7 +100,7 @@ class Bus:
                 raise
             cause = last[0] if last else exc
             raise BusUnavailable(f"cannot reach NATS at {redact(url)} within {timeout_s:g} s: {cause}") from exc
-        bus = cls(nc, names, service)
+        bus = cls(nc, names, service, direct_url=url if direct else None)
         bus.replicas = replicas
         return bus
 

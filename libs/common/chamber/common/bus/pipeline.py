@@ -42,7 +42,7 @@ class _Reply(msgspec.Struct):
 _decode_reply = msgspec.json.Decoder(_Reply).decode
 
 
-class _Batch:
+class AckBatch:
     """The acks of one `publish_many` call: filled in by the reply callback, one future for the whole batch (a
     future and a timeout per message cost more than the publish itself)."""
 
@@ -68,7 +68,7 @@ class AckPipeline:
         self.nc = nc
         self._prefix = ""
         self._counter = itertools.count()
-        self._waiting: dict[str, tuple[_Batch, int]] = {}
+        self._waiting: dict[str, tuple[AckBatch, int]] = {}
         self._sub: object | None = None
 
     async def publish_many(
@@ -80,9 +80,9 @@ class AckPipeline:
             self._prefix = f"{self.nc.new_inbox()}."
             self._sub = await self.nc.subscribe(f"{self._prefix}*", cb=self._on_reply)
         loop = asyncio.get_running_loop()
-        batch = _Batch(len(items), loop.create_future())
+        batch = AckBatch(len(items), loop.create_future())
         tokens: list[str] = []
-        timer = loop.call_later(timeout_s, _expire, batch.done)
+        timer = loop.call_later(timeout_s, expire_batch, batch.done)
         try:
             for index, (subject, data, headers) in enumerate(items):
                 token = str(next(self._counter))
@@ -113,21 +113,27 @@ class AckPipeline:
         self._waiting.clear()
 
 
-def _expire(done: "asyncio.Future[None]") -> None:
+def expire_batch(done: "asyncio.Future[None]") -> None:
     if not done.done():
         done.set_result(None)
 
 
 def _result(msg: Msg) -> PubAck | BusError:
-    status = (msg.headers or {}).get("Status")
+    headers = msg.headers or {}
+    return reply_result(headers.get("Status", ""), headers.get("Description", ""), msg.data)
+
+
+def reply_result(status: str, description: str, data: bytes) -> PubAck | BusError:
+    """What a reply to a JetStream publish says: its ack, or why the message was not stored (`status` and
+    `description` are those of a status the server itself sent: 503, no stream stores the subject)."""
     if status == "503":
         return PublishError("publish refused: no stream stores this subject (no responders)")
     if status:
-        return PublishError(f"publish refused: status {status} {(msg.headers or {}).get('Description', '')}")
+        return PublishError(f"publish refused: status {status} {description}")
     try:
-        reply = _decode_reply(msg.data)
+        reply = _decode_reply(data)
     except msgspec.DecodeError:
-        return PublishError(f"publish refused: unreadable ack {msg.data[:80]!r}")
+        return PublishError(f"publish refused: unreadable ack {data[:80]!r}")
     if reply.error is not None:
         text = f"publish refused: code={reply.error.code} err_code={reply.error.err_code} {reply.error.description}"
         if reply.error.err_code == WRONG_LAST_SEQUENCE:
