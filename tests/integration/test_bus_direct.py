@@ -11,7 +11,7 @@ from nats.js.api import PubAck
 
 from chamber.cli.infra import embedded_nats
 from chamber.common.bus import Bus, BusError, PublishError
-from chamber.common.bus.direct import DirectAckPipeline, _Protocol, _ReplyParser, direct_supported
+from chamber.common.bus.direct import DirectAckPipeline, direct_supported
 from chamber.common.bus.pipeline import AckPipeline
 from chamber.common.settings import Settings
 from chamber.common.subjects import Names
@@ -27,40 +27,6 @@ def test_only_a_single_plain_server_is_published_to_directly() -> None:
     assert not direct_supported("tls://nats.example:4222")
     assert not direct_supported("nats://a:4222,nats://b:4222")
     assert not direct_supported("ws://nats.example:8080")
-
-
-class _Replies:
-    def __init__(self) -> None:
-        self.got: list[tuple[bytes, bytes, bytes]] = []
-        self.controls: list[bytes] = []
-
-    def _on_reply(self, subject: bytes, header: bytes, payload: bytes) -> None:
-        self.got.append((subject, header, payload))
-
-    def control(self, op: bytes, line: bytes) -> None:
-        self.controls.append(op)
-
-
-def test_replies_are_cut_from_frames_split_anywhere() -> None:
-    """A reply split across reads (at every byte) is taken once complete; statuses keep their header block."""
-    stream = (
-        b'INFO {}\r\nMSG _INBOX.x.1 1 22\r\n{"stream":"S","seq":1}\r\nPING\r\n'
-        b"HMSG _INBOX.x.2 1 16 16\r\nNATS/1.0 503\r\n\r\n\r\n+OK\r\nMSG _INBOX.x.3 1 0\r\n\r\n"
-    )
-    for cut in range(1, len(stream)):
-        owner = _Replies()
-        protocol = _Protocol.__new__(_Protocol)
-        protocol.owner = owner  # type: ignore[assignment]
-        protocol.control = owner.control  # type: ignore[method-assign]
-        parser = _ReplyParser(protocol)
-        parser.feed(stream[:cut])
-        parser.feed(stream[cut:])
-        assert owner.got == [
-            (b"_INBOX.x.1", b"", b'{"stream":"S","seq":1}'),
-            (b"_INBOX.x.2", b"NATS/1.0 503\r\n\r\n", b""),
-            (b"_INBOX.x.3", b"", b""),
-        ], cut
-        assert owner.controls == [b"INFO", b"PING", b"+OK\r"], cut
 
 
 async def test_a_bad_message_is_refused_alone(bus: Bus) -> None:

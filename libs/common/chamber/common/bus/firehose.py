@@ -21,7 +21,7 @@ import contextlib
 import json
 import socket
 from collections.abc import Awaitable, Callable
-from typing import cast
+from typing import Any, cast
 from urllib.parse import unquote, urlparse
 
 from chamber.common.log import get_logger
@@ -55,49 +55,70 @@ def _enlarge_receive_buffer(sock: socket.socket | None) -> None:
 
 
 class FrameParser:
-    """Cuts NATS server-to-client protocol into payloads; answers nothing itself (it counts PINGs and PONGs)."""
+    """Cuts NATS server-to-client protocol into frames; answers nothing itself (it counts PINGs and PONGs, keeps
+    the server's last INFO and its errors). By default each MSG/HMSG frame is its payload; with `replies`, it is
+    (subject, header block, payload): what `DirectAckPipeline` needs to match an ack to its publish."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, replies: bool = False) -> None:
         self._rest = b""
+        self._replies = replies
         self.pings = 0
         self.pongs = 0
+        self.info: bytes | None = None
+        """The JSON of the last INFO the server sent."""
         self.errors: list[str] = []
 
-    def feed(self, data: bytes, out: list[bytes]) -> None:
-        """Append the payload of every complete MSG/HMSG frame in what came so far to `out`; keep the rest."""
+    def feed(self, data: bytes, out: list[Any]) -> None:
+        """Append every complete MSG/HMSG frame in what came so far to `out`; keep the rest."""
         if self._rest:
             data = self._rest + data
         pos, end_of_data = 0, len(data)
-        find = data.find
+        find, replies = data.find, self._replies
         while True:
             eol = find(b"\r\n", pos)
             if eol < 0:
                 break
             op = data[pos : pos + 4]
-            if op == b"MSG ":
+            if op == b"MSG ":  # MSG <subject> <sid> [reply] <size>
                 size = int(data[data.rfind(b" ", pos, eol) + 1 : eol])
                 start = eol + 2
                 if start + size + 2 > end_of_data:
                     break
-                out.append(data[start : start + size])
+                payload = data[start : start + size]
+                out.append((data[pos + 4 : find(b" ", pos + 4)], b"", payload) if replies else payload)
                 pos = start + size + 2
-            elif op == b"HMSG":
+            elif op == b"HMSG":  # HMSG <subject> <sid> [reply] <header size> <total size>
                 args = data[pos + 5 : eol].split(b" ")
                 header, total = int(args[-2]), int(args[-1])
                 start = eol + 2
                 if start + total + 2 > end_of_data:
                     break
-                out.append(data[start + header : start + total])
+                payload = data[start + header : start + total]
+                out.append((args[0], data[start : start + header], payload) if replies else payload)
                 pos = start + total + 2
             else:
                 if op == b"PING":
                     self.pings += 1
                 elif op == b"PONG":
                     self.pongs += 1
+                elif op == b"INFO":
+                    self.info = data[pos + 5 : eol]
                 elif op == b"-ERR":
                     self.errors.append(data[pos + 5 : eol].decode(errors="replace"))
-                pos = eol + 2  # PONG, +OK, INFO
+                pos = eol + 2  # +OK
         self._rest = data[pos:] if pos < end_of_data else b""
+
+
+def connect_options(url: str, name: str, **extra: object) -> dict[str, object]:
+    """The CONNECT options of a plain connection to the server of `url` (user and password, or a token, from it)."""
+    parsed = urlparse(url)
+    options: dict[str, object] = {"verbose": False, "pedantic": False, "name": name, "lang": "python",
+                                  "protocol": 1, "headers": True, **extra}  # fmt: skip
+    if parsed.username and parsed.password is not None:
+        options["user"], options["pass"] = unquote(parsed.username), unquote(parsed.password)
+    elif parsed.username:
+        options["auth_token"] = unquote(parsed.username)
+    return options
 
 
 class _Protocol(asyncio.Protocol):
@@ -182,12 +203,7 @@ class Firehose:
         transport, protocol = await loop.create_connection(
             lambda: _Protocol(self), parsed.hostname or "127.0.0.1", parsed.port or 4222
         )
-        options: dict[str, object] = {"verbose": False, "pedantic": False, "name": self.name, "lang": "python",
-                                      "protocol": 1, "headers": True}  # fmt: skip
-        if parsed.username and parsed.password is not None:
-            options["user"], options["pass"] = unquote(parsed.username), unquote(parsed.password)
-        elif parsed.username:
-            options["auth_token"] = unquote(parsed.username)
+        options = connect_options(self.url, self.name)
         protocol.transport = transport
         _enlarge_receive_buffer(transport.get_extra_info("socket"))
         transport.write(
