@@ -46,7 +46,8 @@ heartbeat a second."""
 
 
 class Bus:
-    """One NATS connection with JetStream, scoped to a namespace."""
+    """One NATS connection with JetStream, scoped to a namespace (and, where the URL allows, a second plain one for
+    the publishes that wait for their ack: `DirectAckPipeline`)."""
 
     def __init__(self, nc: Client, names: Names, service: str, *, direct_url: str | None = None) -> None:
         """`direct_url`: the server's URL, for JetStream publishes over a connection of their own where it is a
