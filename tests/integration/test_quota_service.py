@@ -273,3 +273,42 @@ def test_what_a_node_change_costs_depends_on_what_the_accounting_let_go() -> Non
     q._reload = q._new_nodes = False
     q._on_inventory(inventory("n2", "p"))
     assert (q._reload, q._new_nodes) == (False, False), "the same inventory again changes nothing"
+
+
+def test_the_writes_followed_in_a_second_are_taken_in_once_a_job() -> None:
+    """A job placed, started and ended between two publications is taken in once, as its last record, and sums to
+    what the three writes taken in one by one sum to; a write the records read at start hold already is skipped
+    (taken in again, a settled job would be counted twice)."""
+    from chamber.common.contracts import GpuRef, JobRecord, JobSpec, JobState, Placement, QuotaConfig
+    from chamber.common.quota import QuotaBook
+    from chamber.quota.core.accounting import Accounting
+    from tests.unit.quota.test_accounting import assert_same
+
+    placement = Placement(attempt=1, gpus=[GpuRef("n1", 0), GpuRef("n1", 1)])
+    spec = JobSpec(name="j", team="t", gpus_per_replica=2)
+    writes = [
+        JobRecord(id="j", spec=spec, state=JobState.RUNNING, submitted_at=0.0, updated_at=1.0, placement=placement,
+                  version=1),  # placed, not started yet
+        JobRecord(id="j", spec=spec, state=JobState.RUNNING, submitted_at=0.0, updated_at=2.0, started_at=2.0,
+                  placement=placement, version=2),
+        JobRecord(id="j", spec=spec, state=JobState.SUCCEEDED, submitted_at=0.0, updated_at=50.0, started_at=2.0,
+                  finished_at=50.0, run_s=48.0, placement=placement, version=3),
+    ]  # fmt: skip
+    one_by_one = Accounting(QuotaBook(QuotaConfig()), {"n1": "p"}, 100.0)
+    for record in writes:
+        one_by_one.apply(record, 100.0)
+
+    q = quota.Quota.__new__(quota.Quota)
+    q.ctx = types.SimpleNamespace(clock=types.SimpleNamespace(now=lambda: 100.0))  # type: ignore[assignment]
+    q.accounting = Accounting(QuotaBook(QuotaConfig()), {"n1": "p"}, 100.0)
+    q._arrived, q._read_up_to = {}, 10
+    q._on_entry("j", writes[2], 9)  # read at start already
+    q.take_arrived()
+    assert not q.accounting.teams(100.0)
+    for sequence, record in zip((11, 12, 13), writes, strict=True):
+        q._on_entry("j", record, sequence)
+    assert list(q._arrived.values()) == [writes[2]]
+    q.take_arrived()
+    assert_same(q.accounting.teams(100.0), one_by_one.teams(100.0))
+    assert q.accounting.teams(100.0)["t"].gpu_hours == pytest.approx(2 * 48 / 3600, abs=1e-4)
+    assert not q._arrived

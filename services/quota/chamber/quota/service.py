@@ -2,11 +2,12 @@
 
 At start the configuration is seeded from `CHAMBER_QUOTA_FILE` into the quota KV bucket if none is stored yet;
 afterwards the KV is the truth (admins change it through the gateway). Usage and spend come from the job records,
-so a restart recomputes them exactly: at start from all records, then one record write at a time, followed in the
-jobs KV (`chamber.quota.core.accounting`). The service keeps only the records of jobs that have not ended (an ended
-job's record settles into the sums), so a new configuration or a node changing pool reads every record again, once;
-a node new to the inventory re-sums only the jobs not settled. Each write is taken in once (`follow_entries` skips
-what a recreated consumer delivers again): a settled job delivered twice would be counted twice.
+so a restart recomputes them exactly: at start from all records, then the writes followed in the jobs KV, taken in
+before each publication, the newest of each job (`chamber.quota.core.accounting`). The service keeps only the
+records of jobs that have not ended (an ended job's record settles into the sums), so a new configuration or a node
+changing pool reads every record again, once; a node new to the inventory re-sums only the jobs not settled. Each
+write is taken in once (`follow_entries` skips what a recreated consumer delivers again, and a write the records
+read at start hold already is skipped too): a settled job taken in twice would be counted twice.
 
 The records are followed, not the `decisions.state` announcements: the sums are a function of the current records,
 so the transitions between two writes of a record add nothing, and following needs no acks (three a job, which
@@ -57,6 +58,12 @@ class Quota:
         self._published: QuotaState | None = None
         self._stop_follow: Callable[[], Any] | None = None
         self._stop_records: Callable[[], Any] | None = None
+        self._arrived: dict[str, JobRecord] = {}
+        """The records written since the accounting last took them in, the newest of each job: taken in together
+        before the sums are read (`publish`), so a job placed, started and perhaps ended within that second is
+        summed once, not once per write (the sums are a function of the current records)."""
+        self._read_up_to = 0
+        """The stream sequence the accounting was built up to (`load`): a write at or before it is in it already."""
 
     async def start(self) -> None:
         await self.bootstrap()
@@ -73,6 +80,8 @@ class Quota:
             self._stop_records = None
         stored, last = await self.store.snapshot()
         self._reload = self._new_nodes = False  # (what changed until now is in the accounting built next)
+        self._arrived.clear()
+        self._read_up_to = last
         records = (rec for rec, _ in stored.values())
         self.accounting = Accounting.build(self._book(), self.node_pool, records, self.ctx.clock.now())
         del stored
@@ -134,8 +143,18 @@ class Quota:
         return cap
 
     def _on_entry(self, job_id: str, record: JobRecord | None, sequence: int) -> None:
-        if record is not None:  # (None: a key removed; a job's spend stays where it was summed)
-            self.accounting.apply(record, self.ctx.clock.now())
+        if record is None or sequence <= self._read_up_to:  # (None: a key removed; its spend stays summed)
+            return
+        known = self._arrived.get(record.id)
+        if known is None or known.version < record.version:
+            self._arrived[record.id] = record
+
+    def take_arrived(self) -> None:
+        """Take the records written since the last time into the accounting."""
+        arrived, self._arrived = self._arrived, {}
+        now = self.ctx.clock.now()
+        for record in arrived.values():
+            self.accounting.apply(record, now)
 
     async def publish(self) -> None:
         if self._reload:
@@ -143,6 +162,7 @@ class Quota:
         elif self._new_nodes:
             self._new_nodes = False
             self.accounting.with_nodes(self.node_pool)
+        self.take_arrived()
         now = self.ctx.clock.now()
         book = self._book()
         teams = self.accounting.teams(now, book)
