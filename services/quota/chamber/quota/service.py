@@ -63,7 +63,8 @@ class Quota:
         before the sums are read (`publish`), so a job placed, started and perhaps ended within that second is
         summed once, not once per write (the sums are a function of the current records)."""
         self._read_up_to = 0
-        """The stream sequence the accounting was built up to (`load`): a write at or before it is in it already."""
+        """The stream sequence the accounting was built up to (`load`): a write at or before it is in it already (the
+        new follow starts after it; this also drops a late delivery of the follow stopped for the reload)."""
 
     async def start(self) -> None:
         await self.bootstrap()
