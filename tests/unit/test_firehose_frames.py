@@ -1,5 +1,6 @@
-"""The frame cutter of the Firehose and of the direct publish path: NATS server protocol in, payloads (or, for
-replies, subject, header block and payload) out, whatever the read boundaries."""
+"""The frame cutter of the Firehose, the direct publish path and the ordered reader: NATS server protocol in,
+payloads (or, for replies, subject, header block and payload; in full, also the sid and the reply subject) out,
+whatever the read boundaries."""
 
 import pytest
 
@@ -58,6 +59,27 @@ def test_replies_keep_their_subject_and_header_block(step: int) -> None:
     assert parser.info == b'{"server_id":"x"}'
     parser.feed(b"MSG _INBOX.x.1 1 _INBOX.y 2\r\n{}\r\nHMSG _INBOX.x.2 1 16 16\r\nNATS/1.0 503\r\n\r\n\r\n", out)
     assert out[-2:] == [(b"_INBOX.x.1", b"", b"{}"), (b"_INBOX.x.2", b"NATS/1.0 503\r\n\r\n", b"")]
+
+
+@pytest.mark.parametrize("step", [1, 2, 3, 7, 64, 1000, 4096])
+def test_full_frames_keep_the_sid_and_the_reply_subject(step: int) -> None:
+    """`OrderedReader` tells its consumer's deliveries from the API's answers by the sid, and reads the sequences
+    from the reply subject."""
+    data = (
+        b"MSG _INBOX.api.1 1 5\r\nhello\r\n"
+        b"HMSG $KV.b.j1 7 $JS.ACK.KV_b.c.1.42.3.1700000000.0 22 24\r\nNATS/1.0\r\nKV-Op: x\r\n\r\n{}\r\n"
+        b"HMSG _INBOX.d 7 31 31\r\nNATS/1.0 100 Idle Heartbeat\r\n\r\n\r\n"
+        b"MSG $KV.b.j2 7 $JS.ACK.KV_b.c.1.43.4.1700000000.0 2\r\n{}\r\n"
+    )
+    parser, out = FrameParser(full=True), list[tuple[bytes, bytes, bytes, bytes, bytes]]()
+    for i in range(0, len(data), step):
+        parser.feed(data[i : i + step], out)
+    assert out == [
+        (b"_INBOX.api.1", b"1", b"", b"", b"hello"),
+        (b"$KV.b.j1", b"7", b"$JS.ACK.KV_b.c.1.42.3.1700000000.0", b"NATS/1.0\r\nKV-Op: x\r\n\r\n", b"{}"),
+        (b"_INBOX.d", b"7", b"", b"NATS/1.0 100 Idle Heartbeat\r\n\r\n", b""),
+        (b"$KV.b.j2", b"7", b"$JS.ACK.KV_b.c.1.43.4.1700000000.0", b"", b"{}"),
+    ]
 
 
 @pytest.mark.parametrize(

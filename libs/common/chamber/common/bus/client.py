@@ -59,7 +59,11 @@ class Bus:
         self._consumers: list[Consumer[Any]] = []
         self._subscriptions: list[Any] = []
         self._pipeline: AckPipeline | DirectAckPipeline = AckPipeline(nc)
+        self.plain_url: str | None = None
+        """The server's URL where connections of their own may be made to it (`DirectAckPipeline`, and the job-record
+        follows' `OrderedReader`): a single plain `nats://` server; None otherwise (nats-py does it all)."""
         if direct_url is not None and direct_supported(direct_url):
+            self.plain_url = direct_url.strip()
             self._pipeline = DirectAckPipeline(direct_url, self._pipeline, name=f"chamber-{service}")
         self.replicas = 1
         """Copies of each stream and KV bucket this bus makes (`Settings.nats_replicas`)."""
