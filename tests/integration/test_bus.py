@@ -8,6 +8,7 @@ from nats.js.api import AckPolicy, ConsumerConfig
 from chamber.common.bus import Bus, Consumer
 from chamber.common.bus.errors import BusError, PublishError, WrongLastSequence
 from chamber.common.bus.pipeline import AckPipeline
+from chamber.common.bus.plain_puller import PlainMsg, PlainPuller
 from chamber.common.bus.puller import Puller
 from chamber.common.bus.reading import _left, read_stream
 from chamber.common.codec import Decoder, encode
@@ -16,6 +17,23 @@ from chamber.common.subjects import DEADLETTER, JOBS, STREAMS, TELEMETRY
 from tests.support.services import eventually
 
 pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(params=["plain", "nats-py"])
+def pull_bus(request: pytest.FixtureRequest, bus: Bus) -> Bus:
+    """The bus, its consumers pulling over a plain connection of their own (`PlainPuller`), or through nats-py
+    (`Puller`: what a server that asks for TLS gets)."""
+    if request.param == "nats-py":
+        bus.plain_url = None
+    else:
+        assert bus.plain_url is not None, "the tests' NATS is a plain nats:// server"
+    return bus
+
+
+def make_puller(bus: Bus, stream: str, durable: str, batch: int) -> Puller | PlainPuller:
+    if bus.plain_url is None:
+        return Puller(bus.nc, stream, durable, batch=batch)
+    return PlainPuller(bus.plain_url, stream, durable, batch=batch)
 
 
 async def test_streams_are_declared_idempotently_with_their_limits(bus: Bus) -> None:
@@ -92,9 +110,10 @@ async def _ignore(msg: object) -> None:
     return None
 
 
-async def test_a_consumer_takes_batches_in_stream_order_with_few_pull_requests_open(bus: Bus) -> None:
+async def test_a_consumer_takes_batches_in_stream_order_with_few_pull_requests_open(pull_bus: Bus) -> None:
     """The next batch is asked for while one is handled (so batches of many arrive under load), but never more
     than a few requests wait on the server, and every message is handled once, in order."""
+    bus = pull_bus
     await bus.ensure_streams()
     handled: list[str] = []
     sizes: list[int] = []
@@ -129,7 +148,8 @@ async def test_a_consumer_takes_batches_in_stream_order_with_few_pull_requests_o
     assert info.num_pending == 0
 
 
-async def test_a_message_is_acked_only_after_the_handler_succeeds(bus: Bus) -> None:
+async def test_a_message_is_acked_only_after_the_handler_succeeds(pull_bus: Bus) -> None:
+    bus = pull_bus
     seen: list[str] = []
 
     async def flaky(event: JobCancelRequested) -> None:
@@ -150,10 +170,11 @@ async def test_a_message_is_acked_only_after_the_handler_succeeds(bus: Bus) -> N
     assert seen == ["j1", "j1"], "redelivered after the failure"
 
 
-async def test_a_stopping_consumer_gives_back_what_it_received_and_did_not_handle(bus: Bus) -> None:
+async def test_a_stopping_consumer_gives_back_what_it_received_and_did_not_handle(pull_bus: Bus) -> None:
     """Messages its puller received while the handler was busy, still unhandled when the consumer stops, are given
     back at once (nak), not left unacked for the ack wait: a deposed scheduler that woke held a job's finish for
     30 s that way while the new leader ran."""
+    bus = pull_bus
     await bus.ensure_streams()
     busy, release = asyncio.Event(), asyncio.Event()
 
@@ -183,10 +204,11 @@ async def test_a_stopping_consumer_gives_back_what_it_received_and_did_not_handl
         await msg.ack()
 
 
-async def test_a_message_published_after_a_consumer_stopped_goes_to_the_next_instance_at_once(bus: Bus) -> None:
+async def test_a_message_published_after_a_consumer_stopped_goes_to_the_next_instance_at_once(pull_bus: Bus) -> None:
     """A stopped consumer's puller leaves pull requests open (nothing cancels them), but it unsubscribed their
     inbox: the server delivers only to requests someone still listens to, so a message published in the next
     seconds is not lost into the dead inbox for the ack wait (30 s) but goes to the next instance."""
+    bus = pull_bus
     await bus.ensure_streams()
 
     async def ignore(event: JobCancelRequested) -> None:
@@ -204,10 +226,11 @@ async def test_a_message_published_after_a_consumer_stopped_goes_to_the_next_ins
     await msgs[0].ack()
 
 
-async def test_messages_wait_out_a_dependency_outage_however_many_deliveries_it_takes(bus: Bus) -> None:
+async def test_messages_wait_out_a_dependency_outage_however_many_deliveries_it_takes(pull_bus: Bus) -> None:
     """A handler failing because a dependency is down (the ledger unreachable) fails for every message, however
     often each is delivered: none is dead-lettered, and all are applied once it is back. A handler failing for a
     message's own sake is still given up on after `max_attempts`."""
+    bus = pull_bus
 
     class Down(Exception):
         pass
@@ -249,7 +272,8 @@ async def test_messages_wait_out_a_dependency_outage_however_many_deliveries_it_
     assert consumer.processed == 3
 
 
-async def test_garbage_is_dead_lettered_and_the_consumer_goes_on(bus: Bus) -> None:
+async def test_garbage_is_dead_lettered_and_the_consumer_goes_on(pull_bus: Bus) -> None:
+    bus = pull_bus
     handled: list[str] = []
 
     async def handler(event: JobCancelRequested) -> None:
@@ -285,13 +309,14 @@ async def test_read_latest_returns_the_last_message_per_subject(bus: Bus) -> Non
     assert sorted((e.job_id, e.requested_at) for e in latest) == [("a", 2.0), ("b", 3.0)]
 
 
-async def test_a_pull_request_the_server_refuses_is_an_error_not_a_wait(bus: Bus) -> None:
+async def test_a_pull_request_the_server_refuses_is_an_error_not_a_wait(pull_bus: Bus) -> None:
     """A 409 (here: the consumer was deleted under an open request) comes back from `fetch` as a BusError (the
     consumer loop logs it and backs off); later fetches wait quietly instead of spinning."""
+    bus = pull_bus
     await bus.ensure_streams()
     stream = bus.names.stream(JOBS)
     await bus.js.add_consumer(stream, ConsumerConfig(durable_name="gone", ack_policy=AckPolicy.EXPLICIT))
-    puller = Puller(bus.nc, stream, "gone", batch=8)
+    puller = make_puller(bus, stream, "gone", batch=8)
     await puller.start()
     assert await puller.fetch(timeout_s=0.2) == []
     await bus.js.delete_consumer(stream, "gone")
@@ -299,12 +324,14 @@ async def test_a_pull_request_the_server_refuses_is_an_error_not_a_wait(bus: Bus
         await puller.fetch(timeout_s=2.0)
     assert await puller.fetch(timeout_s=0.2) == []
     await puller.stop()
+    await puller.close()
 
 
-async def test_replayed_and_redelivered_messages_go_to_the_recheck_handler(bus: Bus) -> None:
+async def test_replayed_and_redelivered_messages_go_to_the_recheck_handler(pull_bus: Bus) -> None:
     """A crashed instance received two messages and never acked them: the next instance replays them at start,
     and JetStream redelivers them after the ack wait; both times they go to `recheck_handler` (they may have been
     handled before), while a message delivered for the first time goes to the batch handler."""
+    bus = pull_bus
     await bus.ensure_streams()
     stream = bus.names.stream(JOBS)
     fresh: list[str] = []
@@ -332,11 +359,12 @@ async def test_replayed_and_redelivered_messages_go_to_the_recheck_handler(bus: 
         ConsumerConfig(durable_name="t", ack_policy=AckPolicy.EXPLICIT, ack_wait=2.0, max_ack_pending=10_000,
                        filter_subject=bus.names.subject("jobs.>")),
     )  # fmt: skip
-    crashed = Puller(bus.nc, stream, "t", batch=8)
+    crashed = make_puller(bus, stream, "t", batch=8)
     await crashed.start()
     got = await crashed.fetch(timeout_s=2.0)
     assert [m.subject.rsplit(".", 1)[1] for m in got] == ["a", "b"]
     await crashed.stop()  # it dies without acking
+    await crashed.close()
 
     consumer = make()
     await consumer.start()
@@ -393,3 +421,39 @@ async def test_connecting_to_an_unreachable_server_fails_within_the_timeout_with
     with pytest.raises(BusUnavailable, match=f"cannot reach NATS at {url} within 1 s"):
         await asyncio.wait_for(Bus.connect(url, Names("unreachable"), "test", timeout_s=1.0), 10)
     assert loop.time() - started < 5
+
+
+async def test_a_plain_puller_whose_connection_drops_pulls_again_and_writes_the_acks_it_kept(bus: Bus) -> None:
+    """`PlainPuller` makes its connection again; requests open on the lost one are forgotten (new ones go out), and
+    acks made while it was away are written on the next one, so nothing waits for the ack wait."""
+    await bus.ensure_streams()
+    stream = bus.names.stream(JOBS)
+    await bus.js.add_consumer(
+        stream,
+        ConsumerConfig(durable_name="p", ack_policy=AckPolicy.EXPLICIT, ack_wait=30.0,
+                       filter_subject=bus.names.subject("jobs.>")),
+    )  # fmt: skip
+    assert bus.plain_url is not None
+    puller = PlainPuller(bus.plain_url, stream, "p", batch=8)
+    await puller.start()
+    for job in ("a", "b", "c"):
+        await bus.publish(bus.names.job_cancel(job), JobCancelRequested(job_id=job, requested_at=1.0))
+    got = await puller.fetch(timeout_s=2.0)
+    assert [m.subject.rsplit(".", 1)[1] for m in got] == ["a", "b", "c"]
+    assert puller._protocol is not None
+    puller._protocol.abort()  # as a dropped TCP connection
+    for msg in got:
+        await msg.ack()  # while it is away: kept, and written once it is back
+    await bus.publish(bus.names.job_cancel("d"), JobCancelRequested(job_id="d", requested_at=2.0))
+    more: list[PlainMsg] = []
+    for _ in range(10):  # (a fetch waiting when the connection dropped comes back empty, as a timeout would)
+        more = more or await puller.fetch(timeout_s=1.0)
+    assert [m.subject.rsplit(".", 1)[1] for m in more] == ["d"]
+    await more[0].ack()
+
+    async def all_acked() -> bool:
+        return bool((await bus.js.consumer_info(stream, "p")).num_ack_pending == 0)
+
+    await eventually(all_acked, what="every ack written, those made while the connection was away too")
+    await puller.stop()
+    await puller.close()

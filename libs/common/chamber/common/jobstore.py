@@ -16,7 +16,8 @@ from nats.js.api import ConsumerConfig, DeliverPolicy
 from nats.js.kv import KV_DEL, KV_OP, KV_PURGE, KeyValue
 
 from chamber.common.bus import ORDERED_HEARTBEAT_S, Bus, BusError, WrongLastSequence, messages_left, read_stream
-from chamber.common.bus.ordered import OrderedReader, Unsupported
+from chamber.common.bus.ordered import OrderedReader
+from chamber.common.bus.plain import Unsupported
 from chamber.common.codec import DecodeError, Decoder, encode
 from chamber.common.contracts import JobRecord
 from chamber.common.log import get_logger

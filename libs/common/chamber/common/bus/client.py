@@ -25,6 +25,7 @@ from chamber.common.bus.consumer import BatchHandler, Consumer, EventHandler
 from chamber.common.bus.direct import DirectAckPipeline, direct_supported
 from chamber.common.bus.errors import BusError, BusUnavailable, PublishError
 from chamber.common.bus.pipeline import AckPipeline
+from chamber.common.bus.puller import Delivered
 from chamber.common.bus.reading import read_stream
 from chamber.common.codec import DecodeError, Decoder, encode
 from chamber.common.log import get_logger
@@ -164,7 +165,7 @@ class Bus:
         except nats.errors.Error as exc:
             raise PublishError(f"publish to {subject} not acknowledged: {exc}") from exc
 
-    async def dead_letter(self, msg: Msg, reason: str) -> None:
+    async def dead_letter(self, msg: Delivered, reason: str) -> None:
         """Keep a message no consumer can use, with why, for an operator; never raise."""
         headers = {
             "Chamber-Reason": reason[:1000],

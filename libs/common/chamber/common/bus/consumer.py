@@ -28,10 +28,11 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import nats.errors
 import nats.js.errors
-from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
-from chamber.common.bus.puller import Puller
+from chamber.common.bus.plain import Unsupported
+from chamber.common.bus.plain_puller import PlainPuller
+from chamber.common.bus.puller import Delivered, Puller
 from chamber.common.bus.reading import read_stream
 from chamber.common.codec import DecodeError, Decoder
 from chamber.common.log import get_logger
@@ -78,7 +79,7 @@ class Consumer(Generic[T]):
         self.max_attempts = max_attempts
         self.outage = outage
         self._task: asyncio.Task[None] | None = None
-        self._puller: Puller | None = None
+        self._puller: Puller | PlainPuller | None = None
         self._stopping = asyncio.Event()
         self.processed = 0
         self.rejected = 0
@@ -100,10 +101,24 @@ class Consumer(Generic[T]):
         # delivered, and the replay missed a submission a SIGKILLed scheduler had received (30 s late).
         info = await self.bus.js.consumer_info(self.stream, self.durable)
         await self._replay_unacked(info)
-        puller = self._puller = Puller(self.bus.nc, self.stream, self.durable, batch=self.batch)
-        await puller.start()
+        puller = self._puller = await self._pull()
         self._task = asyncio.create_task(self._run(puller), name=f"consumer-{self.durable}")
         self._task.add_done_callback(self._on_done)
+
+    async def _pull(self) -> Puller | PlainPuller:
+        """Pull requests over a plain connection of their own where the bus has one (`PlainPuller`), else through
+        nats-py (`Puller`)."""
+        if self.bus.plain_url is not None:
+            plain = PlainPuller(self.bus.plain_url, self.stream, self.durable, batch=self.batch,
+                                name=f"chamber-{self.bus.service}")  # fmt: skip
+            try:
+                await plain.start()
+                return plain
+            except Unsupported:
+                pass  # the server asks for TLS: nats-py's path
+        puller = Puller(self.bus.nc, self.stream, self.durable, batch=self.batch)
+        await puller.start()
+        return puller
 
     def _on_done(self, task: "asyncio.Task[None]") -> None:
         if not task.cancelled() and task.exception() is not None:
@@ -119,13 +134,14 @@ class Consumer(Generic[T]):
             self._task = None
         if self._puller is not None:
             puller, self._puller = self._puller, None
-            left: list[Msg] = []
+            left: list[Delivered] = []
             with contextlib.suppress(nats.errors.Error, nats.js.errors.Error):
-                left = await puller.stop()
+                left = list(await puller.stop())
             # Delivered here, never handled: another instance gets them soon, not after the ack wait. Not at once:
             # the pull requests this one left open (nothing cancels them) would take them again, into a dead inbox.
             for msg in left:
                 await _settle(msg.nak(delay=puller.expires_s + 0.5))
+            await puller.close()
 
     async def _replay_unacked(self, info: Any) -> None:
         if not info.num_ack_pending:
@@ -153,10 +169,10 @@ class Consumer(Generic[T]):
             log.warning("consumer.replay_failed", durable=self.durable, error=repr(exc))
         self.replayed += len(events)
 
-    async def _run(self, puller: Puller) -> None:
+    async def _run(self, puller: Puller | PlainPuller) -> None:
         while not self._stopping.is_set():
             try:
-                msgs = await puller.fetch(timeout_s=0.5)
+                msgs: list[Delivered] = list(await puller.fetch(timeout_s=0.5))
                 if not msgs:
                     continue
             except Exception as exc:  # never let the loop die: a dead consumer silently stalls the service
@@ -171,8 +187,8 @@ class Consumer(Generic[T]):
                 for msg in msgs:
                     await self._process(msg)
 
-    async def _process_batch(self, msgs: list[Msg]) -> None:
-        decoded: list[tuple[Msg, T]] = []
+    async def _process_batch(self, msgs: list[Delivered]) -> None:
+        decoded: list[tuple[Delivered, T]] = []
         for msg in msgs:
             try:
                 decoded.append((msg, self.decoder.decode(msg.data)))
@@ -198,13 +214,13 @@ class Consumer(Generic[T]):
         for msg, _ in decoded:
             await _settle(msg.ack())
 
-    async def _reject(self, msg: Msg, exc: DecodeError) -> None:
+    async def _reject(self, msg: Delivered, exc: DecodeError) -> None:
         self.rejected += 1
         log.warning("consumer.rejected", durable=self.durable, subject=msg.subject, error=str(exc)[:200])
         await self.bus.dead_letter(msg, f"undecodable: {exc}")
         await _settle(msg.term())
 
-    async def _process(self, msg: Msg) -> None:
+    async def _process(self, msg: Delivered) -> None:
         try:
             event = self.decoder.decode(msg.data)
         except DecodeError as exc:
@@ -212,7 +228,7 @@ class Consumer(Generic[T]):
             return
         await self._handle(msg, event)
 
-    async def _handle(self, msg: Msg, event: T) -> None:
+    async def _handle(self, msg: Delivered, event: T) -> None:
         try:
             if self.recheck_handler is not None and _redelivered(msg):
                 await self.recheck_handler([event])
@@ -234,7 +250,7 @@ class Consumer(Generic[T]):
         self.processed += 1
         await _settle(msg.ack())
 
-    async def _wait_out(self, msgs: list[Msg], exc: BaseException) -> None:
+    async def _wait_out(self, msgs: list[Delivered], exc: BaseException) -> None:
         """A dependency is down: redeliver the messages later (never dead-letter them: none is at fault) and pause
         before fetching more, which would fail the same way."""
         attempts = max(_deliveries(msg) for msg in msgs)
@@ -247,20 +263,21 @@ class Consumer(Generic[T]):
             await asyncio.wait_for(self._stopping.wait(), timeout=delay)
 
 
-def _redelivered(msg: Msg) -> bool:
+def _redelivered(msg: Delivered) -> bool:
     return _deliveries(msg) > 1
 
 
-def _deliveries(msg: Msg) -> int:
+def _deliveries(msg: Delivered) -> int:
     """How many times the message was delivered, read off its ack subject (`$JS.ACK.<stream>.<consumer>.<n>...`,
     or with a domain and account hash before the stream): asked of every message of every batch, and nats-py's
-    `metadata` builds a record with a timestamp for it (2.5% of the scheduler's CPU in `chamber bench e2e`)."""
+    `metadata` builds a record with a timestamp for it (2.5% of the scheduler's CPU in `chamber bench e2e`). 1 for
+    a reply that is no ack subject (nats-py's `metadata` refuses those too)."""
     tokens = (msg.reply or "").split(".")
     if len(tokens) >= 9 and tokens[0] == "$JS" and tokens[1] == "ACK":
         found = tokens[4] if len(tokens) == 9 else tokens[6]  # v1: 9 tokens; v2: 11 or more
         if found.isdigit():
             return max(int(found), 1)
-    return msg.metadata.num_delivered or 1
+    return 1
 
 
 async def _settle(awaitable: Awaitable[None]) -> None:

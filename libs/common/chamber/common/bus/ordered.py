@@ -31,11 +31,11 @@ import itertools
 import json
 import secrets
 from collections.abc import Callable
-from typing import Any, cast
 from urllib.parse import urlparse
 
 from chamber.common.bus.errors import BusError
-from chamber.common.bus.firehose import FrameParser, connect_options
+from chamber.common.bus.firehose import connect_options
+from chamber.common.bus.plain import Frame, PlainProtocol, Unsupported, connect_plain
 from chamber.common.log import get_logger
 
 log = get_logger(__name__)
@@ -51,10 +51,6 @@ MISSED_HEARTBEATS = 2
 API_SID = b"1"
 _LAST_CONSUMER = b"Nats-Last-Consumer:"
 _STALLED = b"Nats-Consumer-Stalled:"
-
-
-class Unsupported(BusError):
-    """The server needs what this connection does not do (TLS, headers)."""
 
 
 def ack_sequences(reply: bytes) -> tuple[int, int] | None:
@@ -82,58 +78,6 @@ def _header_value(header: bytes, name: bytes) -> bytes | None:
         return None
     end = header.find(b"\r\n", at)
     return header[at + len(name) : end if end >= 0 else len(header)].strip()
-
-
-class _Protocol(asyncio.Protocol):
-    def __init__(self, owner: "OrderedReader") -> None:
-        self.owner = owner
-        self.parser = FrameParser(full=True)
-        self.transport: asyncio.Transport | None = None
-        loop = asyncio.get_running_loop()
-        self.info: asyncio.Future[dict[str, Any]] = loop.create_future()
-        self.pong: asyncio.Future[None] = loop.create_future()
-        self.closed = False
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = cast(asyncio.Transport, transport)  # uvloop's is not an asyncio.Transport subclass
-
-    def data_received(self, data: bytes) -> None:
-        parser = self.parser
-        pings, pongs = parser.pings, parser.pongs
-        frames: list[tuple[bytes, bytes, bytes, bytes, bytes]] = []
-        parser.feed(data, frames)
-        if frames:
-            self.owner._take(self, frames)
-        if parser.pings != pings:
-            self.write(b"PONG\r\n" * (parser.pings - pings))
-        if parser.info is not None and not self.info.done():
-            try:
-                self.info.set_result(json.loads(parser.info))
-            except ValueError as exc:
-                self.info.set_exception(ConnectionError(f"unreadable INFO from the server: {exc}"))
-        if parser.errors:
-            log.warning("nats.follow_error", stream=self.owner.stream, errors=parser.errors)
-            if not self.pong.done():
-                self.pong.set_exception(ConnectionError("; ".join(parser.errors)))
-            parser.errors.clear()
-        if parser.pongs != pongs and not self.pong.done():
-            self.pong.set_result(None)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.closed = True
-        for future in (self.info, self.pong):
-            if not future.done():
-                future.set_exception(ConnectionError(f"connection closed: {exc}"))
-        self.owner._lost(self, exc)
-
-    def write(self, data: bytes) -> None:
-        if self.transport is not None and not self.closed:
-            self.transport.write(data)
-
-    def close(self) -> None:
-        self.closed = True
-        if self.transport is not None:
-            self.transport.close()
 
 
 class OrderedReader:
@@ -179,7 +123,7 @@ class OrderedReader:
         self._requests: dict[bytes, asyncio.Future[bytes]] = {}
         self._reset = asyncio.Event()
         self._active_at = 0.0
-        self._protocol: _Protocol | None = None
+        self._protocol: PlainProtocol | None = None
         self._task: asyncio.Task[None] | None = None
         self._closed = False
 
@@ -209,7 +153,7 @@ class OrderedReader:
 
     # ---- reading (called by the protocol, on the event loop, for each chunk read) -----------------------------
 
-    def _take(self, protocol: _Protocol, frames: list[tuple[bytes, bytes, bytes, bytes, bytes]]) -> None:
+    def _take(self, protocol: PlainProtocol, frames: list[Frame]) -> None:
         sid_now, on_message = self._sid, self.on_message
         active = False
         for subject, sid, reply, header, payload in frames:
@@ -259,7 +203,11 @@ class OrderedReader:
         self._reset.set()
         return b""
 
-    def _lost(self, protocol: _Protocol, exc: Exception | None) -> None:
+    @property
+    def label(self) -> str:
+        return f"follow {self.stream}"
+
+    def _lost(self, protocol: PlainProtocol, exc: Exception | None) -> None:
         if protocol is self._protocol:
             self._sid = b""
             for future in self._requests.values():
@@ -301,7 +249,7 @@ class OrderedReader:
             await self._watch(protocol)
             self.resets += 1
 
-    async def _watch(self, protocol: _Protocol) -> None:
+    async def _watch(self, protocol: PlainProtocol) -> None:
         """Until the consumer needs making anew: a reset asked for, the connection lost, or heartbeats missed."""
         loop = asyncio.get_running_loop()
         while not self._closed:
@@ -313,23 +261,14 @@ class OrderedReader:
                 self._give_up(f"no heartbeat for {loop.time() - self._active_at:.1f} s")
                 return
 
-    async def _connect(self) -> _Protocol:
-        loop = asyncio.get_running_loop()
-        _, protocol = await loop.create_connection(lambda: _Protocol(self), self._host, self._port)
-        try:
-            info = await protocol.info
-            if info.get("tls_required") or not info.get("headers", False):
-                raise Unsupported(f"the server at {self._host}:{self._port} needs TLS or has no headers")
-            options = json.dumps(self._options).encode()
-            protocol.write(b"CONNECT %s\r\nSUB %s* %s\r\nPING\r\n" % (options, self._inbox, API_SID))
-            await protocol.pong
-        except BaseException:
-            protocol.close()
-            raise
+    async def _connect(self) -> PlainProtocol:
+        protocol = await connect_plain(
+            self._host, self._port, self._options, self, b"SUB %s* %s\r\n" % (self._inbox, API_SID)
+        )
         self._subscribed = b""  # (the consumer of a lost connection is deleted over the new one: `_subscribe`)
         return protocol
 
-    async def _subscribe(self, protocol: _Protocol) -> None:
+    async def _subscribe(self, protocol: PlainProtocol) -> None:
         """Make a consumer, delivering from after the last message handed over, on a new subscription (deliveries
         of the one given up that are still on their way are then told apart and dropped); delete the old one."""
         frames = b""

@@ -21,6 +21,7 @@ import asyncio
 import itertools
 import json
 from collections import deque
+from typing import Protocol
 
 from nats.aio.client import Client
 from nats.aio.msg import Msg
@@ -32,6 +33,20 @@ STATUS = "Status"
 DESCRIPTION = "Description"
 BENIGN = frozenset({"404", "408", "100"})
 """Statuses that only end a request (or, 100, say the server is alive)."""
+
+
+class Delivered(Protocol):
+    """A delivered message as a consumer reads and settles it: nats-py's `Msg`, or `PlainMsg`."""
+
+    subject: str
+    reply: str
+    data: bytes
+
+    async def ack(self) -> None: ...
+
+    async def nak(self, delay: float | None = None) -> None: ...
+
+    async def term(self) -> None: ...
 
 
 class Puller:
@@ -64,6 +79,9 @@ class Puller:
         left = list(self._buffer)
         self._buffer.clear()
         return left
+
+    async def close(self) -> None:
+        """Nothing of its own to close (the bus's connection stays)."""
 
     async def fetch(self, timeout_s: float) -> list[Msg]:
         """Up to one batch of delivered messages, in stream order; [] when none came within `timeout_s`. Raises
