@@ -44,6 +44,28 @@ _UNSAFE = re.compile(r"[\s]")
 """Whitespace in a subject or a header would break the protocol's framing: such a message is refused here."""
 
 
+_NAMES: dict[str, bytes] = {}
+"""Header names found valid, each as `Name: ` (a service uses a handful: message ids, expected sequences)."""
+
+
+def _header_block(headers: dict[str, str]) -> bytes | None:
+    """The `NATS/1.0` block of `headers`; None when a name or a value would break the protocol's framing."""
+    parts = [b"NATS/1.0\r\n"]
+    for name, value in headers.items():
+        head = _NAMES.get(name)
+        if head is None:
+            if not name or ":" in name or _UNSAFE.search(name):
+                return None
+            head = name.encode() + b": "
+            if len(_NAMES) < 1024:
+                _NAMES[name] = head
+        if "\r" in value or "\n" in value:
+            return None
+        parts.append(head + value.encode() + b"\r\n")
+    parts.append(b"\r\n")
+    return b"".join(parts)
+
+
 def direct_supported(url: str) -> bool:
     """Whether `DirectAckPipeline` can publish to this server URL: a single plain `nats://` server."""
     if "," in url:
@@ -161,19 +183,17 @@ class DirectAckPipeline:
         tokens: list[bytes] = []
         prefix, waiting, counter, limit = self._prefix, self._waiting, self._counter, self._max_payload
         for index, (subject, data, headers) in enumerate(items):
-            if _UNSAFE.search(subject) or not subject:
+            if not subject or _UNSAFE.search(subject):
                 batch.settle(index, PublishError(f"publish refused: invalid subject {subject!r}"))
                 continue
-            block = b""
-            if headers:
-                if any(_UNSAFE.search(k) or ":" in k or "\r" in v or "\n" in v for k, v in headers.items()):
-                    batch.settle(index, PublishError(f"publish refused: invalid headers {headers!r}"))
-                    continue
-                block = ("NATS/1.0\r\n" + "".join(f"{k}: {v}\r\n" for k, v in headers.items()) + "\r\n").encode()
+            block = _header_block(headers) if headers else b""
+            if block is None:
+                batch.settle(index, PublishError(f"publish refused: invalid headers {headers!r}"))
+                continue
             if len(block) + len(data) > limit:
                 batch.settle(index, PublishError(f"publish refused: {len(data)} bytes, the server takes {limit}"))
                 continue
-            token = str(next(counter)).encode()
+            token = b"%d" % next(counter)
             waiting[token] = (batch, index)
             tokens.append(token)
             if block:
