@@ -1,5 +1,6 @@
 """The consumer reads a message's delivery count off its ack subject itself (nats-py's `metadata` costs more than
-the rest of the check): it must agree with nats-py on every form of the subject, and fall back to it otherwise."""
+the rest of the check): it must agree with nats-py on every form of the subject; a reply that is no ack subject
+counts as one delivery (nats-py would raise, and `PlainMsg` has no `metadata` to ask)."""
 
 import pytest
 from nats.aio.msg import Msg
@@ -26,6 +27,13 @@ def test_the_count_is_nats_pys(reply: str) -> None:
     assert _redelivered(msg) == (msg.metadata.num_delivered > 1)
 
 
-def test_a_message_without_an_ack_subject_is_refused_as_before() -> None:
-    with pytest.raises(NotJSMessageError):
-        _deliveries(Msg(None, subject="x", reply=""))  # type: ignore[arg-type]
+@pytest.mark.parametrize("reply", ["", "_INBOX.abc", f"$JS.ACK.JOBS.scheduler.x.10.9.{TS}.0"])
+def test_a_message_without_an_ack_subject_counts_as_delivered_once(reply: str) -> None:
+    """Pull consumers' deliveries always carry one; were one not to, the consumer must not crash on the count (a
+    raise there ended its loop), and nats-py's `metadata` refuses such a message."""
+    msg = Msg(None, subject="x", reply=reply)  # type: ignore[arg-type]
+    assert _deliveries(msg) == 1
+    assert not _redelivered(msg)
+    if not reply.startswith("$JS.ACK."):
+        with pytest.raises(NotJSMessageError):
+            _ = msg.metadata
