@@ -6,10 +6,15 @@ records' start times, so a job finishes when it would have, not later.
 Reports due within `REPORT_WINDOW_S` of each other go out together: one write and one wait for their acks, not
 one per job (at a thousand jobs a second the per-publish round trips were most of what this executor cost the
 scheduler's process). Each report carries its own time, so only its delivery moves, by at most the window.
+
+A running job's finish is a timer of the event loop, and its report joins the next batch from there, retried by
+the batch until JetStream stores it: no task and no awaiting coroutine per job (with a task sleeping until each
+job's end and then awaiting its report, launch and finish cost 81-84 us of CPU a job, against 65-72 us now, with
+8 launches every 5 ms and a bus that acks at once).
 """
 
 import asyncio
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import msgspec
 
@@ -25,11 +30,17 @@ log = get_logger(__name__)
 REPORT_WINDOW_S = 0.005
 
 
+Item = tuple[str, bytes, dict[str, str] | None]
+RETRY_S = 0.5
+
+
 class _Outbox:
-    """Reports waiting for the next batch, and each one's outcome once it went out."""
+    """Reports waiting for the next batch, and each one's outcome once it went out. A report nobody awaits (a
+    finish) has its `settled` callback instead, called with its outcome."""
 
     def __init__(self, done: "asyncio.Future[None]") -> None:
-        self.items: list[tuple[str, bytes, dict[str, str] | None]] = []
+        self.items: list[Item] = []
+        self.settled: list[Callable[[object], None] | None] = []
         self.results: list[object] = []
         self.done = done
 
@@ -38,7 +49,8 @@ class SimulatedExecutor:
     def __init__(self, bus: Bus, clock: Clock) -> None:
         self.bus = bus
         self.clock = clock
-        self._timers: dict[tuple[str, int], asyncio.Task[None]] = {}
+        self._timers: dict[tuple[str, int], asyncio.TimerHandle] = {}
+        """Each running job's finish, due at its end."""
         self._stopping: dict[tuple[str, int], asyncio.Task[None]] = {}
         self._started: dict[tuple[str, int], float] = {}
         self._outbox: _Outbox | None = None
@@ -89,14 +101,8 @@ class SimulatedExecutor:
         while True:
             if self._closed:
                 raise PublishError(f"publish to {subject}: the executor is closed")
-            outbox = self._outbox
-            if outbox is None:
-                outbox = self._outbox = _Outbox(asyncio.get_running_loop().create_future())
-                task = asyncio.create_task(self._flush(outbox), name="sim-executor-reports")
-                self._flushes.add(task)
-                task.add_done_callback(self._flushes.discard)
-            index = len(outbox.items)
-            outbox.items.append(item)
+            outbox = self._enqueue(item, None)
+            index = len(outbox.items) - 1
             await asyncio.shield(outbox.done)
             result = outbox.results[index]
             if not isinstance(result, BusError):
@@ -105,6 +111,18 @@ class SimulatedExecutor:
                 raise PublishError(f"publish to {subject}: {result}")
             log.warning("sim_executor.publish_failed", job_id=record.id, error=str(result))
             await asyncio.sleep(0.5)
+
+    def _enqueue(self, item: Item, settled: Callable[[object], None] | None) -> _Outbox:
+        """Add a report to the batch going out next (started here if there is none)."""
+        outbox = self._outbox
+        if outbox is None:
+            outbox = self._outbox = _Outbox(asyncio.get_running_loop().create_future())
+            task = asyncio.create_task(self._flush(outbox), name="sim-executor-reports")
+            self._flushes.add(task)
+            task.add_done_callback(self._flushes.discard)
+        outbox.items.append(item)
+        outbox.settled.append(settled)
+        return outbox
 
     async def _flush(self, outbox: _Outbox) -> None:
         closed = PublishError("the executor closed before the report went out")
@@ -119,6 +137,9 @@ class SimulatedExecutor:
             if len(outbox.results) != len(outbox.items):
                 outbox.results = [closed] * len(outbox.items)
             outbox.done.set_result(None)
+            for settled, result in zip(outbox.settled, outbox.results, strict=True):
+                if settled is not None:
+                    settled(result)
 
     async def resync(self, records: Iterable[JobRecord]) -> None:
         for record in records:
@@ -137,7 +158,9 @@ class SimulatedExecutor:
 
     async def close(self) -> None:
         self._closed = True
-        for task in [*self._timers.values(), *self._stopping.values(), *self._flushes]:
+        for timer in self._timers.values():
+            timer.cancel()
+        for task in [*self._stopping.values(), *self._flushes]:
             task.cancel()
         self._timers.clear()
         self._stopping.clear()
@@ -149,14 +172,33 @@ class SimulatedExecutor:
             return
         remaining = max(0.0, record.spec.duration_s - record.run_s)
         finish_at = started_at + remaining
-        self._timers[key] = asyncio.create_task(self._finish_at(record, finish_at), name=f"sim-{record.id}")
+        delay = max(0.0, finish_at - self.clock.now())
+        self._timers[key] = asyncio.get_running_loop().call_later(delay, self._finished, record, finish_at)
 
-    async def _finish_at(self, record: JobRecord, finish_at: float) -> None:
-        await asyncio.sleep(max(0.0, finish_at - self.clock.now()))
+    def _finished(self, record: JobRecord, finish_at: float) -> None:
+        """A job's end: its report goes out with the next batch, again until it is stored (its message id makes a
+        repeat harmless); the job counts as running here until then (a stop in between still finds its timer)."""
         key = (record.id, record.attempt)
+        if self._closed or key not in self._timers:
+            return  # stopped since
         event = JobFinished(
             job_id=record.id, attempt=record.attempt, finished_at=finish_at, started_at=self._started.get(key)
         )
-        await self._report(record, event, "finished")
-        self._timers.pop(key, None)
-        self._started.pop(key, None)
+        item = (
+            self.bus.names.job_lifecycle(record.id),
+            encode(event),
+            {"Nats-Msg-Id": f"{record.id}:{record.attempt}:finished"},
+        )
+
+        def settled(result: object) -> None:
+            if self._timers.get(key) is not handle:
+                return  # stopped or closed meanwhile
+            if isinstance(result, BusError):
+                log.warning("sim_executor.publish_failed", job_id=record.id, error=str(result))
+                self._timers[key] = asyncio.get_running_loop().call_later(RETRY_S, self._finished, record, finish_at)
+                return
+            del self._timers[key]
+            self._started.pop(key, None)
+
+        handle = self._timers[key]
+        self._enqueue(item, settled)
