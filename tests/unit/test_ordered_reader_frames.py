@@ -7,6 +7,7 @@ import asyncio
 
 import pytest
 
+from chamber.common.bus.errors import BusError
 from chamber.common.bus.ordered import OrderedReader, ack_sequences
 
 SID = b"5"
@@ -128,3 +129,25 @@ async def test_a_handler_that_raises_does_not_stop_the_reading() -> None:
     feed(reader, Wire(), (b"$KV.b.j1", SID, ack(1, 1), b"", b"bad"), (b"$KV.b.j2", SID, ack(2, 2), b"", b"ok"))
     assert seen == [b"ok"]
     assert reader.last_sequence == 2
+
+
+@pytest.mark.parametrize(
+    ("answer", "why"),
+    [
+        (b"not json", "unreadable answer"),
+        (b'"a string"', "unreadable answer"),
+        (b'{"error": {"code": 404, "description": "stream not found"}}', "stream not found"),
+        (b'{"error": "odd"}', "odd"),
+    ],
+)
+async def test_an_api_answer_that_makes_no_consumer_is_a_clear_error(answer: bytes, why: str) -> None:
+    """What the JetStream API answers to the consumer's creation, garbage included, ends in a `BusError` saying
+    why (the keeping loop logs it and tries again), never in an exception that would end the follow."""
+    reader, _, wire = await reader_on()
+    making = asyncio.ensure_future(reader._subscribe(wire))  # type: ignore[arg-type]  # only `write` is used
+    await asyncio.sleep(0)
+    (token,) = reader._requests
+    feed(reader, wire, (token, b"1", b"", b"", answer))
+    with pytest.raises(BusError, match=why):
+        await making
+    assert reader._sid == b"", "no consumer's deliveries are read"

@@ -231,9 +231,11 @@ class OrderedReader:
                 if not started.done():
                     started.set_exception(exc)
                 return
-            except (OSError, ConnectionError, TimeoutError, BusError) as exc:
+            except Exception as exc:  # (never let the follow end: a follower that stops hearing is silently stale)
                 if isinstance(exc, TimeoutError) and protocol is not None:
                     protocol.close()  # no answer in time: the connection may be half-open
+                if not isinstance(exc, OSError | ConnectionError | TimeoutError | BusError):
+                    log.exception("nats.follow_failed", stream=self.stream)
                 if not started.done():
                     started.set_exception(BusError(f"cannot follow {self.stream}: {exc}"))
                     return
@@ -302,15 +304,21 @@ class OrderedReader:
         )  # fmt: skip
         protocol.write(frames)
         try:
-            reply = json.loads(await asyncio.wait_for(answer, API_TIMEOUT_S) or b"{}")
+            payload = await asyncio.wait_for(answer, API_TIMEOUT_S)
         except BaseException:
             self._sid = b""
             self._requests.pop(token, None)
             raise
-        error = reply.get("error") if isinstance(reply, dict) else {"description": "no answer"}
+        try:
+            reply = json.loads(payload)
+        except ValueError:
+            reply = None
+        error = reply.get("error") if isinstance(reply, dict) else f"unreadable answer {payload[:80]!r}"
         if error:
             self._sid = b""
-            raise BusError(f"cannot make a consumer of {self.stream}: {error.get('description', error)}")
+            why = error.get("description", error) if isinstance(error, dict) else error
+            raise BusError(f"cannot make a consumer of {self.stream}: {why}")
+        assert isinstance(reply, dict)
         self._consumer = str(reply.get("name", ""))
 
     def _delete_frame(self, consumer: str) -> bytes:

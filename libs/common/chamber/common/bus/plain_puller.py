@@ -230,8 +230,8 @@ class PlainPuller:
                 continue
             try:
                 self._protocol = await asyncio.wait_for(self._connect(), CONNECT_TIMEOUT_S)
-            except (OSError, ConnectionError, TimeoutError, BusError) as exc:
-                log.warning("nats.pull_reconnect_failed", subject=self.subject, error=str(exc), retry_in_s=delay)
+            except Exception as exc:  # (never let the keeper end: the consumer would wait on a dead connection)
+                log.warning("nats.pull_reconnect_failed", subject=self.subject, error=repr(exc), retry_in_s=delay)
                 await asyncio.sleep(delay)
                 delay = min(2 * delay, MAX_RETRY_S)
                 continue
