@@ -7,25 +7,22 @@ and task, and acked by a publish of its own through nats-py's flusher. Here the 
 each delivery becomes a `PlainMsg` (its subject, reply subject and payload), and acks, naks and terms are frames
 queued and written once per turn of the event loop, with the pull requests.
 
-Requests, statuses and the top-up rule are `Puller`'s. The connection is made again, with backoff, when it is lost
-or when the server answers nothing for a while although requests are open (a half-open connection); requests open
-on a lost connection are forgotten at once (the server forgot them), and acks queued while it was away are written
-on the next one (an ack is good on any connection). One that does not make it means a redelivery after the ack
-wait, which every handler tolerates, as with nats-py.
+Requests, statuses, the top-up rule and `fetch` are `Puller`'s (both are `PullRequests`). The connection is made
+again, with backoff, when it is lost or when the server answers nothing for a while although requests are open (a
+half-open connection); requests open on a lost connection are forgotten at once (the server forgot them), and acks
+queued while it was away are written on the next one (an ack is good on any connection). One that does not make
+it means a redelivery after the ack wait, which every handler tolerates, as with nats-py.
 """
 
 import asyncio
 import contextlib
-import itertools
-import json
 import secrets
-from collections import deque
 from urllib.parse import urlparse
 
 from chamber.common.bus.errors import BusError
 from chamber.common.bus.firehose import connect_options
 from chamber.common.bus.plain import Frame, PlainProtocol, connect_plain
-from chamber.common.bus.puller import BENIGN, JS_API
+from chamber.common.bus.puller import PullRequests
 from chamber.common.log import get_logger
 
 log = get_logger(__name__)
@@ -59,26 +56,17 @@ class PlainMsg:
         self._puller.settle(self.reply, _TERM)
 
 
-class PlainPuller:
+class PlainPuller(PullRequests[PlainMsg]):
     def __init__(
         self, url: str, stream: str, durable: str, *, batch: int, expires_s: float = 2.0, name: str = "chamber"
     ) -> None:
+        super().__init__(stream, durable, batch=batch, expires_s=expires_s)
         parsed = urlparse(url.strip())
         self._host = parsed.hostname or "127.0.0.1"
         self._port = parsed.port or 4222
         self._options = connect_options(url.strip(), f"{name}-{durable}")
-        self.subject = f"{JS_API}.CONSUMER.MSG.NEXT.{stream}.{durable}"
         self._next = self.subject.encode()
-        self.batch = batch
-        self.expires_s = expires_s
-        self._request = json.dumps({"batch": batch, "expires": int(expires_s * 1e9)}).encode()
         self._inbox = f"_INBOX.{secrets.token_hex(11)}."
-        self._counter = itertools.count()
-        self._buffer: deque[PlainMsg] = deque()
-        self._open: dict[str, list[float]] = {}
-        """Open requests, oldest first (the server serves them in that order): token -> [still owed, forget at]."""
-        self._waiter: asyncio.Future[None] | None = None
-        self._refused: str | None = None
         self._protocol: PlainProtocol | None = None
         self._outbox: list[bytes] = []
         """Acks, naks and terms not written yet (kept while the connection is away)."""
@@ -122,29 +110,6 @@ class PlainPuller:
         if protocol is not None:
             protocol.close()  # (what is written goes out before the connection closes)
 
-    async def fetch(self, timeout_s: float) -> list[PlainMsg]:
-        """Up to one batch of delivered messages, in stream order; [] when none came within `timeout_s`. Raises
-        BusError when the server refused the requests (409) and nothing was delivered."""
-        if not self._buffer:
-            self._top_up()
-            loop = asyncio.get_running_loop()
-            waiter = self._waiter = loop.create_future()
-            timer = loop.call_later(timeout_s, _wake, waiter)
-            try:
-                await waiter
-            finally:
-                timer.cancel()
-                self._waiter = None
-        if not self._buffer:
-            refused, self._refused = self._refused, None
-            if refused is not None:
-                raise BusError(f"pull request on {self.subject} refused: {refused}")
-            return []
-        buffer = self._buffer
-        out = [buffer.popleft() for _ in range(min(len(buffer), self.batch))]
-        self._top_up()
-        return out
-
     def settle(self, reply: str, what: bytes) -> None:
         if not reply:
             return
@@ -158,22 +123,15 @@ class PlainPuller:
             frames, self._outbox = self._outbox, []
             protocol.write(b"".join(frames))
 
-    def _top_up(self) -> None:
-        """Ask for another batch once less than half of one is in hand or on its way (`Puller._top_up`)."""
+    async def _top_up(self) -> None:
         protocol = self._protocol
         if protocol is None or protocol.closed:
             return  # the keeper is making the connection again
-        now = asyncio.get_running_loop().time()
-        for token in [t for t, (_, forget_at) in self._open.items() if forget_at <= now]:
-            del self._open[token]
-        owed = sum(int(owed) for owed, _ in self._open.values())
-        if len(self._buffer) + owed > self.batch // 2:
-            return
-        token = str(next(self._counter))
-        protocol.write(b"PUB %s %s%s %d\r\n%s\r\n" % (
-            self._next, self._inbox.encode(), token.encode(), len(self._request), self._request,
-        ))  # fmt: skip
-        self._open[token] = [float(self.batch), now + self.expires_s + 1.0]
+        token = self._next_request()
+        if token is not None:
+            protocol.write(b"PUB %s %s%s %d\r\n%s\r\n" % (
+                self._next, self._inbox.encode(), token.encode(), len(self._request), self._request,
+            ))  # fmt: skip
 
     def _take(self, protocol: PlainProtocol, frames: list[Frame]) -> None:
         if protocol is not self._protocol:
@@ -183,20 +141,12 @@ class PlainPuller:
             if sid != INBOX_SID:
                 continue
             if header[8:9] == b" ":  # `NATS/1.0 <code> <description>`: a status ends a request
-                self._open.pop(subject[skip:].decode(errors="replace"), None)
-                code = header[9:12].decode(errors="replace")
-                if code not in BENIGN:
-                    self._refused = header[9 : header.find(b"\r\n")].decode(errors="replace").strip()
+                line = header[9 : header.find(b"\r\n")].decode(errors="replace")
+                status, _, description = line.partition(" ")
+                self._ended(subject[skip:].decode(errors="replace"), status, description.strip())
                 continue
-            self._buffer.append(PlainMsg(subject.decode(errors="replace"), reply.decode(), payload, self))
-            oldest = next(iter(self._open), None)
-            if oldest is not None:
-                slot = self._open[oldest]
-                slot[0] -= 1
-                if slot[0] <= 0:
-                    del self._open[oldest]
-        if self._waiter is not None:
-            _wake(self._waiter)
+            self._delivered(PlainMsg(subject.decode(errors="replace"), reply.decode(), payload, self))
+        self._wake_fetch()
 
     def _lost(self, protocol: PlainProtocol, exc: Exception | None) -> None:
         if protocol is self._protocol:
@@ -204,8 +154,7 @@ class PlainPuller:
             self._gone.set()
             if not self._closed:
                 log.warning("nats.pull_disconnected", subject=self.subject, error=str(exc))
-            if self._waiter is not None:
-                _wake(self._waiter)
+            self._wake_fetch()
 
     async def _connect(self) -> PlainProtocol:
         subscribe = b"" if self._stopped else b"SUB %s* %s\r\n" % (self._inbox.encode(), INBOX_SID)
@@ -239,10 +188,4 @@ class PlainPuller:
             delay = RETRY_S
             self._open.clear()
             self._flush()
-            if self._waiter is not None:
-                _wake(self._waiter)
-
-
-def _wake(waiter: "asyncio.Future[None]") -> None:
-    if not waiter.done():
-        waiter.set_result(None)
+            self._wake_fetch()

@@ -21,7 +21,7 @@ import asyncio
 import itertools
 import json
 from collections import deque
-from typing import Protocol
+from typing import Generic, Protocol, TypeVar
 
 from nats.aio.client import Client
 from nats.aio.msg import Msg
@@ -49,41 +49,27 @@ class Delivered(Protocol):
     async def term(self) -> None: ...
 
 
-class Puller:
-    def __init__(self, nc: Client, stream: str, durable: str, *, batch: int, expires_s: float = 2.0) -> None:
-        self.nc = nc
+M = TypeVar("M")
+
+
+class PullRequests(Generic[M]):
+    """What both pullers keep alike: the messages delivered and not handed out yet, the open pull requests and what
+    each still owes, and `fetch`. A puller sends each request `_next_request` asks for (`_top_up`), and reports
+    each delivery (`_delivered`) and each status that ends a request (`_ended`)."""
+
+    def __init__(self, stream: str, durable: str, *, batch: int, expires_s: float) -> None:
         self.subject = f"{JS_API}.CONSUMER.MSG.NEXT.{stream}.{durable}"
         self.batch = batch
         self.expires_s = expires_s
         self._request = json.dumps({"batch": batch, "expires": int(expires_s * 1e9)}).encode()
-        self._prefix = ""
         self._counter = itertools.count()
-        self._buffer: deque[Msg] = deque()
+        self._buffer: deque[M] = deque()
         self._open: dict[str, list[float]] = {}
         """Open requests, oldest first (the server serves them in that order): token -> [still owed, forget at]."""
         self._waiter: asyncio.Future[None] | None = None
         self._refused: str | None = None
-        self._reconnects = 0
-        self._sub: object | None = None
 
-    async def start(self) -> None:
-        self._prefix = f"{self.nc.new_inbox()}."
-        self._sub = await self.nc.subscribe(f"{self._prefix}*", cb=self._on_msg)
-
-    async def stop(self) -> list[Msg]:
-        """Stop receiving; returns the messages delivered and never handed out (the caller gives them back)."""
-        unsubscribe = getattr(self._sub, "unsubscribe", None)
-        self._sub = None
-        if unsubscribe is not None:
-            await unsubscribe()
-        left = list(self._buffer)
-        self._buffer.clear()
-        return left
-
-    async def close(self) -> None:
-        """Nothing of its own to close (the bus's connection stays)."""
-
-    async def fetch(self, timeout_s: float) -> list[Msg]:
+    async def fetch(self, timeout_s: float) -> list[M]:
         """Up to one batch of delivered messages, in stream order; [] when none came within `timeout_s`. Raises
         BusError when the server refused the requests (409) and nothing was delivered."""
         if not self._buffer:
@@ -107,39 +93,85 @@ class Puller:
         return out
 
     async def _top_up(self) -> None:
-        """Ask for another batch once less than half of one is in hand or on its way (so at most a few requests
-        are open, well under the server's limit of waiting requests per consumer)."""
+        raise NotImplementedError
+
+    def _next_request(self) -> str | None:
+        """The token of a request to send now, counted as open, once less than half of a batch is in hand or on its
+        way (so at most a few requests are open, well under the server's limit of waiting requests per consumer);
+        None otherwise. Requests past their expiry are forgotten first (their status may never come)."""
         now = asyncio.get_running_loop().time()
-        reconnects = self.nc.stats.get("reconnects", 0)
-        if reconnects != self._reconnects:  # requests made before a reconnect died with the connection
-            self._reconnects = reconnects
-            self._open.clear()
         for token in [t for t, (_, forget_at) in self._open.items() if forget_at <= now]:
             del self._open[token]
         owed = sum(int(owed) for owed, _ in self._open.values())
         if len(self._buffer) + owed > self.batch // 2:
-            return
+            return None
         token = str(next(self._counter))
-        await self.nc.publish(self.subject, self._request, reply=self._prefix + token)
         self._open[token] = [float(self.batch), now + self.expires_s + 1.0]
+        return token
+
+    def _delivered(self, msg: M) -> None:
+        self._buffer.append(msg)
+        oldest = next(iter(self._open), None)
+        if oldest is not None:
+            slot = self._open[oldest]
+            slot[0] -= 1
+            if slot[0] <= 0:
+                del self._open[oldest]
+
+    def _ended(self, token: str, status: str, description: str) -> None:
+        """A status ended request `token`: 408 (it expired), 404 (nothing to deliver) and 100 only end it; any
+        other (409: the consumer was deleted, too many waiting requests...) is what `fetch` raises."""
+        self._open.pop(token, None)
+        if status not in BENIGN:
+            self._refused = f"{status} {description}".strip()
+
+    def _wake_fetch(self) -> None:
+        if self._waiter is not None:
+            _wake(self._waiter)
+
+
+class Puller(PullRequests[Msg]):
+    def __init__(self, nc: Client, stream: str, durable: str, *, batch: int, expires_s: float = 2.0) -> None:
+        super().__init__(stream, durable, batch=batch, expires_s=expires_s)
+        self.nc = nc
+        self._prefix = ""
+        self._reconnects = 0
+        self._sub: object | None = None
+
+    async def start(self) -> None:
+        self._prefix = f"{self.nc.new_inbox()}."
+        self._sub = await self.nc.subscribe(f"{self._prefix}*", cb=self._on_msg)
+
+    async def stop(self) -> list[Msg]:
+        """Stop receiving; returns the messages delivered and never handed out (the caller gives them back)."""
+        unsubscribe = getattr(self._sub, "unsubscribe", None)
+        self._sub = None
+        if unsubscribe is not None:
+            await unsubscribe()
+        left = list(self._buffer)
+        self._buffer.clear()
+        return left
+
+    async def close(self) -> None:
+        """Nothing of its own to close (the bus's connection stays)."""
+
+    async def _top_up(self) -> None:
+        reconnects = self.nc.stats.get("reconnects", 0)
+        if reconnects != self._reconnects:  # requests made before a reconnect died with the connection
+            self._reconnects = reconnects
+            self._open.clear()
+        token = self._next_request()
+        if token is not None:
+            await self.nc.publish(self.subject, self._request, reply=self._prefix + token)
 
     async def _on_msg(self, msg: Msg) -> None:
         headers = msg.headers
         status = headers.get(STATUS) if headers else None
         if status is not None:
-            self._open.pop(msg.subject[len(self._prefix) :], None)
-            if status not in BENIGN and headers is not None:
-                self._refused = f"{status} {headers.get(DESCRIPTION, '')}".strip()
+            self._ended(msg.subject[len(self._prefix) :], status, (headers or {}).get(DESCRIPTION, ""))
         else:
-            self._buffer.append(msg)
-            oldest = next(iter(self._open), None)
-            if oldest is not None:
-                slot = self._open[oldest]
-                slot[0] -= 1
-                if slot[0] <= 0:
-                    del self._open[oldest]
-        if self._waiter is not None:
-            _wake(self._waiter)
+            self._delivered(msg)
+        self._wake_fetch()
 
 
 def _wake(waiter: "asyncio.Future[None]") -> None:
