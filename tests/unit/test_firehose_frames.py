@@ -1,6 +1,6 @@
-"""The frame cutter of the Firehose, the direct publish path and the ordered reader: NATS server protocol in,
-payloads (or, for replies, subject, header block and payload; in full, also the sid and the reply subject) out,
-whatever the read boundaries."""
+"""The frame cutter of the Firehose and the plain connections (direct publishes, ordered reader, plain puller):
+NATS server protocol in, payloads (or, in full, subject, sid, reply subject, header block and payload) out, whatever
+the read boundaries."""
 
 import pytest
 
@@ -46,19 +46,22 @@ def test_a_frame_with_a_reply_subject() -> None:
 
 
 @pytest.mark.parametrize("step", [1, 2, 3, 7, 64, 1000, 4096])
-def test_replies_keep_their_subject_and_header_block(step: int) -> None:
+def test_full_frames_keep_the_subject_and_header_block(step: int) -> None:
     """`DirectAckPipeline` matches an ack to its publish by the subject, and reads a status (no responders) from
     the header block; the server's INFO is kept (what it allows)."""
     data = stream()
-    parser, out = FrameParser(replies=True), list[tuple[bytes, bytes, bytes]]()
+    parser, out = FrameParser(full=True), list[tuple[bytes, bytes, bytes, bytes, bytes]]()
     for i in range(0, len(data), step):
         parser.feed(data[i : i + step], out)
-    assert [payload for _, _, payload in out] == PAYLOADS
-    assert [subject for subject, _, _ in out] == [b"ns.telemetry.n%d" % i for i in range(len(PAYLOADS))]
-    assert [header for _, header, _ in out] == [b"", b"NATS/1.0\r\nNats-Msg-Id: 7\r\n\r\n", b"", b""]
+    assert [payload for *_, payload in out] == PAYLOADS
+    assert [subject for subject, *_ in out] == [b"ns.telemetry.n%d" % i for i in range(len(PAYLOADS))]
+    assert [header for _, _, _, header, _ in out] == [b"", b"NATS/1.0\r\nNats-Msg-Id: 7\r\n\r\n", b"", b""]
     assert parser.info == b'{"server_id":"x"}'
     parser.feed(b"MSG _INBOX.x.1 1 _INBOX.y 2\r\n{}\r\nHMSG _INBOX.x.2 1 16 16\r\nNATS/1.0 503\r\n\r\n\r\n", out)
-    assert out[-2:] == [(b"_INBOX.x.1", b"", b"{}"), (b"_INBOX.x.2", b"NATS/1.0 503\r\n\r\n", b"")]
+    assert out[-2:] == [
+        (b"_INBOX.x.1", b"1", b"_INBOX.y", b"", b"{}"),
+        (b"_INBOX.x.2", b"1", b"", b"NATS/1.0 503\r\n\r\n", b""),
+    ]
 
 
 @pytest.mark.parametrize("step", [1, 2, 3, 7, 64, 1000, 4096])

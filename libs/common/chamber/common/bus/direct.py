@@ -21,18 +21,17 @@ come), and one that let a batch time out is replaced (it may be half-open).
 
 import asyncio
 import itertools
-import json
 import re
 import secrets
 from collections.abc import Sequence
-from typing import Any, cast
 from urllib.parse import urlparse
 
 from nats.js.api import PubAck
 
 from chamber.common.bus.errors import BusError, PublishError
-from chamber.common.bus.firehose import FrameParser, connect_options
+from chamber.common.bus.firehose import connect_options
 from chamber.common.bus.pipeline import AckBatch, AckPipeline, expire_batch, reply_result
+from chamber.common.bus.plain import Frame, PlainProtocol, Unsupported, connect_plain
 from chamber.common.log import get_logger
 
 log = get_logger(__name__)
@@ -74,75 +73,6 @@ def direct_supported(url: str) -> bool:
     return parsed.scheme in ("nats", "") and bool(parsed.hostname)
 
 
-class _Unsupported(Exception):
-    """The server needs what this connection does not do (TLS, headers)."""
-
-
-class _Protocol(asyncio.Protocol):
-    def __init__(self, owner: "DirectAckPipeline") -> None:
-        self.owner = owner
-        self.parser = FrameParser(replies=True)
-        self.transport: asyncio.Transport | None = None
-        loop = asyncio.get_running_loop()
-        self.info: asyncio.Future[dict[str, Any]] = loop.create_future()
-        self.pong: asyncio.Future[None] = loop.create_future()
-        self.closed = False
-        self._outbox: list[bytes] = []
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = cast(asyncio.Transport, transport)  # uvloop's is not an asyncio.Transport subclass
-
-    def data_received(self, data: bytes) -> None:
-        parser = self.parser
-        pings, pongs = parser.pings, parser.pongs
-        replies: list[tuple[bytes, bytes, bytes]] = []
-        parser.feed(data, replies)
-        on_reply = self.owner._on_reply
-        for subject, header, payload in replies:
-            on_reply(subject, header, payload)
-        if parser.pings != pings and self.transport is not None:
-            self.transport.write(b"PONG\r\n" * (parser.pings - pings))
-        if parser.info is not None and not self.info.done():
-            try:
-                self.info.set_result(json.loads(parser.info))
-            except ValueError as exc:
-                self.info.set_exception(ConnectionError(f"unreadable INFO from the server: {exc}"))
-        if parser.errors:
-            log.warning("nats.direct_error", errors=parser.errors)
-            if not self.pong.done():
-                self.pong.set_exception(ConnectionError("; ".join(parser.errors)))
-            parser.errors.clear()
-        if parser.pongs != pongs and not self.pong.done():
-            self.pong.set_result(None)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.closed = True
-        for future in (self.info, self.pong):
-            if not future.done():
-                future.set_exception(ConnectionError(f"connection closed: {exc}"))
-        self.owner._lost(self, exc)
-
-    def write(self, data: bytes) -> None:
-        assert self.transport is not None
-        self.transport.write(data)
-
-    def send(self, frames: list[bytes]) -> None:
-        """Queue frames, written at once with all others queued in this turn of the event loop (many callers
-        publishing a message each, as the gateway's requests do, make one write and one read at the server)."""
-        if not self._outbox:
-            asyncio.get_running_loop().call_soon(self._flush)
-        self._outbox += frames
-
-    def _flush(self) -> None:
-        frames, self._outbox = self._outbox, []
-        if frames and self.transport is not None and not self.closed:
-            self.transport.write(b"".join(frames))
-
-    def close(self) -> None:
-        if self.transport is not None:
-            self.transport.close()
-
-
 class DirectAckPipeline:
     """Publishes batches of messages to JetStream over a connection of its own and returns each one's ack or error,
     as `AckPipeline` does; `fallback` takes over for good if the server needs what this connection does not do."""
@@ -154,7 +84,7 @@ class DirectAckPipeline:
         self._options = connect_options(url.strip(), f"{name}-publish", no_responders=True)
         self.fallback = fallback
         self._unsupported = False
-        self._protocol: _Protocol | None = None
+        self._protocol: PlainProtocol | None = None
         self._prefix = b""
         self._max_payload = 1024 * 1024
         self._counter = itertools.count()
@@ -173,7 +103,7 @@ class DirectAckPipeline:
         deadline = loop.time() + timeout_s
         try:
             protocol = await self._connected(deadline)
-        except _Unsupported:
+        except Unsupported:
             return await self.fallback.publish_many(items, timeout_s=timeout_s)
         except (OSError, ConnectionError, TimeoutError) as exc:
             error = PublishError(f"publish not acknowledged: NATS unreachable within {timeout_s:g} s: {exc}")
@@ -217,6 +147,15 @@ class DirectAckPipeline:
         late = PublishError(f"publish not acknowledged within {timeout_s:g} s")
         return [late if result is None else result for result in batch.results]
 
+    @property
+    def label(self) -> str:
+        return "direct publishes"
+
+    def _take(self, protocol: PlainProtocol, frames: list[Frame]) -> None:
+        on_reply = self._on_reply
+        for subject, _, _, header, payload in frames:
+            on_reply(subject, header, payload)
+
     def _on_reply(self, subject: bytes, header: bytes, payload: bytes) -> None:
         entry = self._waiting.pop(subject[len(self._prefix) :], None)
         if entry is None:
@@ -227,7 +166,7 @@ class DirectAckPipeline:
             status, _, description = first.partition(" ")
         entry[0].settle(entry[1], reply_result(status, description, payload))
 
-    def _lost(self, protocol: _Protocol, exc: Exception | None) -> None:
+    def _lost(self, protocol: PlainProtocol, exc: Exception | None) -> None:
         """The connection went (or was given up): the acks it still owes fail now; the next batch connects anew."""
         if protocol is not self._protocol:
             return  # given up already
@@ -240,11 +179,11 @@ class DirectAckPipeline:
                 batch.settle(index, lost)
             self._waiting.clear()
 
-    def _drop(self, protocol: _Protocol) -> None:
+    def _drop(self, protocol: PlainProtocol) -> None:
         self._lost(protocol, TimeoutError("acks late"))
         protocol.close()
 
-    async def _connected(self, deadline: float) -> _Protocol:
+    async def _connected(self, deadline: float) -> PlainProtocol:
         """This pipeline's connection, made (again) if there is none, trying until `deadline`."""
         protocol = self._protocol
         if protocol is not None and not protocol.closed:
@@ -266,23 +205,15 @@ class DirectAckPipeline:
                         raise
                 await asyncio.sleep(RETRY_S)
 
-    async def _connect(self) -> _Protocol:
-        loop = asyncio.get_running_loop()
-        _, protocol = await loop.create_connection(lambda: _Protocol(self), self._host, self._port)
-        try:
-            info = await protocol.info
-            if info.get("tls_required") or not info.get("headers", False):
-                self._unsupported = True
-                log.info("nats.direct_unsupported", tls_required=bool(info.get("tls_required")))
-                raise _Unsupported()
-            self._max_payload = int(info.get("max_payload", self._max_payload))
-            prefix = f"_INBOX.{secrets.token_hex(11)}.".encode()
-            options = json.dumps(self._options).encode()
-            protocol.write(b"CONNECT %s\r\nSUB %s* 1\r\nPING\r\n" % (options, prefix))
-            await protocol.pong  # the server has the subscription before any publish waits on it
-        except BaseException:
-            protocol.close()
+    async def _connect(self) -> PlainProtocol:
+        prefix = f"_INBOX.{secrets.token_hex(11)}.".encode()
+        try:  # (the server has the subscription before any publish waits on it)
+            protocol = await connect_plain(self._host, self._port, self._options, self, b"SUB %s* 1\r\n" % prefix)
+        except Unsupported:
+            self._unsupported = True
+            log.info("nats.direct_unsupported", host=self._host)
             raise
+        self._max_payload = int(protocol.info.result().get("max_payload", self._max_payload))
         self._prefix = prefix
         return protocol
 

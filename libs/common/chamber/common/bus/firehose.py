@@ -56,14 +56,13 @@ def _enlarge_receive_buffer(sock: socket.socket | None) -> None:
 
 class FrameParser:
     """Cuts NATS server-to-client protocol into frames; answers nothing itself (it counts PINGs and PONGs, keeps
-    the server's last INFO and its errors). By default each MSG/HMSG frame is its payload; with `replies`, it is
-    (subject, header block, payload): what `DirectAckPipeline` needs to match an ack to its publish; with `full`,
-    (subject, sid, reply subject or b"", header block, payload): what `OrderedReader` needs to tell its consumer's
-    deliveries (and their sequences) from the JetStream API's answers."""
+    the server's last INFO and its errors). By default each MSG/HMSG frame is its payload; with `full`, it is
+    (subject, sid, reply subject or b"", header block, payload): what the plain connections need
+    (`chamber.common.bus.plain`) to tell a subscription's messages apart, match an ack to its publish and read a
+    delivery's sequences."""
 
-    def __init__(self, *, replies: bool = False, full: bool = False) -> None:
+    def __init__(self, *, full: bool = False) -> None:
         self._rest = b""
-        self._replies = replies
         self._full = full
         self.pings = 0
         self.pongs = 0
@@ -76,7 +75,7 @@ class FrameParser:
         if self._rest:
             data = self._rest + data
         pos, end_of_data = 0, len(data)
-        find, replies, full = data.find, self._replies, self._full
+        find, full = data.find, self._full
         while True:
             eol = find(b"\r\n", pos)
             if eol < 0:
@@ -92,7 +91,7 @@ class FrameParser:
                     args = data[pos + 4 : eol].split(b" ")
                     out.append((args[0], args[1], args[2] if len(args) == 4 else b"", b"", payload))
                 else:
-                    out.append((data[pos + 4 : find(b" ", pos + 4)], b"", payload) if replies else payload)
+                    out.append(payload)
                 pos = start + size + 2
             elif op == b"HMSG":  # HMSG <subject> <sid> [reply] <header size> <total size>
                 args = data[pos + 5 : eol].split(b" ")
@@ -105,7 +104,7 @@ class FrameParser:
                     reply = args[2] if len(args) == 5 else b""
                     out.append((args[0], args[1], reply, data[start : start + header], payload))
                 else:
-                    out.append((args[0], data[start : start + header], payload) if replies else payload)
+                    out.append(payload)
                 pos = start + total + 2
             else:
                 if op == b"PING":

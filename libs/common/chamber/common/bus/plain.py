@@ -1,6 +1,7 @@
-"""A plain connection to a NATS server, for the readers that do without nats-py's work per message
-(`OrderedReader`, `PlainPuller`): connect, say CONNECT and subscribe, answer the server's PINGs, and hand each
-chunk's complete frames to the owner, cut by `FrameParser` (subject, sid, reply subject, header block, payload).
+"""A plain connection to a NATS server, for the paths that do without nats-py's work per message
+(`DirectAckPipeline`, `OrderedReader`, `PlainPuller`): connect, say CONNECT and subscribe, answer the server's
+PINGs, hand each chunk's complete frames to the owner, cut by `FrameParser` (subject, sid, reply subject, header
+block, payload), and write what is sent in one turn of the event loop at once (`send`).
 
 Only a single plain `nats://` server is used this way (`direct_supported`): a server that asks for TLS (or does
 not do headers) raises `Unsupported`, and the callers keep nats-py for it.
@@ -44,6 +45,7 @@ class PlainProtocol(asyncio.Protocol):
         self.closed = False
         self.read_at = loop.time()
         """When the server last sent anything."""
+        self._outbox: list[bytes] = []
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's is not an asyncio.Transport subclass
@@ -81,6 +83,18 @@ class PlainProtocol(asyncio.Protocol):
     def write(self, data: bytes) -> None:
         if self.transport is not None and not self.closed:
             self.transport.write(data)
+
+    def send(self, frames: list[bytes]) -> None:
+        """Queue frames, written at once with all others queued in this turn of the event loop (many callers
+        publishing a message each, as the gateway's requests do, make one write and one read at the server)."""
+        if not self._outbox:
+            asyncio.get_running_loop().call_soon(self._flush)
+        self._outbox += frames
+
+    def _flush(self) -> None:
+        frames, self._outbox = self._outbox, []
+        if frames:
+            self.write(b"".join(frames))
 
     def close(self) -> None:
         self.closed = True
