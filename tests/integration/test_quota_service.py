@@ -12,7 +12,11 @@ import pytest
 from litestar.testing import AsyncTestClient
 
 from chamber.collector import service as collector
+from chamber.common.bus import Bus
+from chamber.common.codec import Decoder
+from chamber.common.contracts import QuotaState, SchedulerStats
 from chamber.common.settings import Settings
+from chamber.common.subjects import QUOTA, Names
 from chamber.quota import service as quota
 from chamber.scheduler import service as scheduler
 from tests.support.gateway import gateway_client
@@ -122,6 +126,26 @@ async def test_an_exhausted_budget_blocks_new_work(
             return bool((await client.get("/v1/teams/a")).json()["usage"]["budget_state"] == "blocked-all")
 
         await eventually(blocked, what="the budget is exhausted")
+        # The scheduler hears the quota state on its own subscription, which may come after the gateway's: the
+        # next job is submitted once the scheduler reports deciding under a state that blocks the team.
+        bus = await Bus.connect(settings.nats_url, Names(settings.namespace), "test")
+        try:
+            latest = await bus.read_latest(QUOTA, bus.names.quota_state(), Decoder(QuotaState))
+            assert latest
+            assert latest[-1].teams["a"].budget_state == "blocked-all"
+            reports: list[SchedulerStats] = []
+
+            async def on_stats(msg: Any) -> None:
+                reports.append(msgspec.json.decode(msg.data, type=SchedulerStats))
+
+            await bus.nc.subscribe(bus.names.scheduler_stats(), cb=on_stats)
+
+            async def scheduler_knows() -> bool:
+                return any(r.quota_at is not None and r.quota_at >= latest[-1].computed_at for r in reports)
+
+            await eventually(scheduler_knows, what="the scheduler decides under the blocking quota state")
+        finally:
+            await bus.close()
         second = (await client.post("/v1/jobs", json=job)).json()
 
         async def waits_for_budget() -> bool:

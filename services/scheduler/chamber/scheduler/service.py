@@ -984,6 +984,7 @@ class Scheduler:
             decide_p99_ms=round(_p99(decide), 3), apply_p99_ms=round(_p99(apply_), 3), placed=self._placed,
             waiting=len(state.queue) + len(state.nominated), running=len(state.running),
             rss_mb=round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+            quota_at=None if self.quota_state is None else self.quota_state.computed_at,
         )  # fmt: skip
         try:
             await self.bus.publish_nowait(self.names.scheduler_stats(), stats)

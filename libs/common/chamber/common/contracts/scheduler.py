@@ -22,3 +22,7 @@ class SchedulerStats(Event, frozen=True):
     waiting: int
     running: int
     rss_mb: float
+    quota_at: float | None = None
+    """`computed_at` of the quota state (usage, standings, budget blocks) the leader decides under from now on; None
+    before the quota service published one. Far behind `at`, the scheduler acts on a stale view of budgets and
+    fair share (the quota service is down, or its state does not reach the scheduler)."""
