@@ -18,6 +18,7 @@ preemption plans) is kept in a `CycleContext` until something invalidates it, so
 decided against it without a new cycle (`decide_arrivals`).
 """
 
+import bisect
 import heapq
 import itertools
 from collections.abc import Collection, Container, Iterable, Iterator
@@ -253,6 +254,29 @@ class CycleContext:
 
 
 @dataclass
+class _Held:
+    """A first-pass head set aside for the second because it could start by borrowing now, though its team's
+    guarantee admits it in another pool (`_Cycle._room_gone`)."""
+
+    entry: Entry
+    job: PendingJob
+    turn: Turn | None
+    options: list[Option]
+
+
+@dataclass
+class _SetAside:
+    """The first pass's `_Held` heads, and the GPUs free when they were last known to have room."""
+
+    heads: list[_Held] = field(default_factory=list)
+    free: int = 0
+
+    def hold(self, held: _Held, index: FleetIndex) -> None:
+        self.heads.append(held)
+        self.free = index.free_total()
+
+
+@dataclass
 class Tail:
     """The rest of a lane closed while room might still be opened for its shape after the walk
     (`_Cycle._shape_hopeless`): each of its heads, found hopeless at its turn, would have joined `to_consolidate`
@@ -339,6 +363,9 @@ class _Cycle:
         self._free_seen = -1
         self._tail_refused: dict[tuple[str, str, bool], int] = {}
         """(team, pool, preemptible) -> the fewest GPUs its quota refused a closed lane's head in `consolidate`."""
+        self._room_options: list[Option] | None = None
+        """Set by `consider` when it sets a job aside that a guarantee admits elsewhere (`_may_borrow_now`): the
+        options it had, read by `_walk` (see `_SetAside`)."""
 
     def run(self) -> list[Decision]:
         state, ctx = self.state, self.ctx
@@ -390,8 +417,13 @@ class _Cycle:
         # came up has its turn (found by review: waking one at a time let the walk go on past such a head).
         lazy = not (self.config.strict_fifo or self.config.strict_fifo_per_team)
         mark: Entry | None = None
-        while ctx.tests < self.config.max_tests_per_cycle and (popped := heads.pop()) is not None:
-            kind, number, item = popped[-3:]
+        set_aside = _SetAside()
+        while ctx.tests < self.config.max_tests_per_cycle:
+            if set_aside.heads:  # before the next item is taken: the set-aside heads' turns came before it
+                self._room_gone(set_aside, deferred, heads, decisions)
+            if (popped := heads.pop()) is None:
+                break
+            item = popped[-1]
             if self._watching and mark is not None:
                 self._watch(mark)
             if mark is None or mark < popped:
@@ -431,6 +463,9 @@ class _Cycle:
             if outcome == "borrower":
                 deferred.append(popped)
                 ctx.tests -= 1  # only set aside: it is decided, and counted, in the second pass
+                options, self._room_options = self._room_options, None
+                if options is not None and lazy:
+                    set_aside.hold(_Held(popped, job, self.turn, options), state.index)
                 continue
             if isinstance(heads.lane, Shape) and self._no_room_left(heads.lane):
                 self._close_lane(heads, "close")
@@ -440,14 +475,7 @@ class _Cycle:
                 if self.config.strict_fifo_per_team:
                     ctx.blocked_teams.add(job.team)
                     continue
-                if outcome == "reserved":
-                    ctx.tests += self._reserve_behind(sq.key, decisions)
-                if outcome != "refused":  # behind a refused head every job is refused too: no look-ahead
-                    ctx.tests += self._backfill_behind(sq.key, decisions)
-                continue
-            nxt = queue.head_of(sq)
-            if nxt is not None:
-                heads.push(entry(queue.order_of(nxt, standing), kind, number, sq))
+            self._after(outcome, popped, heads, decisions)
         if self._watching:
             ended = ctx.tests < self.config.max_tests_per_cycle and heads.pop() is None
             for tail in self._watching:  # heads after the walk's last item: their turns came at its end, or never
@@ -455,6 +483,73 @@ class _Cycle:
                     tail.cutoff = mark
             self._watching = []
         return deferred
+
+    def _after(self, outcome: str, popped: Entry, heads: Walk, decisions: list[Decision]) -> None:
+        """What the walk does after the head of the sub-queue `popped` stands for was decided (not set aside):
+        look ahead behind a head left waiting, or take the sub-queue's next head at its turn."""
+        ctx, queue = self.ctx, self.state.queue
+        kind, number, sq = popped[-3:]
+        if outcome in ("blocked", "reserved", "refused"):
+            if outcome == "reserved":
+                ctx.tests += self._reserve_behind(sq.key, decisions)
+            if outcome != "refused":  # behind a refused head every job is refused too: no look-ahead
+                ctx.tests += self._backfill_behind(sq.key, decisions)
+            return
+        nxt = queue.head_of(sq)
+        if nxt is not None:
+            heads.push(entry(queue.order_of(nxt, self.state.standing), kind, number, sq))
+
+    def _room_gone(self, set_aside: "_SetAside", deferred: list[Entry], heads: Walk, decisions: list[Decision]) -> None:
+        """In the first pass, once GPUs were taken: a head set aside because it could start by borrowing now,
+        though a guarantee admits it elsewhere (`consider`), whose room to borrow is gone (a guaranteed job later
+        in the queue took it) is decided in full at once, at its own turn, as it would have been had the room not
+        been there: before a later job of its team takes the guarantee it would fall back on. Left for the second
+        pass, it found its team's lower-priority job holding that guarantee. Only the GPUs are looked at again,
+        not what the cohort still lends (a later guaranteed job that takes the lending, or reclaims the room by
+        preempting, leaves the gap: `test_first_pass_borrowing.py`)."""
+        ctx, queue, index = self.ctx, self.state.queue, self.state.index
+        while set_aside.heads and index.free_total() < set_aside.free:  # a decision here may take more
+            set_aside.free = index.free_total()
+            fits: dict[Shape, bool] = {}  # per shape: the same GPUs looked at for every set-aside head
+            still: list[_Held] = []
+            for held in set_aside.heads:
+                if any(self._may_borrow_in(o.shape, fits) for o in held.options if o.borrowing):
+                    still.append(held)
+                    continue
+                sq = held.entry[-1]
+                assert isinstance(sq, SubQueue)
+                if queue.head_of(sq) is not held.job:
+                    continue  # decided since
+                deferred.remove(held.entry)
+                turn, self.turn = self.turn, held.turn
+                waiting = len(ctx.to_consolidate)
+                ctx.tests += 1
+                try:
+                    outcome = self.consider(held.job, decisions)
+                    if outcome != "borrower":
+                        self._after(outcome, held.entry, heads, decisions)
+                finally:
+                    self.turn = turn
+                    added = ctx.to_consolidate[waiting:]
+                    del ctx.to_consolidate[waiting:]
+                    for late in added:  # `consolidate` takes them in turn order
+                        bisect.insort(ctx.to_consolidate, late, key=_turn)
+                if outcome == "borrower":  # set aside again (its team's guarantee no longer admits it either)
+                    deferred.append(held.entry)
+                    ctx.tests -= 1
+                    options, self._room_options = self._room_options, None
+                    if options is not None:
+                        still.append(_Held(held.entry, held.job, held.turn, options))
+            set_aside.heads = still
+
+    def _may_borrow_in(self, shape: Shape, fits: dict[Shape, bool]) -> bool:
+        """`_may_borrow_now` for one borrowing option's shape, remembered in `fits` for one look at the GPUs."""
+        found = fits.get(shape)
+        if found is None:
+            found = fits[shape] = shape not in self.ctx.blocked and find_placement(self.state.index, shape) is not None
+            if not found:
+                self.ctx.blocked.add(shape)
+        return found
 
     # ---- shortcuts that keep a cycle O(sub-queues that can move) ---------------------------------------------
 
@@ -926,6 +1021,7 @@ class _Cycle:
         capacity), or "refused" (it may not start now whatever the capacity: unschedulable, its team's budget or
         quota; so may no job behind it in its sub-queue, which asks the same of the same team)."""
         state, ctx = self.state, self.ctx
+        self._room_options = None
         missing = self._unschedulable(job)
         if missing:
             decisions.append(Wait(job.id, Reason(WaitKind.UNSCHEDULABLE, f"unschedulable: {missing}")))
@@ -962,6 +1058,7 @@ class _Cycle:
         if options and self._backfill_into_reservation(job, decisions, options):
             return "placed"
         if elsewhere and self._may_borrow_now(adm.options):
+            self._room_options = adm.options
             return "borrower"  # borrowing disrupts nobody: second pass, after the guaranteed jobs, if room is left
         if self.config.consolidate and job.shape.gpus > 1:
             ctx.to_consolidate.append((self.turn, job))  # room may be opened for it after the walk (`consolidate`)
@@ -1002,13 +1099,8 @@ class _Cycle:
         for the second; if not, it decides the job in full there (preempting within its guarantee, reserving),
         as a job its guarantee admits: free GPUs only get fewer within a cycle, so the second pass could not have
         let it borrow either, and setting it aside gave its team's lower-priority jobs its guarantee first."""
-        ctx, index = self.ctx, self.state.index
-        for option in options:
-            if option.borrowing and option.shape not in ctx.blocked:
-                if find_placement(index, option.shape) is not None:
-                    return True
-                ctx.blocked.add(option.shape)
-        return False
+        fits: dict[Shape, bool] = {}
+        return any(self._may_borrow_in(o.shape, fits) for o in options if o.borrowing)
 
     def _keep_plan(self, job: PendingJob, taken: set[str]) -> Reservation | None:
         """The GPUs the job's reservation planned on in the last cycle, if they are all still free or held by
