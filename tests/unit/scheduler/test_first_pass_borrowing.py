@@ -404,3 +404,60 @@ def test_arrivals_set_aside_keep_their_teams_guarantee() -> None:
         state.add(pending_from(record))
     decisions = state.decide(NOW + 1)
     assert moved(decisions) == {"V": "Place", "X1": "Nominate"}, decisions
+
+
+def test_a_set_aside_job_may_still_backfill_by_borrowing_into_the_reservation_that_took_its_room() -> None:
+    """Found by a second review of the fix. X1 (x, any pool, 500 s) is set aside with nb's 4 free GPUs to borrow;
+    Y (y's guarantee in b, 8 GPUs) is blocked and reserves nb, which starts in ~1,000 s. X1 ends before that: it
+    stays set aside, and the second pass backfills it there by borrowing (decided in full in the first pass, it
+    could not borrow, and the GPUs stayed idle)."""
+    running = [
+        make_job("z").team("z").priority("research").pool("a").min_runtime_s(3600).started_at(NOW - 10)
+        .running_on(*[("na", i) for i in range(8)]).build(),
+        make_job("r").team("w").priority("train").pool("b").started_at(NOW - 10).estimate(1010.0)
+        .running_on(*[("nb", i) for i in range(4)]).build(),
+    ]  # fmt: skip
+    queued = [
+        make_job("X1").team("x").priority("research").gpus(4).estimate(500.0).at(1.0).build(),
+        make_job("Y").team("y").priority("research").gpus(8).pool("b").at(2.0).build(),
+    ]
+    quota = book({"x": (4, 0), "y": (0, 8), "w": (0, 4), "z": (0, 0)}, capacity_b=16)
+    decisions = cycle(queued, running, quota, SchedulerConfig(order="fifo"))
+    assert moved(decisions) == {"X1": "Place"}, decisions
+
+
+def test_set_aside_jobs_decided_when_their_room_is_gone_stay_within_the_budget_of_looks() -> None:
+    """Found by a second review of the fix: ten teams' jobs are set aside with pool b's 8 free GPUs to borrow, and
+    V takes them. Deciding them then counts against the cycle's budget of looks (4 here) like any head."""
+    teams = [f"x{i}" for i in range(10)]
+    nodes = [
+        *(make_node(f"na{i}").pool("a").gpus(8).build() for i in range(10)),
+        make_node("nb").pool("b").gpus(8).build(),
+    ]
+    running = [
+        make_job(f"z{i}").team("z").priority("research").pool("a").started_at(0.0).estimate(3000.0)
+        .running_on(*[(f"na{i}", k) for k in range(8)]).build()
+        for i in range(10)
+    ]  # fmt: skip
+    queued = [
+        make_job(f"X{i}").team(team).priority("research").gpus(8).at(float(i)).build() for i, team in enumerate(teams)
+    ]
+    queued.append(make_job("V").team("v").priority("research").gpus(8).pool("b").at(10.0).build())
+    quota = validate(
+        QuotaConfig(
+            pools=[PoolConfig(name="a", gpu_model="H100"), PoolConfig(name="b", gpu_model="H100")],
+            orgs=[OrgConfig(name="org")],
+            teams=[*(TeamConfig(name=t, org="org", cohort="c", quotas=[TeamQuota(pool="a", nominal=8)]) for t in teams),
+                   TeamConfig(name="v", org="org", cohort="c", quotas=[TeamQuota(pool="b", nominal=8)]),
+                   TeamConfig(name="z", org="org", cohort="c", quotas=[])],
+        ),
+        capacity={"a": 80, "b": 16},
+    )  # fmt: skip
+    jobs = [*running, *queued]
+    owners = {g.slot: r.id for r in jobs if r.placement for g in r.placement.gpus}
+    config = SchedulerConfig(order="fifo", max_tests_per_cycle=4)
+    state = SchedulingState.from_snapshot(nodes, owners, {}, jobs, quota=quota, config=config)
+    decisions = state.cycle(NOW)
+    assert state.ctx is not None
+    assert state.ctx.tests <= 4, (state.ctx.tests, decisions)
+    assert "V" in moved(decisions), decisions

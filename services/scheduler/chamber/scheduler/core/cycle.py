@@ -262,18 +262,39 @@ class _Held:
     job: PendingJob
     turn: Turn | None
     options: list[Option]
+    number: int = 0
+    """Its place among the heads set aside (`_SetAside.hold`)."""
 
 
 @dataclass
 class _SetAside:
-    """The first pass's `_Held` heads, and the GPUs free when they were last known to have room."""
+    """The first pass's `_Held` heads, by the shapes they would borrow with, and the GPUs free when they were last
+    known to have room."""
 
-    heads: list[_Held] = field(default_factory=list)
+    heads: dict[int, _Held] = field(default_factory=dict)
+    by_shape: dict[Shape, list[_Held]] = field(default_factory=dict)
     free: int = 0
+    count: int = 0
 
     def hold(self, held: _Held, index: FleetIndex) -> None:
-        self.heads.append(held)
+        if not held.number:
+            self.count += 1
+            held.number = self.count
+        self.heads[id(held)] = held
+        for option in held.options:
+            if option.borrowing:
+                self.by_shape.setdefault(option.shape, []).append(held)
         self.free = index.free_total()
+
+    def drop(self, held: _Held) -> None:
+        del self.heads[id(held)]
+        for option in held.options:
+            if option.borrowing:
+                left = [h for h in self.by_shape[option.shape] if h is not held]
+                if left:
+                    self.by_shape[option.shape] = left
+                else:
+                    del self.by_shape[option.shape]
 
 
 @dataclass
@@ -504,43 +525,58 @@ class _Cycle:
         though a guarantee admits it elsewhere (`consider`), whose room to borrow is gone (a guaranteed job later
         in the queue took it) is decided in full at once, at its own turn, as it would have been had the room not
         been there: before a later job of its team takes the guarantee it would fall back on. Left for the second
-        pass, it found its team's lower-priority job holding that guarantee. Only the GPUs are looked at again,
-        not what the cohort still lends (a later guaranteed job that takes the lending, or reclaims the room by
-        preempting, leaves the gap: `test_first_pass_borrowing.py`)."""
+        pass, it found its team's lower-priority job holding that guarantee. A head that could still backfill by
+        borrowing (into the reservation that took its room, say) stays set aside: the second pass may place it so.
+        Only the GPUs are looked at again, not what the cohort still lends (a later guaranteed job that takes the
+        lending, or reclaims the room by preempting, leaves the gap: `test_first_pass_borrowing.py`). The shapes
+        are looked at, not each head, so a round costs the shapes that lost their room and their heads."""
         ctx, queue, index = self.ctx, self.state.queue, self.state.index
+        budget = self.config.max_tests_per_cycle
         while set_aside.heads and index.free_total() < set_aside.free:  # a decision here may take more
             set_aside.free = index.free_total()
-            fits: dict[Shape, bool] = {}  # per shape: the same GPUs looked at for every set-aside head
-            still: list[_Held] = []
-            for held in set_aside.heads:
-                if any(self._may_borrow_in(o.shape, fits) for o in held.options if o.borrowing):
-                    still.append(held)
+            fits: dict[Shape, bool] = {}
+            lost = [shape for shape in set_aside.by_shape if not self._may_borrow_in(shape, fits)]
+            candidates = {id(held): held for shape in lost for held in set_aside.by_shape[shape]}
+            for held in sorted(candidates.values(), key=lambda h: h.number):  # in the order they were set aside
+                if ctx.tests >= budget:
+                    return  # the walk ends here too: the rest wait for the next cycle, set aside as they are
+                shapes = [o.shape for o in held.options if o.borrowing]
+                if any(fits.get(shape, True) for shape in shapes) or (
+                    held.job.estimate is not None and ctx.may_backfill(ctx.now + held.job.estimate, shapes)
+                ):
                     continue
+                set_aside.drop(held)
                 sq = held.entry[-1]
                 assert isinstance(sq, SubQueue)
                 if queue.head_of(sq) is not held.job:
                     continue  # decided since
                 deferred.remove(held.entry)
-                turn, self.turn = self.turn, held.turn
-                waiting = len(ctx.to_consolidate)
-                ctx.tests += 1
-                try:
-                    outcome = self.consider(held.job, decisions)
-                    if outcome != "borrower":
-                        self._after(outcome, held.entry, heads, decisions)
-                finally:
-                    self.turn = turn
-                    added = ctx.to_consolidate[waiting:]
-                    del ctx.to_consolidate[waiting:]
-                    for late in added:  # `consolidate` takes them in turn order
-                        bisect.insort(ctx.to_consolidate, late, key=_turn)
-                if outcome == "borrower":  # set aside again (its team's guarantee no longer admits it either)
-                    deferred.append(held.entry)
-                    ctx.tests -= 1
-                    options, self._room_options = self._room_options, None
-                    if options is not None:
-                        still.append(_Held(held.entry, held.job, held.turn, options))
-            set_aside.heads = still
+                self._decide_held(held, set_aside, deferred, heads, decisions)
+
+    def _decide_held(
+        self, held: "_Held", set_aside: "_SetAside", deferred: list[Entry], heads: Walk, decisions: list[Decision]
+    ) -> None:
+        """Decide in full, at its own turn, a head `_room_gone` found without room to borrow."""
+        ctx = self.ctx
+        turn, self.turn = self.turn, held.turn
+        waiting = len(ctx.to_consolidate)
+        ctx.tests += 1
+        try:
+            outcome = self.consider(held.job, decisions)
+            if outcome != "borrower":
+                self._after(outcome, held.entry, heads, decisions)
+        finally:
+            self.turn = turn
+            added = ctx.to_consolidate[waiting:]
+            del ctx.to_consolidate[waiting:]
+            for late in added:  # `consolidate` takes them in turn order
+                bisect.insort(ctx.to_consolidate, late, key=_turn)
+        if outcome == "borrower":  # set aside again (its team's guarantee no longer admits it either)
+            deferred.append(held.entry)
+            ctx.tests -= 1
+            options, self._room_options = self._room_options, None
+            if options is not None:
+                set_aside.hold(_Held(held.entry, held.job, held.turn, options, held.number), self.state.index)
 
     def _may_borrow_in(self, shape: Shape, fits: dict[Shape, bool]) -> bool:
         """`_may_borrow_now` for one borrowing option's shape, remembered in `fits` for one look at the GPUs."""
