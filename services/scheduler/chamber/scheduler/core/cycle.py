@@ -277,14 +277,17 @@ class _SetAside:
     count: int = 0
 
     def hold(self, held: _Held, index: FleetIndex) -> None:
+        """Keep `held`, found with room to borrow now. With others kept, `free` stays: GPUs taken since they were
+        last looked at are still to be looked at (`_Cycle._room_gone`)."""
         if not held.number:
             self.count += 1
             held.number = self.count
+        if not self.heads:
+            self.free = index.free_total()
         self.heads[id(held)] = held
         for option in held.options:
             if option.borrowing:
                 self.by_shape.setdefault(option.shape, []).append(held)
-        self.free = index.free_total()
 
     def drop(self, held: _Held) -> None:
         del self.heads[id(held)]
