@@ -169,6 +169,38 @@ def test_no_room_is_opened_by_borrowing_when_the_first_pass_was_cut_short() -> N
     assert not [d for d in decisions if isinstance(d, Nominate | Preempt | Place)], decisions
 
 
+SET_ASIDE_CASE = [
+    make_job("X1").team("x").priority("research").gpus(4).at(1.0).build(),
+    make_job("V").team("v").priority("research").gpus(4).pool("b").at(2.0).build(),
+    make_job("X2").team("x").priority("best-effort").gpus(4).pool("a").at(3.0).build(),
+]
+"""X1 (x, any pool) first, then V (v's guarantee in b), then X2 (x's best-effort job, pool a only)."""
+
+
+def _borrowed_a(busy_in_b: int) -> list[JobRecord]:
+    """z borrows all of pool a (reclaimable); `busy_in_b` of pool b's 8 GPUs run w's work."""
+    return [
+        make_job("z0").team("z").priority("research").pool("a").started_at(0.0).estimate(3000.0)
+        .running_on(*[("na", i) for i in range(4)]).build(),
+        make_job("z1").team("z").priority("research").pool("a").started_at(0.0).estimate(3000.0)
+        .running_on(*[("na", i) for i in range(4, 8)]).build(),
+        *([make_job("r").team("w").priority("train").pool("b").started_at(NOW - 10).estimate(1010.0)
+           .running_on(*[("nb", i) for i in range(busy_in_b)]).build()] if busy_in_b else []),
+    ]  # fmt: skip
+
+
+def _room_case(
+    queued: list[JobRecord], *, busy_in_b: int, nominal_x: int = 4, quota: QuotaBook | None = None
+) -> list[Decision]:
+    """`_borrowed_a`, x guaranteed `nominal_x` GPUs of pool a, v and w 4 each of pool b (quota capacity 16)."""
+    quota = quota or book({"x": (nominal_x, 0), "v": (0, 4), "w": (0, 4), "z": (0, 0)}, capacity_b=16)
+    return cycle(queued, _borrowed_a(busy_in_b), quota, SchedulerConfig(order="fifo"))
+
+
+def moved(decisions: list[Decision]) -> dict[str, str]:
+    return {d.job_id: type(d).__name__ for d in decisions if isinstance(d, Nominate | Place)}
+
+
 def test_a_job_set_aside_keeps_its_teams_guarantee_from_its_teams_later_jobs() -> None:
     """Found by review (2026-12-05), kept as an expected failure until fixed. X1 (x, research, any pool) is within
     x's guarantee in pool a, which z fills by borrowing (reclaimable), and could borrow pool b's 4 free GPUs now:
@@ -177,49 +209,14 @@ def test_a_job_set_aside_keeps_its_teams_guarantee_from_its_teams_later_jobs() -
     guarantee in a; X1 then found nothing in the second pass. Now X1 is decided in full as soon as V took its room
     (before X2's turn): X1 reclaims, X2 waits. (A fix that set aside the team's later jobs using that guarantee was
     tried before and dropped: a review showed six cases it made worse.)"""
-    running = [
-        make_job("z0").team("z").priority("research").pool("a").started_at(0.0).estimate(3000.0)
-        .running_on(*[("na", i) for i in range(4)]).build(),
-        make_job("z1").team("z").priority("research").pool("a").started_at(0.0).estimate(3000.0)
-        .running_on(*[("na", i) for i in range(4, 8)]).build(),
-        make_job("r").team("w").priority("train").pool("b").started_at(NOW - 10).estimate(1010.0)
-        .running_on(*[("nb", i) for i in range(4)]).build(),
-    ]  # fmt: skip
-    queued = [
-        make_job("X1").team("x").priority("research").gpus(4).at(1.0).build(),
-        make_job("V").team("v").priority("research").gpus(4).pool("b").at(2.0).build(),
-        make_job("X2").team("x").priority("best-effort").gpus(4).pool("a").at(3.0).build(),
-    ]
-    quota = book({"x": (4, 0), "v": (0, 4), "w": (0, 4), "z": (0, 0)}, capacity_b=16)
-    decisions = cycle(queued, running, quota, SchedulerConfig(order="fifo"))
-    moved = {d.job_id: type(d).__name__ for d in decisions if isinstance(d, Nominate | Place)}
-    assert moved == {"V": "Place", "X1": "Nominate"}, decisions
-
-
-def _room_case(
-    queued: list[JobRecord], *, busy_in_b: int, nominal_x: int = 4, quota: QuotaBook | None = None
-) -> list[Decision]:
-    """As above: z borrows all of pool a (x's guarantee there, `nominal_x`, reclaimable); `busy_in_b` of pool b's 8
-    GPUs run w's work, the rest is free for borrowing."""
-    running = [
-        make_job("z0").team("z").priority("research").pool("a").started_at(0.0).estimate(3000.0)
-        .running_on(*[("na", i) for i in range(4)]).build(),
-        make_job("z1").team("z").priority("research").pool("a").started_at(0.0).estimate(3000.0)
-        .running_on(*[("na", i) for i in range(4, 8)]).build(),
-        *([make_job("r").team("w").priority("train").pool("b").started_at(NOW - 10).estimate(1010.0)
-           .running_on(*[("nb", i) for i in range(busy_in_b)]).build()] if busy_in_b else []),
-    ]  # fmt: skip
-    quota = quota or book({"x": (nominal_x, 0), "v": (0, 4), "w": (0, 4), "z": (0, 0)}, capacity_b=16)
-    return cycle(queued, running, quota, SchedulerConfig(order="fifo"))
+    decisions = _room_case(SET_ASIDE_CASE, busy_in_b=4)
+    assert moved(decisions) == {"V": "Place", "X1": "Nominate"}, decisions
 
 
 def test_a_set_aside_job_keeps_waiting_for_the_second_pass_while_its_room_is_left() -> None:
     """V takes 4 of pool b's 8 free GPUs: X1's 4 are still there, so X1 stays set aside and borrows them in the
     second pass (it is not decided again only because some GPUs were taken)."""
-    decisions = _room_case([
-        make_job("X1").team("x").priority("research").gpus(4).at(1.0).build(),
-        make_job("V").team("v").priority("research").gpus(4).pool("b").at(2.0).build(),
-    ], busy_in_b=0)  # fmt: skip
+    decisions = _room_case(SET_ASIDE_CASE[:2], busy_in_b=0)
     placed = {d.job_id: d for d in decisions if isinstance(d, Place)}
     assert set(placed) == {"X1", "V"}, decisions
     assert "borrowing" in placed["X1"].reason
@@ -229,16 +226,8 @@ def test_a_set_aside_job_keeps_waiting_for_the_second_pass_while_its_room_is_lef
 def test_a_set_aside_job_whose_room_the_last_guaranteed_job_took_reclaims_in_the_second_pass() -> None:
     """V, the first pass's last job, takes the room X1 would borrow: nothing of x's took its guarantee since, and
     the second pass decides X1 in full (it reclaims pool a)."""
-    decisions = _room_case([
-        make_job("X1").team("x").priority("research").gpus(4).at(1.0).build(),
-        make_job("V").team("v").priority("research").gpus(4).pool("b").at(2.0).build(),
-    ], busy_in_b=4)  # fmt: skip
-    moved = {d.job_id: type(d).__name__ for d in decisions if isinstance(d, Nominate | Place)}
-    assert moved == {"V": "Place", "X1": "Nominate"}, decisions
-
-
-def moved(decisions: list[Decision]) -> dict[str, str]:
-    return {d.job_id: type(d).__name__ for d in decisions if isinstance(d, Nominate | Place)}
+    decisions = _room_case(SET_ASIDE_CASE[:2], busy_in_b=4)
+    assert moved(decisions) == {"V": "Place", "X1": "Nominate"}, decisions
 
 
 def test_the_next_head_of_a_set_aside_jobs_sub_queue_comes_before_the_teams_later_job() -> None:
@@ -255,6 +244,16 @@ def test_the_next_head_of_a_set_aside_jobs_sub_queue_comes_before_the_teams_late
     assert moved(decisions) == {"V": "Place", "X1": "Nominate", "X1b": "Nominate"}, decisions
 
 
+def _pinned_a() -> list[JobRecord]:
+    """z fills pool a and may not be preempted yet (its minimum runtime); w runs 4 of pool b's 8 GPUs."""
+    return [
+        make_job("z").team("z").priority("research").pool("a").min_runtime_s(3600).started_at(NOW - 10)
+        .running_on(*[("na", i) for i in range(8)]).build(),
+        make_job("r").team("w").priority("train").pool("b").started_at(NOW - 10).estimate(1010.0)
+        .running_on(*[("nb", i) for i in range(4)]).build(),
+    ]  # fmt: skip
+
+
 def test_a_set_aside_job_decided_late_joins_the_consolidation_list_at_its_turn() -> None:
     """Found by review of the fix. X1 is set aside; Y (y's guarantee in b, 8 GPUs) is blocked, joins the list of
     jobs room may be opened for and reserves the node X1 would borrow on; X1, decided then, joins that list before
@@ -266,12 +265,7 @@ def test_a_set_aside_job_decided_late_joins_the_consolidation_list_at_its_turn()
         seen.append([job.id for _, job in self.ctx.to_consolidate])
         original(self, decisions)
 
-    running = [
-        make_job("z").team("z").priority("research").pool("a").min_runtime_s(3600).started_at(NOW - 10)
-        .running_on(*[("na", i) for i in range(8)]).build(),
-        make_job("r").team("w").priority("train").pool("b").started_at(NOW - 10).estimate(1010.0)
-        .running_on(*[("nb", i) for i in range(4)]).build(),
-    ]  # fmt: skip
+    running = _pinned_a()
     queued = [
         make_job("X1").team("x").priority("research").gpus(4).at(1.0).build(),
         make_job("Y").team("y").priority("research").gpus(8).pool("b").at(2.0).build(),
@@ -343,12 +337,7 @@ def test_a_set_aside_job_whose_lending_a_guaranteed_job_took_keeps_its_teams_gua
         ),
         capacity={"a": 8, "b": 8},
     )  # fmt: skip
-    queued = [
-        make_job("X1").team("x").priority("research").gpus(4).at(1.0).build(),
-        make_job("V").team("v").priority("research").gpus(4).pool("b").at(2.0).build(),
-        make_job("X2").team("x").priority("best-effort").gpus(4).pool("a").at(3.0).build(),
-    ]
-    decisions = _room_case(queued, busy_in_b=0, quota=quota)
+    decisions = _room_case(SET_ASIDE_CASE, busy_in_b=0, quota=quota)
     assert moved(decisions) == {"V": "Place", "X1": "Nominate"}, decisions
 
 
@@ -384,23 +373,12 @@ def test_a_set_aside_job_whose_lending_a_reclaim_took_keeps_its_teams_guarantee(
 def test_arrivals_set_aside_keep_their_teams_guarantee() -> None:
     """KNOWN GAP (found by review of the fix). The three jobs of the first case above, arriving together after a
     cycle and decided against it (`decide_arrivals`): X2 takes x's guarantee, X1 waits."""
-    running = [
-        make_job("z0").team("z").priority("research").pool("a").started_at(0.0).estimate(3000.0)
-        .running_on(*[("na", i) for i in range(4)]).build(),
-        make_job("z1").team("z").priority("research").pool("a").started_at(0.0).estimate(3000.0)
-        .running_on(*[("na", i) for i in range(4, 8)]).build(),
-        make_job("r").team("w").priority("train").pool("b").started_at(NOW - 10).estimate(1010.0)
-        .running_on(*[("nb", i) for i in range(4)]).build(),
-    ]  # fmt: skip
+    running = _borrowed_a(4)
     owners = {g.slot: r.id for r in running if r.placement for g in r.placement.gpus}
     quota = book({"x": (4, 0), "v": (0, 4), "w": (0, 4), "z": (0, 0)}, capacity_b=16)
     state = SchedulingState.from_snapshot(NODES, owners, {}, running, quota=quota, config=SchedulerConfig(order="fifo"))
     state.cycle(NOW)
-    for record in [
-        make_job("X1").team("x").priority("research").gpus(4).at(1.0).build(),
-        make_job("V").team("v").priority("research").gpus(4).pool("b").at(2.0).build(),
-        make_job("X2").team("x").priority("best-effort").gpus(4).pool("a").at(3.0).build(),
-    ]:
+    for record in SET_ASIDE_CASE:
         state.add(pending_from(record))
     decisions = state.decide(NOW + 1)
     assert moved(decisions) == {"V": "Place", "X1": "Nominate"}, decisions
@@ -411,12 +389,7 @@ def test_a_set_aside_job_may_still_backfill_by_borrowing_into_the_reservation_th
     Y (y's guarantee in b, 8 GPUs) is blocked and reserves nb, which starts in ~1,000 s. X1 ends before that: it
     stays set aside, and the second pass backfills it there by borrowing (decided in full in the first pass, it
     could not borrow, and the GPUs stayed idle)."""
-    running = [
-        make_job("z").team("z").priority("research").pool("a").min_runtime_s(3600).started_at(NOW - 10)
-        .running_on(*[("na", i) for i in range(8)]).build(),
-        make_job("r").team("w").priority("train").pool("b").started_at(NOW - 10).estimate(1010.0)
-        .running_on(*[("nb", i) for i in range(4)]).build(),
-    ]  # fmt: skip
+    running = _pinned_a()
     queued = [
         make_job("X1").team("x").priority("research").gpus(4).estimate(500.0).at(1.0).build(),
         make_job("Y").team("y").priority("research").gpus(8).pool("b").at(2.0).build(),
