@@ -369,10 +369,10 @@ def test_a_set_aside_job_whose_lending_a_reclaim_took_keeps_its_teams_guarantee(
     assert moved(decisions) == {"V": "Nominate", "X1": "Nominate"}, decisions
 
 
-@pytest.mark.xfail(strict=True, reason="known: arrivals decided against the last cycle are not looked at again")
 def test_arrivals_set_aside_keep_their_teams_guarantee() -> None:
-    """KNOWN GAP (found by review of the fix). The three jobs of the first case above, arriving together after a
-    cycle and decided against it (`decide_arrivals`): X2 takes x's guarantee, X1 waits."""
+    """Found by review of the fix. The three jobs of the first case above, arriving together after a cycle and
+    decided against it (`decide_arrivals`): X1, set aside, is decided in full once V took its room, before X2
+    takes x's guarantee (before, X2 took it and X1 waited)."""
     running = _borrowed_a(4)
     owners = {g.slot: r.id for r in running if r.placement for g in r.placement.gpus}
     quota = book({"x": (4, 0), "v": (0, 4), "w": (0, 4), "z": (0, 0)}, capacity_b=16)
@@ -434,3 +434,22 @@ def test_set_aside_jobs_decided_when_their_room_is_gone_stay_within_the_budget_o
     assert state.ctx is not None
     assert state.ctx.tests <= 4, (state.ctx.tests, decisions)
     assert "V" in moved(decisions), decisions
+
+
+def test_an_arrival_set_aside_may_still_backfill_by_borrowing_into_the_reservation_that_took_its_room() -> None:
+    """The backfill case above with its jobs arriving after a cycle (`decide_arrivals`), and x's best-effort X2
+    after them (so X1 is looked at again before X2 is decided): X1 stays set aside and is backfilled by
+    borrowing."""
+    running = _pinned_a()
+    owners = {g.slot: r.id for r in running if r.placement for g in r.placement.gpus}
+    quota = book({"x": (4, 0), "y": (0, 8), "w": (0, 4), "z": (0, 0)}, capacity_b=16)
+    state = SchedulingState.from_snapshot(NODES, owners, {}, running, quota=quota, config=SchedulerConfig(order="fifo"))
+    state.cycle(NOW)
+    for record in [
+        make_job("X1").team("x").priority("research").gpus(4).estimate(500.0).at(1.0).build(),
+        make_job("Y").team("y").priority("research").gpus(8).pool("b").at(2.0).build(),
+        make_job("X2").team("x").priority("best-effort").gpus(4).pool("a").at(3.0).build(),
+    ]:
+        state.add(pending_from(record))
+    decisions = state.decide(NOW + 1)
+    assert moved(decisions) == {"X1": "Place"}, decisions

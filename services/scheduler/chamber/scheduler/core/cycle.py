@@ -341,8 +341,12 @@ def decide_arrivals(state: SchedulingState, ctx: CycleContext, arrived: Iterable
     ctx.borrowing = not state.quota_on  # two passes over the arrivals too: guaranteed ones before borrowers
     set_aside: set[str] = set()
     later: list[PendingJob] = []  # borrowers, and arrivals queued behind one: the second pass's, in arrival order
+    held: list[tuple[PendingJob, list[Option]]] = []  # set aside though a guarantee admits them elsewhere
+    free = 0
     try:
         for job_id in arrived:
+            if held and state.index.free_total() < free:
+                free = cycle.arrivals_room_gone(held, set_aside, later, decisions)
             job = queue.jobs.get(job_id)
             if job is None:
                 continue
@@ -356,6 +360,11 @@ def decide_arrivals(state: SchedulingState, ctx: CycleContext, arrived: Iterable
             if cycle.consider(job, decisions) == "borrower":
                 set_aside.add(job.id)
                 later.append(job)
+                options, cycle._room_options = cycle._room_options, None
+                if options is not None:
+                    if not held:
+                        free = state.index.free_total()
+                    held.append((job, options))
     finally:
         ctx.borrowing = may_borrow
     for job in later:
@@ -580,6 +589,41 @@ class _Cycle:
             options, self._room_options = self._room_options, None
             if options is not None:
                 set_aside.hold(_Held(held.entry, held.job, held.turn, options, held.number), self.state.index)
+
+    def arrivals_room_gone(
+        self,
+        held: list[tuple[PendingJob, list[Option]]],
+        set_aside: set[str],
+        later: list[PendingJob],
+        decisions: list[Decision],
+    ) -> int:
+        """`_room_gone` for arrivals (`decide_arrivals`, in arrival order, before the next arrival is decided): an
+        arrival set aside to borrow whose GPUs to borrow on are gone, and that could not backfill by borrowing
+        either, is decided in full now, before a later arrival of its team takes the guarantee it would fall back
+        on. Returns the GPUs free once no more were taken."""
+        ctx, index = self.ctx, self.state.index
+        free = -1
+        while free != index.free_total():  # a decision here may take more
+            free = index.free_total()
+            fits: dict[Shape, bool] = {}
+            for job, options in list(held):
+                shapes = [o.shape for o in options if o.borrowing]
+                if any(self._may_borrow_in(shape, fits) for shape in shapes) or (
+                    job.estimate is not None and ctx.may_backfill(ctx.now + job.estimate, shapes)
+                ):
+                    continue
+                held.remove((job, options))
+                if self.state.queue.jobs.get(job.id) is not job:
+                    continue  # decided since
+                set_aside.discard(job.id)
+                later.remove(job)
+                if self.consider(job, decisions) == "borrower":  # its team's guarantee no longer admits it either
+                    set_aside.add(job.id)
+                    later.append(job)
+                    again, self._room_options = self._room_options, None
+                    if again is not None:
+                        held.append((job, again))
+        return free
 
     def _may_borrow_in(self, shape: Shape, fits: dict[Shape, bool]) -> bool:
         """`_may_borrow_now` for one borrowing option's shape, remembered in `fits` for one look at the GPUs."""
