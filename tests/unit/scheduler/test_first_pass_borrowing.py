@@ -369,18 +369,25 @@ def test_a_set_aside_job_whose_lending_a_reclaim_took_keeps_its_teams_guarantee(
     assert moved(decisions) == {"V": "Nominate", "X1": "Nominate"}, decisions
 
 
+def _arrive(
+    running: list[JobRecord], quota: QuotaBook, records: list[JobRecord], config: SchedulerConfig | None = None
+) -> list[Decision]:
+    """`records` arriving together after a cycle on `running`, decided against it (`decide_arrivals`)."""
+    owners = {g.slot: r.id for r in running if r.placement for g in r.placement.gpus}
+    config = config or SchedulerConfig(order="fifo")
+    state = SchedulingState.from_snapshot(NODES, owners, {}, running, quota=quota, config=config)
+    state.cycle(NOW)
+    for record in records:
+        state.add(pending_from(record))
+    return state.decide(NOW + 1)
+
+
 def test_arrivals_set_aside_keep_their_teams_guarantee() -> None:
     """Found by review of the fix. The three jobs of the first case above, arriving together after a cycle and
     decided against it (`decide_arrivals`): X1, set aside, is decided in full once V took its room, before X2
     takes x's guarantee (before, X2 took it and X1 waited)."""
-    running = _borrowed_a(4)
-    owners = {g.slot: r.id for r in running if r.placement for g in r.placement.gpus}
     quota = book({"x": (4, 0), "v": (0, 4), "w": (0, 4), "z": (0, 0)}, capacity_b=16)
-    state = SchedulingState.from_snapshot(NODES, owners, {}, running, quota=quota, config=SchedulerConfig(order="fifo"))
-    state.cycle(NOW)
-    for record in SET_ASIDE_CASE:
-        state.add(pending_from(record))
-    decisions = state.decide(NOW + 1)
+    decisions = _arrive(_borrowed_a(4), quota, SET_ASIDE_CASE)
     assert moved(decisions) == {"V": "Place", "X1": "Nominate"}, decisions
 
 
@@ -440,16 +447,26 @@ def test_an_arrival_set_aside_may_still_backfill_by_borrowing_into_the_reservati
     """The backfill case above with its jobs arriving after a cycle (`decide_arrivals`), and x's best-effort X2
     after them (so X1 is looked at again before X2 is decided): X1 stays set aside and is backfilled by
     borrowing."""
-    running = _pinned_a()
-    owners = {g.slot: r.id for r in running if r.placement for g in r.placement.gpus}
     quota = book({"x": (4, 0), "y": (0, 8), "w": (0, 4), "z": (0, 0)}, capacity_b=16)
-    state = SchedulingState.from_snapshot(NODES, owners, {}, running, quota=quota, config=SchedulerConfig(order="fifo"))
-    state.cycle(NOW)
-    for record in [
+    decisions = _arrive(_pinned_a(), quota, [
         make_job("X1").team("x").priority("research").gpus(4).estimate(500.0).at(1.0).build(),
         make_job("Y").team("y").priority("research").gpus(8).pool("b").at(2.0).build(),
         make_job("X2").team("x").priority("best-effort").gpus(4).pool("a").at(3.0).build(),
-    ]:
-        state.add(pending_from(record))
-    decisions = state.decide(NOW + 1)
+    ])  # fmt: skip
     assert moved(decisions) == {"X1": "Place"}, decisions
+
+
+def test_an_arrival_set_aside_again_keeps_its_place_among_the_later_ones() -> None:
+    """Found by review of the arrivals fix. X1 (x, any pool) is set aside; U (a borrower, any pool) after it; X0
+    (x's train job, pool a) takes x's guarantee; V takes pool b's room. X1, decided in full then, is set aside
+    again (only borrowing admits it now): it keeps its place before U, so it gets the one reservation."""
+    quota = book({"x": (4, 0), "u": (0, 0), "v": (0, 4), "w": (0, 4), "z": (0, 0)}, capacity_b=16)
+    decisions = _arrive(_borrowed_a(4), quota, [
+        make_job("X1").team("x").priority("research").gpus(4).at(1.0).build(),
+        make_job("U").team("u").priority("research").gpus(4).at(1.5).build(),
+        make_job("X0").team("x").priority("train").gpus(4).pool("a").at(1.7).build(),
+        make_job("V").team("v").priority("research").gpus(4).pool("b").at(2.0).build(),
+        make_job("Q").team("q").priority("best-effort").gpus(1).pool("a").at(3.0).build(),
+    ], SchedulerConfig(order="fifo", max_reservations=1))  # fmt: skip
+    reserved = [d.job_id for d in decisions if isinstance(d, Wait) and d.why.kind == WaitKind.RESERVED]
+    assert reserved == ["X1"], decisions

@@ -256,9 +256,10 @@ class CycleContext:
 @dataclass
 class _Held:
     """A first-pass head set aside for the second because it could start by borrowing now, though its team's
-    guarantee admits it in another pool (`_Cycle._room_gone`)."""
+    guarantee admits it in another pool (`_Cycle._room_gone`; an arrival likewise, `_Cycle.arrivals_room_gone`)."""
 
     entry: Entry
+    """Its item in the walk (empty for an arrival)."""
     job: PendingJob
     turn: Turn | None
     options: list[Option]
@@ -268,8 +269,8 @@ class _Held:
 
 @dataclass
 class _SetAside:
-    """The first pass's `_Held` heads, by the shapes they would borrow with, and the GPUs free when they were last
-    known to have room."""
+    """The `_Held` heads of a first pass (or of a batch of arrivals), by the shapes they would borrow with, and the
+    GPUs free when they were last known to have room."""
 
     heads: dict[int, _Held] = field(default_factory=dict)
     by_shape: dict[Shape, list[_Held]] = field(default_factory=dict)
@@ -288,6 +289,25 @@ class _SetAside:
         for option in held.options:
             if option.borrowing:
                 self.by_shape.setdefault(option.shape, []).append(held)
+
+    def without_room(self, cycle: "_Cycle") -> list[_Held]:
+        """The heads none of whose shapes finds GPUs to borrow on any more, and that could not backfill by
+        borrowing either (the shapes are looked at, then only the heads of those that lost their room), in the
+        order they were set aside; `free` is marked now."""
+        self.free = cycle.state.index.free_total()
+        ctx = cycle.ctx
+        fits: dict[Shape, bool] = {}
+        lost = [shape for shape in self.by_shape if not cycle.may_borrow_in(shape, fits)]
+        found = {id(held): held for shape in lost for held in self.by_shape[shape]}
+        out = []
+        for held in sorted(found.values(), key=lambda h: h.number):
+            shapes = [o.shape for o in held.options if o.borrowing]
+            if any(fits.get(shape, True) for shape in shapes) or (
+                held.job.estimate is not None and ctx.may_backfill(ctx.now + held.job.estimate, shapes)
+            ):
+                continue
+            out.append(held)
+        return out
 
     def drop(self, held: _Held) -> None:
         del self.heads[id(held)]
@@ -341,12 +361,11 @@ def decide_arrivals(state: SchedulingState, ctx: CycleContext, arrived: Iterable
     ctx.borrowing = not state.quota_on  # two passes over the arrivals too: guaranteed ones before borrowers
     set_aside: set[str] = set()
     later: list[PendingJob] = []  # borrowers, and arrivals queued behind one: the second pass's, in arrival order
-    held: list[tuple[PendingJob, list[Option]]] = []  # set aside though a guarantee admits them elsewhere
-    free = 0
+    held = _SetAside()  # those of them a guarantee admits elsewhere (`_Cycle.arrivals_room_gone`)
     try:
         for job_id in arrived:
-            if held and state.index.free_total() < free:
-                free = cycle.arrivals_room_gone(held, set_aside, later, decisions)
+            if held.heads:
+                cycle.arrivals_room_gone(held, set_aside, later, decisions)
             job = queue.jobs.get(job_id)
             if job is None:
                 continue
@@ -362,9 +381,7 @@ def decide_arrivals(state: SchedulingState, ctx: CycleContext, arrived: Iterable
                 later.append(job)
                 options, cycle._room_options = cycle._room_options, None
                 if options is not None:
-                    if not held:
-                        free = state.index.free_total()
-                    held.append((job, options))
+                    held.hold(_Held((), job, None, options), state.index)
     finally:
         ctx.borrowing = may_borrow
     for job in later:
@@ -545,18 +562,9 @@ class _Cycle:
         ctx, queue, index = self.ctx, self.state.queue, self.state.index
         budget = self.config.max_tests_per_cycle
         while set_aside.heads and index.free_total() < set_aside.free:  # a decision here may take more
-            set_aside.free = index.free_total()
-            fits: dict[Shape, bool] = {}
-            lost = [shape for shape in set_aside.by_shape if not self._may_borrow_in(shape, fits)]
-            candidates = {id(held): held for shape in lost for held in set_aside.by_shape[shape]}
-            for held in sorted(candidates.values(), key=lambda h: h.number):  # in the order they were set aside
+            for held in set_aside.without_room(self):
                 if ctx.tests >= budget:
                     return  # the walk ends here too: the rest wait for the next cycle, set aside as they are
-                shapes = [o.shape for o in held.options if o.borrowing]
-                if any(fits.get(shape, True) for shape in shapes) or (
-                    held.job.estimate is not None and ctx.may_backfill(ctx.now + held.job.estimate, shapes)
-                ):
-                    continue
                 set_aside.drop(held)
                 sq = held.entry[-1]
                 assert isinstance(sq, SubQueue)
@@ -591,41 +599,28 @@ class _Cycle:
                 set_aside.hold(_Held(held.entry, held.job, held.turn, options, held.number), self.state.index)
 
     def arrivals_room_gone(
-        self,
-        held: list[tuple[PendingJob, list[Option]]],
-        set_aside: set[str],
-        later: list[PendingJob],
-        decisions: list[Decision],
-    ) -> int:
+        self, set_aside: "_SetAside", borrowers: set[str], later: list[PendingJob], decisions: list[Decision]
+    ) -> None:
         """`_room_gone` for arrivals (`decide_arrivals`, in arrival order, before the next arrival is decided): an
         arrival set aside to borrow whose GPUs to borrow on are gone, and that could not backfill by borrowing
         either, is decided in full now, before a later arrival of its team takes the guarantee it would fall back
-        on. Returns the GPUs free once no more were taken."""
-        ctx, index = self.ctx, self.state.index
-        free = -1
-        while free != index.free_total():  # a decision here may take more
-            free = index.free_total()
-            fits: dict[Shape, bool] = {}
-            for job, options in list(held):
-                shapes = [o.shape for o in options if o.borrowing]
-                if any(self._may_borrow_in(shape, fits) for shape in shapes) or (
-                    job.estimate is not None and ctx.may_backfill(ctx.now + job.estimate, shapes)
-                ):
-                    continue
-                held.remove((job, options))
+        on. One set aside again keeps its place among the later ones."""
+        index = self.state.index
+        while set_aside.heads and index.free_total() < set_aside.free:  # a decision here may take more
+            for held in set_aside.without_room(self):
+                set_aside.drop(held)
+                job = held.job
                 if self.state.queue.jobs.get(job.id) is not job:
                     continue  # decided since
-                set_aside.discard(job.id)
-                later.remove(job)
                 if self.consider(job, decisions) == "borrower":  # its team's guarantee no longer admits it either
-                    set_aside.add(job.id)
-                    later.append(job)
-                    again, self._room_options = self._room_options, None
-                    if again is not None:
-                        held.append((job, again))
-        return free
+                    options, self._room_options = self._room_options, None
+                    if options is not None:
+                        set_aside.hold(_Held(held.entry, job, None, options, held.number), index)
+                    continue
+                borrowers.discard(job.id)
+                later.remove(job)
 
-    def _may_borrow_in(self, shape: Shape, fits: dict[Shape, bool]) -> bool:
+    def may_borrow_in(self, shape: Shape, fits: dict[Shape, bool]) -> bool:
         """`_may_borrow_now` for one borrowing option's shape, remembered in `fits` for one look at the GPUs."""
         found = fits.get(shape)
         if found is None:
@@ -1183,7 +1178,7 @@ class _Cycle:
         as a job its guarantee admits: free GPUs only get fewer within a cycle, so the second pass could not have
         let it borrow either, and setting it aside gave its team's lower-priority jobs its guarantee first."""
         fits: dict[Shape, bool] = {}
-        return any(self._may_borrow_in(o.shape, fits) for o in options if o.borrowing)
+        return any(self.may_borrow_in(o.shape, fits) for o in options if o.borrowing)
 
     def _keep_plan(self, job: PendingJob, taken: set[str]) -> Reservation | None:
         """The GPUs the job's reservation planned on in the last cycle, if they are all still free or held by
