@@ -379,9 +379,7 @@ def decide_arrivals(state: SchedulingState, ctx: CycleContext, arrived: Iterable
             if cycle.consider(job, decisions) == "borrower":
                 set_aside.add(job.id)
                 later.append(job)
-                options, cycle._room_options = cycle._room_options, None
-                if options is not None:
-                    held.hold(_Held((), job, None, options), state.index)
+                cycle.keep_set_aside(held, (), job, None)
     finally:
         ctx.borrowing = may_borrow
     for job in later:
@@ -415,7 +413,7 @@ class _Cycle:
         """(team, pool, preemptible) -> the fewest GPUs its quota refused a closed lane's head in `consolidate`."""
         self._room_options: list[Option] | None = None
         """Set by `consider` when it sets a job aside that a guarantee admits elsewhere (`_may_borrow_now`): the
-        options it had, read by `_walk` (see `_SetAside`)."""
+        options it had, taken by `keep_set_aside`."""
 
     def run(self) -> list[Decision]:
         state, ctx = self.state, self.ctx
@@ -513,9 +511,8 @@ class _Cycle:
             if outcome == "borrower":
                 deferred.append(popped)
                 ctx.tests -= 1  # only set aside: it is decided, and counted, in the second pass
-                options, self._room_options = self._room_options, None
-                if options is not None and lazy:
-                    set_aside.hold(_Held(popped, job, self.turn, options), state.index)
+                if lazy:
+                    self.keep_set_aside(set_aside, popped, job, self.turn)
                 continue
             if isinstance(heads.lane, Shape) and self._no_room_left(heads.lane):
                 self._close_lane(heads, "close")
@@ -594,9 +591,7 @@ class _Cycle:
         if outcome == "borrower":  # set aside again (its team's guarantee no longer admits it either)
             deferred.append(held.entry)
             ctx.tests -= 1
-            options, self._room_options = self._room_options, None
-            if options is not None:
-                set_aside.hold(_Held(held.entry, held.job, held.turn, options, held.number), self.state.index)
+            self.keep_set_aside(set_aside, held.entry, held.job, held.turn, held.number)
 
     def arrivals_room_gone(
         self, set_aside: "_SetAside", borrowers: set[str], later: list[PendingJob], decisions: list[Decision]
@@ -613,12 +608,19 @@ class _Cycle:
                 if self.state.queue.jobs.get(job.id) is not job:
                     continue  # decided since
                 if self.consider(job, decisions) == "borrower":  # its team's guarantee no longer admits it either
-                    options, self._room_options = self._room_options, None
-                    if options is not None:
-                        set_aside.hold(_Held(held.entry, job, None, options, held.number), index)
+                    self.keep_set_aside(set_aside, held.entry, job, None, held.number)
                     continue
                 borrowers.discard(job.id)
                 later.remove(job)
+
+    def keep_set_aside(
+        self, set_aside: "_SetAside", item: Entry, job: PendingJob, turn: Turn | None, number: int = 0
+    ) -> None:
+        """After `consider` set `job` aside: keep it in `set_aside` if a guarantee admits it elsewhere (it had room
+        to borrow, `_room_options`), to be looked at again when that room goes."""
+        options, self._room_options = self._room_options, None
+        if options is not None:
+            set_aside.hold(_Held(item, job, turn, options, number), self.state.index)
 
     def may_borrow_in(self, shape: Shape, fits: dict[Shape, bool]) -> bool:
         """`_may_borrow_now` for one borrowing option's shape, remembered in `fits` for one look at the GPUs."""
