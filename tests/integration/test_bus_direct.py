@@ -54,20 +54,54 @@ async def test_a_bad_message_is_refused_alone(bus: Bus) -> None:
     assert last.seq == first.seq + 1
 
 
-async def test_a_batch_whose_acks_do_not_come_times_out_and_the_next_one_reconnects(bus: Bus) -> None:
+async def test_a_batch_whose_acks_do_not_come_times_out_and_a_connection_that_answers_nothing_is_replaced(
+    bus: Bus,
+) -> None:
+    """Half-open: nothing the server sends arrives (neither the acks nor the PONG to the probe), so the connection
+    is given up and the next batch connects anew."""
     pipeline = DirectAckPipeline(Settings.from_env().nats_url, AckPipeline(bus.nc))
+    pipeline.probe_s = 0.2
     try:
         items = [(bus.names.job_cancel(f"j{i}"), b"{}", None) for i in range(3)]
         assert not any(isinstance(r, BusError) for r in await pipeline.publish_many(items))
         first = pipeline._protocol
-        pipeline._on_reply = lambda subject, header, payload: None  # type: ignore[method-assign]  # acks unheard
+        assert first is not None
+        assert first.transport is not None
+        first.transport.pause_reading()
         late = await pipeline.publish_many(items, timeout_s=0.2)
         assert all(isinstance(r, PublishError) and "within 0.2 s" in str(r) for r in late)
         assert not pipeline._waiting, "a batch that gave up leaves nothing behind"
-        del pipeline._on_reply
         again = await pipeline.publish_many(items)
         assert not any(isinstance(r, BusError) for r in again)
-        assert pipeline._protocol is not first, "a connection that let acks go missing is not used again"
+        assert pipeline._protocol is not first, "a connection that answers nothing is not used again"
+        assert first.closed
+    finally:
+        await pipeline.close()
+
+
+async def test_a_late_batch_fails_no_other_batch_on_a_connection_that_still_answers(bus: Bus) -> None:
+    """Acks late (the replies held back for a while, as from a busy server): the batch with the short timeout fails
+    alone; the connection answers the probe's PING once replies flow again, so it is kept, and the batch waiting
+    on it with a longer timeout gets its acks (before, the late batch gave the connection up and failed it too)."""
+    pipeline = DirectAckPipeline(Settings.from_env().nats_url, AckPipeline(bus.nc))
+    try:
+        items = [(bus.names.job_cancel(f"k{i}"), b"{}", None) for i in range(3)]
+        assert not any(isinstance(r, BusError) for r in await pipeline.publish_many(items))
+        first = pipeline._protocol
+        assert first is not None
+        assert first.transport is not None
+        first.transport.pause_reading()
+        short = asyncio.create_task(pipeline.publish_many(items[:1], timeout_s=0.2))
+        patient = asyncio.create_task(pipeline.publish_many(items[1:], timeout_s=5.0))
+        await asyncio.sleep(0.5)  # the short batch timed out, and probes the connection (PROBE_S: 2 s)
+        first.transport.resume_reading()
+        late, kept = await short, await patient
+        assert isinstance(late[0], PublishError)
+        assert "within 0.2 s" in str(late[0])
+        assert not any(isinstance(r, BusError) for r in kept), kept
+        assert pipeline._protocol is first, "a connection that answers is kept"
+        assert not first.closed
+        assert not any(isinstance(r, BusError) for r in await pipeline.publish_many(items))
     finally:
         await pipeline.close()
 

@@ -16,7 +16,7 @@ password, or a token, from the URL); `direct_supported(url)` says whether, and `
 (`AckPipeline`) for anything else, and for a server that asks for TLS. While the server is away a batch waits for
 it to come back within its timeout, as nats-py buffers publishes while it reconnects; a connection lost with
 acks outstanding fails them at once (the server forgets a subscription with its connection: they would never
-come), and one that let a batch time out is replaced (it may be half-open).
+come), and one that let a batch time out is replaced if it does not answer a PING either (it is half-open).
 """
 
 import asyncio
@@ -39,6 +39,8 @@ log = get_logger(__name__)
 CONNECT_TIMEOUT_S = 2.0
 RETRY_S = 0.25
 """How long a batch waits between tries to reach a server that is away (within its own timeout)."""
+PROBE_S = 2.0
+"""How long a connection that let a batch's acks be late has to answer a PING before it is given up."""
 _UNSAFE = re.compile(r"[\s]")
 """Whitespace in a subject or a header would break the protocol's framing: such a message is refused here."""
 
@@ -91,6 +93,7 @@ class DirectAckPipeline:
         self._waiting: dict[bytes, tuple[AckBatch, int]] = {}
         self._lock = asyncio.Lock()
         self._closed = False
+        self.probe_s = PROBE_S
 
     async def publish_many(
         self, items: Sequence[tuple[str, bytes, dict[str, str] | None]], *, timeout_s: float = 5.0
@@ -141,9 +144,9 @@ class DirectAckPipeline:
             timer.cancel()
             for token in tokens:
                 waiting.pop(token, None)
-        if batch.left:  # some acks did not come in time: the connection may be half-open, so it is replaced
+        if batch.left:  # some acks did not come in time: the connection may be half-open
             log.warning("nats.direct_acks_late", missing=batch.left, timeout_s=timeout_s)
-            self._drop(protocol)
+            await self._keep_if_alive(protocol)
         late = PublishError(f"publish not acknowledged within {timeout_s:g} s")
         return [late if result is None else result for result in batch.results]
 
@@ -178,6 +181,19 @@ class DirectAckPipeline:
             for batch, index in self._waiting.values():
                 batch.settle(index, lost)
             self._waiting.clear()
+
+    async def _keep_if_alive(self, protocol: PlainProtocol) -> None:
+        """After a batch's acks were late: keep the connection if the server still answers a PING on it (JetStream
+        was slow, or this batch's timeout short: other batches waiting on the connection get their acks), give it up
+        if not (half-open: nothing more would come on it, so the acks it owes fail at once and the next batch
+        connects anew). Giving it up on every late batch failed every other batch waiting on it, their
+        publishes most likely stored."""
+        if protocol is not self._protocol or protocol.closed:
+            return  # given up already
+        if await protocol.answers(self.probe_s):
+            log.info("nats.direct_connection_answers", after="acks late")
+            return
+        self._drop(protocol)
 
     def _drop(self, protocol: PlainProtocol) -> None:
         self._lost(protocol, TimeoutError("acks late"))

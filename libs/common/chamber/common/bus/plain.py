@@ -46,6 +46,9 @@ class PlainProtocol(asyncio.Protocol):
         self.read_at = loop.time()
         """When the server last sent anything."""
         self._outbox: list[bytes] = []
+        self._pings_sent = 0
+        """PINGs written, counting CONNECT's: the server answers them in order, so the n-th PONG answers the n-th."""
+        self._pong_waiters: list[tuple[int, asyncio.Future[bool]]] = []
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's is not an asyncio.Transport subclass
@@ -70,14 +73,21 @@ class PlainProtocol(asyncio.Protocol):
             if not self.pong.done():
                 self.pong.set_exception(ConnectionError("; ".join(parser.errors)))
             parser.errors.clear()
-        if parser.pongs != pongs and not self.pong.done():
-            self.pong.set_result(None)
+        if parser.pongs != pongs:
+            if not self.pong.done():
+                self.pong.set_result(None)
+            if self._pong_waiters:
+                self._answered(parser.pongs)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         for future in (self.info, self.pong):
             if not future.done():
                 future.set_exception(ConnectionError(f"connection closed: {exc}"))
+        for _, waiter in self._pong_waiters:
+            if not waiter.done():
+                waiter.set_result(False)
+        self._pong_waiters.clear()
         self.owner._lost(self, exc)
 
     def write(self, data: bytes) -> None:
@@ -95,6 +105,37 @@ class PlainProtocol(asyncio.Protocol):
         frames, self._outbox = self._outbox, []
         if frames:
             self.write(b"".join(frames))
+
+    def say_ping(self) -> None:
+        """Write a PING now (ahead of anything queued by `send` in this turn of the event loop)."""
+        self._pings_sent += 1
+        self.write(b"PING\r\n")
+
+    async def answers(self, timeout_s: float) -> bool:
+        """Whether the server answers a PING within `timeout_s`: a connection whose replies stopped coming though the
+        server still reads and answers it is alive (a busy JetStream is late with acks, not the connection); a
+        half-open one (the peer gone without a FIN) answers nothing."""
+        if self.closed or self.transport is None:
+            return False
+        self.say_ping()
+        waiter: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self._pong_waiters.append((self._pings_sent, waiter))
+        try:
+            return await asyncio.wait_for(waiter, timeout_s)
+        except TimeoutError:
+            return False
+        finally:
+            self._pong_waiters = [(n, w) for n, w in self._pong_waiters if w is not waiter]
+
+    def _answered(self, pongs: int) -> None:
+        still = []
+        for n, waiter in self._pong_waiters:
+            if n <= pongs:
+                if not waiter.done():
+                    waiter.set_result(True)
+            else:
+                still.append((n, waiter))
+        self._pong_waiters = still
 
     def close(self) -> None:
         self.closed = True
@@ -117,6 +158,7 @@ async def connect_plain(
         info = await protocol.info
         if info.get("tls_required") or not info.get("headers", False):
             raise Unsupported(f"the server at {host}:{port} needs TLS or has no headers")
+        protocol._pings_sent += 1
         protocol.write(b"CONNECT %s\r\n%sPING\r\n" % (json.dumps(options).encode(), subscribe))
         await protocol.pong
     except BaseException:
