@@ -61,6 +61,9 @@ class SubQueue:
     """Its item in the queue's kept walk order (`JobQueue.heads`); None while parked or changed since."""
     order: Order | None = None
     """The queue order its `entry` has."""
+    head: PendingJob | None = None
+    """Its first job, once `JobQueue.head_of` found it, until a job enters or leaves it: a cycle asks for the heads
+    of the same sub-queues a few thousand times, each otherwise a look at its heap's top entry in two dicts."""
 
 
 @dataclass
@@ -236,6 +239,7 @@ class JobQueue:
         """Remove a job (lazily: its heap entry is skipped when it reaches the top)."""
         sq = self._where.pop(job_id, None)
         if sq is not None:
+            sq.head = None
             self._changed.add(sq)
             self._head_moved(sq, entered=False)
             counts, gpus = self._waiting[sq.key[2]], sq.key[3].gpus
@@ -249,6 +253,7 @@ class JobQueue:
         return self.jobs.pop(job_id, None)
 
     def _enter(self, sq: SubQueue, rank: float, job: PendingJob) -> None:
+        sq.head = None
         self._changed.add(sq)
         self._head_moved(sq, entered=True)
         self._entries += 1
@@ -286,11 +291,14 @@ class JobQueue:
 
     def head_of(self, sq: SubQueue) -> PendingJob | None:
         """The sub-queue's first job (skipping the lazily removed ones); an emptied sub-queue is dropped."""
+        if sq.head is not None:
+            return sq.head
         heap, where, entry = sq.heap, self._where, self._entry
         while heap:
             _, _, job_id, n = heap[0]
             if where.get(job_id) is sq and entry.get(job_id) == n:
-                return self.jobs[job_id]
+                head = sq.head = self.jobs[job_id]
+                return head
             heapq.heappop(heap)
         if self._subqueues.get(sq.key) is sq:
             del self._subqueues[sq.key]
