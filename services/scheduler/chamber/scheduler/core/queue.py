@@ -64,6 +64,10 @@ class SubQueue:
     head: PendingJob | None = None
     """Its first job, once `JobQueue.head_of` found it, until a job enters or leaves it: a cycle asks for the heads
     of the same sub-queues a few thousand times, each otherwise a look at its heap's top entry in two dicts."""
+    head_order: tuple[dict[str, float], dict[str, tuple[GpuRef, ...]], Order] | None = None
+    """(the standings and reservations it was computed with, the queue order of `head`), kept with `head` while
+    those are the same objects (`JobQueue.order_of`: asked ~1,500 times a cycle, mostly of heads it was asked of
+    in earlier cycles; a head's order changes only when it ages, re-entering its sub-queue)."""
 
 
 @dataclass
@@ -239,7 +243,7 @@ class JobQueue:
         """Remove a job (lazily: its heap entry is skipped when it reaches the top)."""
         sq = self._where.pop(job_id, None)
         if sq is not None:
-            sq.head = None
+            sq.head = sq.head_order = None
             self._changed.add(sq)
             self._head_moved(sq, entered=False)
             counts, gpus = self._waiting[sq.key[2]], sq.key[3].gpus
@@ -253,7 +257,7 @@ class JobQueue:
         return self.jobs.pop(job_id, None)
 
     def _enter(self, sq: SubQueue, rank: float, job: PendingJob) -> None:
-        sq.head = None
+        sq.head = sq.head_order = None
         self._changed.add(sq)
         self._head_moved(sq, entered=True)
         self._entries += 1
@@ -309,9 +313,18 @@ class JobQueue:
         return self._rank_of.get(job.id, 0.0)
 
     def order_of(self, job: PendingJob, standing: dict[str, float]) -> Order:
+        sq = self._where.get(job.id)
+        if sq is not None and sq.head is job:
+            cached = sq.head_order
+            if cached is not None and cached[0] is standing and cached[1] is self._reserved:
+                return cached[2]
+        else:
+            sq = None
         key = order_key(job, standing, self.standing_cap, self._rank_of.get(job.id, 0.0), job.id in self.reserved)
         if self.rank_first:
             key = (key[0], key[1], key[2], key[3], key[5], key[4], key[6], key[7])
+        if sq is not None:
+            sq.head_order = (standing, self._reserved, key)
         return key
 
     def smallest_by_team(self) -> dict[str, int]:
