@@ -64,10 +64,11 @@ class SubQueue:
     head: PendingJob | None = None
     """Its first job, once `JobQueue.head_of` found it, until a job enters or leaves it: a cycle asks for the heads
     of the same sub-queues a few thousand times, each otherwise a look at its heap's top entry in two dicts."""
-    head_order: tuple[dict[str, float], dict[str, tuple[GpuRef, ...]], Order] | None = None
-    """(the standings and reservations it was computed with, the queue order of `head`), kept with `head` while
-    those are the same objects (`JobQueue.order_of`: asked ~1,500 times a cycle, mostly of heads it was asked of
-    in earlier cycles; a head's order changes only when it ages, re-entering its sub-queue)."""
+    head_order: tuple[int, Order] | None = None
+    """(the queue's order epoch it was computed in, the queue order of `head`), kept with `head` while the standings
+    and reservations are the same (`JobQueue.order_of`: asked ~1,500 times a cycle, mostly of heads it was asked of
+    in earlier cycles; a head's order changes only when it ages, re-entering its sub-queue). An epoch, not the
+    mappings themselves: a sub-queue not asked for a while would keep an old standings mapping alive."""
 
 
 @dataclass
@@ -194,6 +195,10 @@ class JobQueue:
         self._changed_groups: set[ParkGroup] = set()
         self._walk_standing: dict[str, float] | None = None
         """The standings `_walk` was ordered with (a new standings mapping re-orders it all)."""
+        self._order_standing: dict[str, float] | None = None
+        self._order_epoch = 0
+        """Counts the standings mappings `order_of` was asked with and the reservations set (`SubQueue.head_order`).
+        Standings and reservations are replaced, never changed in place."""
         self.aging = aging
         self._waiting: dict[str, dict[int, int]] = {}
         """team -> GPUs a job asks for -> how many such jobs of the team wait (`smallest_by_team`)."""
@@ -214,6 +219,7 @@ class JobQueue:
         if reserved or self._reserved:
             self._walk_standing = None  # a reservation orders its job ahead: the kept order is re-made
         self._reserved = reserved
+        self._order_epoch += 1
 
     def key_of(self, job: PendingJob) -> QueueKey:
         return (job.priority, min(job.preemptions, self.standing_cap), job.team, job.shape, job.preemptible)
@@ -313,18 +319,21 @@ class JobQueue:
         return self._rank_of.get(job.id, 0.0)
 
     def order_of(self, job: PendingJob, standing: dict[str, float]) -> Order:
+        if standing is not self._order_standing:
+            self._order_standing = standing
+            self._order_epoch += 1
         sq = self._where.get(job.id)
         if sq is not None and sq.head is job:
             cached = sq.head_order
-            if cached is not None and cached[0] is standing and cached[1] is self._reserved:
-                return cached[2]
+            if cached is not None and cached[0] == self._order_epoch:
+                return cached[1]
         else:
             sq = None
         key = order_key(job, standing, self.standing_cap, self._rank_of.get(job.id, 0.0), job.id in self.reserved)
         if self.rank_first:
             key = (key[0], key[1], key[2], key[3], key[5], key[4], key[6], key[7])
         if sq is not None:
-            sq.head_order = (standing, self._reserved, key)
+            sq.head_order = (self._order_epoch, key)
         return key
 
     def smallest_by_team(self) -> dict[str, int]:
