@@ -298,25 +298,3 @@ def test_a_configuration_change_restarts_what_reads_it_and_no_pod_carries_a_pass
     rules = annotations({"health": {"rules": "- {name: r, signal: xid, severity: fatal, xids: [13]}\n"}})
     health = "Deployment/chamber-health"
     assert rules[health]["checksum/config"] != before[health]["checksum/config"]
-
-
-def test_every_service_keeps_ended_jobs_for_the_same_retention() -> None:
-    """Every service declares the streams at its start, the JOBS and DECISIONS streams' age among them: all must
-    say the same (`jobRetentionDays`, in seconds), or each start would set another."""
-
-    def retention(values: dict[str, Any]) -> set[str]:
-        found = set()
-        for doc in render(values):
-            if doc["kind"] not in ("Deployment", "DaemonSet", "StatefulSet"):
-                continue
-            for container in doc["spec"]["template"]["spec"]["containers"]:
-                if container["image"].startswith("ghcr.io/chamber-io/chamber"):
-                    env = {e["name"]: e.get("value") for e in container.get("env", [])}
-                    found.add(env.get("CHAMBER_JOB_RETENTION_S", "missing"))
-        return found
-
-    assert retention({}) == {str(90 * 86400)}
-    assert retention({"jobRetentionDays": 0}) == {"0"}
-    for refused in (-1, 7):  # (at least 35 days: monthly budgets are summed from ended jobs)
-        with pytest.raises(Exception, match="jobRetentionDays"):
-            render({"jobRetentionDays": refused})

@@ -9,7 +9,6 @@ import pytest
 from chamber.common.bus import Bus
 from chamber.common.contracts import JobRecord, JobState
 from chamber.common.jobstore import FOLLOW_INACTIVE_S, PLAIN_FOLLOW_INACTIVE_S, JobStore, StaleWrite, Write
-from chamber.scheduler.retention import remove_ended_jobs
 from tests.support.builders import make_job
 from tests.support.services import eventually
 
@@ -111,49 +110,3 @@ async def test_a_follower_that_falls_behind_loses_no_record(follow_bus: Bus) -> 
     await store.write_many([Write(r, rev) for r, rev in zip(done, revisions, strict=True) if isinstance(rev, int)])
     await eventually(lambda: len(latest) == 400 and set(latest.values()) == {"succeeded"}, within=20.0)
     await stop()
-
-
-async def test_ended_jobs_records_are_removed_once_their_retention_passed_and_no_other(bus: Bus) -> None:
-    """`remove_ended`: records of ended jobs last written before the cutoff, and removal marks, go; a job still
-    waiting or running since before it stays, and so does one that ended after it. Read at start-up, the bucket
-    then holds only what is kept."""
-    store = await JobStore.open(bus)
-
-    def ended(job_id: str, state: JobState) -> JobRecord:
-        return msgspec.structs.replace(make_job(job_id).build(), state=state)
-
-    for record in (
-        ended("done", JobState.SUCCEEDED), ended("failed", JobState.FAILED), ended("cancelled", JobState.CANCELLED),
-        make_job("waiting").build(), make_job("running").running_on(("n1", 0)).build(), make_job("gone").build(),
-    ):  # fmt: skip
-        assert await store.create(record)
-    await store.kv.delete("gone")
-    await asyncio.sleep(0.3)
-    cutoff = time.time()
-    await asyncio.sleep(0.3)
-    assert await store.create(ended("recent", JobState.SUCCEEDED))
-    assert await store.remove_ended(cutoff) == 4, "three ended jobs and one removal mark"
-    assert sorted(await store.load_all()) == ["recent", "running", "waiting"]
-    assert await store.get("done") is None
-    assert await store.remove_ended(cutoff) == 0, "nothing more until the cutoff moves"
-    assert await store.remove_ended(time.time() + 1) == 1, "the recent one, once its time came"
-    assert sorted(await store.load_all()) == ["running", "waiting"]
-
-
-async def test_the_leading_scheduler_removes_ended_jobs_records_by_itself(bus: Bus) -> None:
-    store = await JobStore.open(bus)
-    assert await store.create(msgspec.structs.replace(make_job("old").build(), state=JobState.SUCCEEDED))
-    assert await store.create(make_job("waiting").build())
-    stop = asyncio.Event()
-    sweeping = asyncio.create_task(remove_ended_jobs(store, 0.2, stop, first_s=0.3, every_s=0.1))
-    try:
-
-        async def removed() -> bool:
-            return await store.get("old") is None
-
-        await eventually(removed, what="the ended job's record removed")
-        assert await store.get("waiting") is not None
-    finally:
-        stop.set()
-        await asyncio.wait_for(sweeping, 5)
-    await asyncio.wait_for(remove_ended_jobs(store, 0.0, asyncio.Event()), 1)  # 0: kept for ever, nothing to do

@@ -39,19 +39,3 @@ def test_reclaim_past_a_guarantee_can_be_turned_off(value: str, expected: bool) 
 def test_a_bad_scheduler_setting_is_refused_naming_it(name: str, value: str) -> None:
     with pytest.raises(SettingsError, match=name):
         Settings.from_env({name: value})
-
-
-@pytest.mark.parametrize(
-    ("value", "expected"), [(None, 90 * 86400.0), ("0", 0.0), ("3024000", 35 * 86400.0), ("7776000", 90 * 86400.0)]
-)
-def test_ended_jobs_are_kept_90_days_or_as_set(value: str | None, expected: float) -> None:
-    env = {} if value is None else {"CHAMBER_JOB_RETENTION_S": value}
-    assert Settings.from_env(env).job_retention_s == expected
-
-
-@pytest.mark.parametrize("value", ["-1", "86400", "3023999"])
-def test_a_job_retention_shorter_than_a_budget_period_is_refused(value: str) -> None:
-    """Ended jobs are summed into the budget spent this period (a month at most): fewer than 35 days is refused, as
-    is a negative value."""
-    with pytest.raises(SettingsError, match="CHAMBER_JOB_RETENTION_S"):
-        Settings.from_env({"CHAMBER_JOB_RETENTION_S": value})

@@ -87,8 +87,6 @@ checksum/config: {{ toJson (list .Values.health.rules .Values.quota.config) | sh
 {{- end }}
 - name: CHAMBER_NAMESPACE
   value: {{ .Values.busNamespace | quote }}
-- name: CHAMBER_JOB_RETENTION_S
-  value: {{ mul (int .Values.jobRetentionDays) 86400 | quote }}
 - name: CHAMBER_LOG_LEVEL
   value: {{ .Values.logLevel | quote }}
 - name: CHAMBER_LOG_FORMAT

@@ -2,15 +2,12 @@
 
 Writes are compare-and-set on the entry's revision, so a stale writer cannot overwrite a newer record. The
 scheduler writes many records at once (`write_many`: async publishes with one wait for all acks) so a burst of
-placements costs one round trip, not one per job. The records of jobs that ended long enough ago are removed
-(`remove_ended`): every process takes in every current record at its start, so a bucket that kept every job ever
-run would make start-up, and a standby's take-over, slower with every day the system runs, and fill the disk.
+placements costs one round trip, not one per job.
 """
 
 import contextlib
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
 
 import nats.errors
 import nats.js.errors
@@ -22,7 +19,7 @@ from chamber.common.bus import ORDERED_HEARTBEAT_S, Bus, BusError, WrongLastSequ
 from chamber.common.bus.ordered import OrderedReader
 from chamber.common.bus.plain import Unsupported
 from chamber.common.codec import DecodeError, Decoder, encode
-from chamber.common.contracts import TERMINAL_STATES, JobRecord
+from chamber.common.contracts import JobRecord
 from chamber.common.log import get_logger
 from chamber.common.subjects import JOBS_BUCKET
 
@@ -158,33 +155,6 @@ class JobStore:
             except DecodeError:
                 log.error("jobstore.undecodable_record", job_id=key)
         return records
-
-    async def remove_ended(self, before: float) -> int:
-        """Remove the records of jobs that ended (succeeded, failed, cancelled) and were last written before `before`
-        (epoch seconds), and the marks of keys removed before it; returns how many. The bucket keeps one entry a key,
-        so its stream holds them in the order of their last write: it is read from its start up to the first one
-        written since `before` (active jobs written before it, waiting or running for that long, are kept). Each is
-        purged from the stream only up to the entry read, so a record written again meanwhile stays whole. Nothing
-        is announced: followers keep no ended job they must forget (a gateway lists the last ones it saw ended, and
-        answers 404 for one asked by id once it is gone)."""
-        removed = 0
-        js, prefix, cutoff = self.bus.js, self.prefix, datetime.fromtimestamp(before, UTC)
-        try:
-            async with contextlib.aclosing(read_stream(js, self.stream, f"{prefix}>", idle_s=2.0)) as entries:
-                async for msg in entries:
-                    if msg.metadata.timestamp >= cutoff:
-                        break
-                    if msg.data and not (msg.headers or {}).get("KV-Operation"):
-                        try:
-                            if _decoder.decode(msg.data).state not in TERMINAL_STATES:
-                                continue
-                        except DecodeError:
-                            continue  # kept for an operator (`load_all` logs it)
-                    await js.purge_stream(self.stream, seq=msg.metadata.sequence.stream + 1, subject=msg.subject)
-                    removed += 1
-        except nats.errors.Error as exc:
-            raise BusError(f"cannot remove ended jobs' records: {exc}") from exc
-        return removed
 
     async def follow(
         self, on_record: Callable[[JobRecord], None], *, after: int | None = None

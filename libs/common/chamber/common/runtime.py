@@ -32,7 +32,6 @@ class Context:
             self.settings.nats_url, self.names, self.service, replicas=self.settings.nats_replicas,
             direct=self.settings.nats_direct_publish,
         )  # fmt: skip
-        bus.job_retention_s = self.settings.job_retention_s
         await bus.ensure_streams()
         return bus
 

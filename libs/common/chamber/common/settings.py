@@ -16,12 +16,6 @@ class SettingsError(ValueError):
     """A setting in the environment is missing or malformed."""
 
 
-MIN_JOB_RETENTION_S = 35 * 86400.0
-"""The least a job that ended is kept (`Settings.job_retention_s`): the quota service sums the records of ended
-jobs into the budget spent this period (a month at most) and into each team's decayed usage (a week's half-life by
-default: what a job ended 90 days ago still adds is 0.01% of what it added when it ended)."""
-
-
 class Settings(msgspec.Struct, frozen=True, kw_only=True):
     nats_url: str = "nats://127.0.0.1:4222"
     nats_replicas: Annotated[int, msgspec.Meta(ge=1, le=5)] = 1
@@ -50,11 +44,6 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     executor: Literal["simulated", "process", "kubernetes"] = "simulated"
     """How placed jobs run: `simulated` (the demo fleet), `process` (node agents start real processes),
     `kubernetes` (suspended Jobs, bound by Chamber)."""
-    job_retention_s: Annotated[float, msgspec.Meta(ge=0)] = 90 * 86400.0
-    """How long a job that ended (succeeded, failed, cancelled) is kept: its record (then `GET /v1/jobs/<id>` answers
-    404), and the JOBS and DECISIONS streams' messages. At least `MIN_JOB_RETENTION_S` (the quota service sums the
-    ended jobs' records into budgets and decayed usage at its start), or 0: every job kept for ever (the disk fills,
-    and every start-up reads them all)."""
     leader_lease_s: Annotated[float, msgspec.Meta(ge=1, le=120)] = 5.0
     """The scheduler leader's lease: a standby takes over at most this long after the leader dies."""
     scheduler_order: Literal["spf", "las", "fifo"] = "spf"
@@ -153,17 +142,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
                 raw[field.name] = env[key]
         raw.update(overrides)
         try:
-            settings = msgspec.convert(raw, cls, strict=False)
+            return msgspec.convert(raw, cls, strict=False)
         except msgspec.ValidationError as exc:
             name = re.sub(r"^.*`\$\.(\w+)`.*$", r"\1", str(exc))
             raise SettingsError(f"invalid setting CHAMBER_{name.upper()}: {exc}") from exc
-        if 0 < settings.job_retention_s < MIN_JOB_RETENTION_S:
-            raise SettingsError(
-                f"invalid setting CHAMBER_JOB_RETENTION_S: {settings.job_retention_s:g} s is less than "
-                f"{MIN_JOB_RETENTION_S:g} s (35 days: the longest budget period, a month, and then some); "
-                "0 keeps every job"
-            )
-        return settings
 
     def pools(self) -> list[tuple[str, str, int, float]]:
         """`fleet_pools` parsed: (name, GPU model, nodes, cost per GPU-hour)."""

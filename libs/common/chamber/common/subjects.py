@@ -17,14 +17,11 @@ class StreamSpec:
     key: str
     subjects: str
     durable: bool
-    """Durable streams keep every message (file storage, no age limit but the job retention's where `job_retention`);
-    bounded ones drop by age or size."""
+    """Durable streams keep every message (file storage, no age limit); bounded ones drop by age or size."""
     description: str
     max_age_s: float | None = None
     max_bytes: int | None = None
     max_msgs_per_subject: int | None = None
-    job_retention: bool = False
-    """Kept as long as ended jobs are (`Settings.job_retention_s`): the jobs' own log."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,12 +34,8 @@ class SubjectSpec:
     consumers: str
 
 
-JOBS = StreamSpec(
-    "JOBS", "jobs.>", True, "job commands and executor reports: the durable log of every job", job_retention=True
-)
-DECISIONS = StreamSpec(
-    "DECISIONS", "decisions.>", True, "what the scheduler decided, for peers and audit", job_retention=True
-)
+JOBS = StreamSpec("JOBS", "jobs.>", True, "job commands and executor reports: the durable log of every job")
+DECISIONS = StreamSpec("DECISIONS", "decisions.>", True, "what the scheduler decided, for peers and audit")
 INVENTORY = StreamSpec("INVENTORY", "inventory.>", True, "last inventory of each node", max_msgs_per_subject=1)
 TELEMETRY = StreamSpec(
     "TELEMETRY", "telemetry.>", False, "per-node GPU telemetry batches", max_age_s=HOUR, max_bytes=512 * MIB
@@ -234,8 +227,6 @@ def render_markdown_table() -> str:
 
 def _retention(spec: StreamSpec) -> str:
     parts = ["durable" if spec.durable else "bounded"]
-    if spec.job_retention:
-        parts.append("max age `CHAMBER_JOB_RETENTION_S` (90 days)")
     if spec.max_msgs_per_subject:
         parts.append(f"last {spec.max_msgs_per_subject} per subject")
     if spec.max_age_s:

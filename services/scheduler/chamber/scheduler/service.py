@@ -59,7 +59,6 @@ from chamber.scheduler.core.estimates import RuntimePredictor
 from chamber.scheduler.core.lifecycle import holds_gpus
 from chamber.scheduler.core.state import SchedulerConfig
 from chamber.scheduler.executor import Executor, make_executor
-from chamber.scheduler.retention import remove_ended_jobs
 from chamber.scheduler.standby import RecordView
 
 log = get_logger(__name__)
@@ -1021,7 +1020,6 @@ async def main(ctx: Context, stop: asyncio.Event) -> None:
     executor: Executor | None = None
     scheduler: Scheduler | None = None
     keeper: asyncio.Task[None] | None = None
-    retention: asyncio.Task[None] | None = None
     lost = asyncio.Event()
     view: RecordView | None = None
     try:
@@ -1047,17 +1045,12 @@ async def main(ctx: Context, stop: asyncio.Event) -> None:
             view=view,
         )
         await scheduler.start()
-        retention = asyncio.create_task(
-            remove_ended_jobs(store, ctx.settings.job_retention_s, lost), name="scheduler-retention"
-        )
         await scheduler.run(stop, lost)
         if lost.is_set() or scheduler.fenced.is_set():
             raise LeaseLost("the scheduler lease was lost: another scheduler leads now")
     except LedgerFenced as exc:
         raise LeaseLost(str(exc)) from exc
     finally:
-        if retention is not None:
-            retention.cancel()
         if view is not None:
             await view.stop()
         if keeper is not None:

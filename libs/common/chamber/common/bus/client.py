@@ -68,8 +68,6 @@ class Bus:
             self._pipeline = DirectAckPipeline(direct_url, self._pipeline, name=f"chamber-{service}")
         self.replicas = 1
         """Copies of each stream and KV bucket this bus makes (`Settings.nats_replicas`)."""
-        self.job_retention_s = 0.0
-        """How long the jobs' own streams keep their messages (`Settings.job_retention_s`; 0: for ever)."""
 
     @classmethod
     async def connect(
@@ -137,18 +135,13 @@ class Bus:
             subjects=[self.names.subject(spec.subjects)],
             storage=StorageType.FILE,
             discard=DiscardPolicy.OLD,
-            max_age=self._max_age(spec),
+            max_age=spec.max_age_s,
             max_bytes=spec.max_bytes,
             max_msgs_per_subject=spec.max_msgs_per_subject or -1,
             duplicate_window=DEDUP_WINDOW_S,
             allow_direct=True,
             num_replicas=self.replicas,
         )
-
-    def _max_age(self, spec: StreamSpec) -> float | None:
-        if spec.job_retention and self.job_retention_s > 0:
-            return self.job_retention_s
-        return spec.max_age_s
 
     async def publish(self, subject: str, event: msgspec.Struct, *, msg_id: str | None = None) -> PubAck:
         """Publish to JetStream and wait for the store's ack. `msg_id` makes retries harmless (de-duplicated)."""

@@ -11,7 +11,7 @@ could have missed records the same way. So before a read stops short of the end,
 documented consumer and stream APIs.
 """
 
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 
 import nats.errors
@@ -37,7 +37,7 @@ async def read_stream(
     last_seq: int | None = None,
     batch: int = 1024,
     idle_s: float = 1.0,
-) -> AsyncGenerator[Msg, None]:
+) -> AsyncIterator[Msg]:
     """Every message of `stream` on `subject` from the start chosen by `deliver` (`since`: epoch seconds with
     BY_START_TIME; `first_seq` with BY_START_SEQUENCE) to the end of the stream, or to `last_seq`. Raises BusError
     when the stream cannot be read or messages known to be left are not delivered."""
