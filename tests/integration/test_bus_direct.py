@@ -79,6 +79,28 @@ async def test_a_batch_whose_acks_do_not_come_times_out_and_a_connection_that_an
         await pipeline.close()
 
 
+async def test_a_batch_that_comes_while_a_connection_is_probed_waits_and_goes_on_the_next_one(bus: Bus) -> None:
+    """Half-open: a batch started while the late one probes the connection is not written into it (it would fail
+    once the probe gives the connection up): it waits for the answer and goes on a new connection."""
+    pipeline = DirectAckPipeline(Settings.from_env().nats_url, AckPipeline(bus.nc))
+    pipeline.probe_s = 0.5
+    try:
+        items = [(bus.names.job_cancel(f"h{i}"), b"{}", None) for i in range(3)]
+        assert not any(isinstance(r, BusError) for r in await pipeline.publish_many(items))
+        first = pipeline._protocol
+        assert first is not None
+        assert first.transport is not None
+        first.transport.pause_reading()
+        late = asyncio.create_task(pipeline.publish_many(items[:1], timeout_s=0.2))
+        await asyncio.sleep(0.35)  # timed out at 0.2 s, probing until 0.7 s
+        meanwhile = await pipeline.publish_many(items[1:], timeout_s=5.0)
+        assert not any(isinstance(r, BusError) for r in meanwhile), meanwhile
+        assert isinstance((await late)[0], PublishError)
+        assert pipeline._protocol is not first
+    finally:
+        await pipeline.close()
+
+
 async def test_a_late_batch_fails_no_other_batch_on_a_connection_that_still_answers(bus: Bus) -> None:
     """Acks late (the replies held back for a while, as from a busy server): the batch with the short timeout fails
     alone; the connection answers the probe's PING once replies flow again, so it is kept, and the batch waiting

@@ -94,6 +94,8 @@ class DirectAckPipeline:
         self._lock = asyncio.Lock()
         self._closed = False
         self.probe_s = PROBE_S
+        self._probe: tuple[PlainProtocol, asyncio.Future[bool]] | None = None
+        """Whether a connection answers a PING (`_keep_if_alive`), while that is being found out."""
 
     async def publish_many(
         self, items: Sequence[tuple[str, bytes, dict[str, str] | None]], *, timeout_s: float = 5.0
@@ -104,6 +106,8 @@ class DirectAckPipeline:
             return await self.fallback.publish_many(items, timeout_s=timeout_s)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
+        if self._probe is not None and not self._probe[1].done():  # not into a connection that may be half-open
+            await asyncio.wait({self._probe[1]}, timeout=max(0.0, deadline - loop.time()))
         try:
             protocol = await self._connected(deadline)
         except Unsupported:
@@ -187,13 +191,19 @@ class DirectAckPipeline:
         was slow, or this batch's timeout short: other batches waiting on the connection get their acks), give it up
         if not (half-open: nothing more would come on it, so the acks it owes fail at once and the next batch
         connects anew). Giving it up on every late batch failed every other batch waiting on it, their
-        publishes most likely stored."""
+        publishes most likely stored. Batches late together share one probe, and a batch that comes meanwhile waits
+        for its answer before it is written (not into a connection that may be half-open)."""
         if protocol is not self._protocol or protocol.closed:
             return  # given up already
-        if await protocol.answers(self.probe_s):
-            log.info("nats.direct_connection_answers", after="acks late")
-            return
-        self._drop(protocol)
+        if self._probe is None or self._probe[0] is not protocol or self._probe[1].done():
+            self._probe = (protocol, asyncio.ensure_future(self._answers(protocol)))
+        if not await asyncio.shield(self._probe[1]):
+            self._drop(protocol)
+
+    async def _answers(self, protocol: PlainProtocol) -> bool:
+        answers = await protocol.answers(self.probe_s)
+        log.info("nats.direct_connection_probed", answers=answers)
+        return answers
 
     def _drop(self, protocol: PlainProtocol) -> None:
         self._lost(protocol, TimeoutError("acks late"))
@@ -235,6 +245,8 @@ class DirectAckPipeline:
 
     async def close(self) -> None:
         self._closed = True
+        if self._probe is not None:
+            self._probe[1].cancel()
         protocol, self._protocol = self._protocol, None
         closed = PublishError("connection closed")
         for batch, index in self._waiting.values():
