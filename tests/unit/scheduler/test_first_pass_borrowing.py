@@ -6,8 +6,6 @@ first pass decides it in full, as a job its guarantee admits (reclaiming, displa
 
 from unittest.mock import patch
 
-import pytest
-
 from chamber.common.contracts import JobRecord, Node, OrgConfig, PoolConfig, QuotaConfig, TeamConfig, TeamQuota
 from chamber.common.quota import QuotaBook, validate
 from chamber.scheduler.core.cycle import _Cycle
@@ -202,7 +200,7 @@ def moved(decisions: list[Decision]) -> dict[str, str]:
 
 
 def test_a_job_set_aside_keeps_its_teams_guarantee_from_its_teams_later_jobs() -> None:
-    """Found by review (2026-12-05), kept as an expected failure until fixed. X1 (x, research, any pool) is within
+    """Found by review (2026-12-05). X1 (x, research, any pool) is within
     x's guarantee in pool a, which z fills by borrowing (reclaimable), and could borrow pool b's 4 free GPUs now:
     the first pass sets it aside. V, which v's guarantee admits in b, comes later in the queue and takes those
     GPUs in the first pass, as it should. X2, x's best-effort job (pool a only), came after it and reclaimed x's
@@ -320,33 +318,33 @@ def test_room_taken_while_set_aside_jobs_are_decided_is_looked_at_again() -> Non
     assert moved(decisions) == {"V": "Place", "X1": "Nominate"}, decisions
 
 
-@pytest.mark.xfail(strict=True, reason="known: only the GPUs are looked at again, not what the cohort still lends")
+W_LENDS_NOTHING = validate(
+    QuotaConfig(
+        pools=[PoolConfig(name="a", gpu_model="H100"), PoolConfig(name="b", gpu_model="H100")],
+        orgs=[OrgConfig(name="org")],
+        teams=[TeamConfig(name="x", org="org", cohort="c", quotas=[TeamQuota(pool="a", nominal=4)]),
+               TeamConfig(name="v", org="org", cohort="c", quotas=[TeamQuota(pool="b", nominal=4)]),
+               TeamConfig(name="w", org="org", cohort="c", quotas=[TeamQuota(pool="b", nominal=4, lending_limit=0)]),
+               TeamConfig(name="z", org="org", cohort="c", quotas=[])],
+    ),
+    capacity={"a": 8, "b": 8},
+)  # fmt: skip
+"""x guaranteed 4 GPUs of pool a, v and w 4 each of pool b, where w lends nothing: x may borrow v's 4 only."""
+
+
 def test_a_set_aside_job_whose_lending_a_guaranteed_job_took_keeps_its_teams_guarantee() -> None:
-    """KNOWN GAP (found by review of the fix). Pool b's 8 GPUs are all free; x may borrow 4 there (v's idle
-    guarantee: w, guaranteed the other 4, lends nothing). X1 is set aside; V takes v's guarantee: x may borrow
-    nothing more in b, though w's 4 GPUs stay free, so X1 is not looked at again and X2 takes x's guarantee."""
-    quota = validate(
-        QuotaConfig(
-            pools=[PoolConfig(name="a", gpu_model="H100"), PoolConfig(name="b", gpu_model="H100")],
-            orgs=[OrgConfig(name="org")],
-            teams=[TeamConfig(name="x", org="org", cohort="c", quotas=[TeamQuota(pool="a", nominal=4)]),
-                   TeamConfig(name="v", org="org", cohort="c", quotas=[TeamQuota(pool="b", nominal=4)]),
-                   TeamConfig(name="w", org="org", cohort="c",
-                              quotas=[TeamQuota(pool="b", nominal=4, lending_limit=0)]),
-                   TeamConfig(name="z", org="org", cohort="c", quotas=[])],
-        ),
-        capacity={"a": 8, "b": 8},
-    )  # fmt: skip
-    decisions = _room_case(SET_ASIDE_CASE, busy_in_b=0, quota=quota)
+    """Pool b's 8 GPUs are all free; x may borrow 4 there (v's idle guarantee: w, guaranteed the other 4, lends
+    nothing). X1 is set aside; V takes v's guarantee: x may borrow nothing more in b, though w's 4 GPUs stay free.
+    X1 is looked at again once the quota usage changed, and decided before X2 takes x's guarantee (found by
+    review of the first fix, which looked at the GPUs only)."""
+    decisions = _room_case(SET_ASIDE_CASE, busy_in_b=0, quota=W_LENDS_NOTHING)
     assert moved(decisions) == {"V": "Place", "X1": "Nominate"}, decisions
 
 
-@pytest.mark.xfail(strict=True, reason="known: the room a job set aside would borrow is looked at again only when "
-                   "GPUs are taken, not when a reclaim takes the lending")  # fmt: skip
 def test_a_set_aside_job_whose_lending_a_reclaim_took_keeps_its_teams_guarantee() -> None:
-    """KNOWN GAP (found by review of the fix). Pool b: nb1's 4 GPUs run z's borrowed work, nb2 has 2 of w's and 2
-    free; x may borrow 2 there, so X1 (2 GPUs) is set aside. V (v's guarantee in b, 4 GPUs on one node) reclaims
-    nb1 (nominated): x's cohort then lends nothing in b, but no GPU was taken, so X1 is not looked at again."""
+    """Pool b: nb1's 4 GPUs run z's borrowed work, nb2 has 2 of w's and 2 free; x may borrow 2 there, so X1 (2 GPUs)
+    is set aside. V (v's guarantee in b, 4 GPUs on one node) reclaims nb1 (nominated): x's cohort then lends
+    nothing in b though no GPU was taken; the nomination counts in the quota usage, so X1 is looked at again."""
     nodes = [make_node("na").pool("a").gpus(8).build(), make_node("nb1").pool("b").gpus(4).build(),
              make_node("nb2").pool("b").gpus(4).build()]  # fmt: skip
     running = [
@@ -388,6 +386,13 @@ def test_arrivals_set_aside_keep_their_teams_guarantee() -> None:
     takes x's guarantee (before, X2 took it and X1 waited)."""
     quota = book({"x": (4, 0), "v": (0, 4), "w": (0, 4), "z": (0, 0)}, capacity_b=16)
     decisions = _arrive(_borrowed_a(4), quota, SET_ASIDE_CASE)
+    assert moved(decisions) == {"V": "Place", "X1": "Nominate"}, decisions
+
+
+def test_an_arrival_set_aside_whose_lending_an_earlier_arrival_took_keeps_its_teams_guarantee() -> None:
+    """The lending case above, the jobs arriving together: V takes v's guarantee, which x would have borrowed, and
+    X1 is decided in full before X2 takes x's guarantee (pool b's GPUs all stay free)."""
+    decisions = _arrive(_borrowed_a(0), W_LENDS_NOTHING, SET_ASIDE_CASE)
     assert moved(decisions) == {"V": "Place", "X1": "Nominate"}, decisions
 
 

@@ -32,6 +32,8 @@ class QuotaUsage:
         """(team, pool) -> its (pool, cohort) and quota: the book does not change under a `QuotaUsage`, and the
         scheduler asks `borrowable` a million times a contended minute."""
         self._unassigned: dict[str, int] = {}
+        self.changes = 0
+        """Counts the changes of usage: what anyone may borrow is as it was while this stays."""
         for team, pool in book.quotas:
             self._contribute(team, pool, 0, +1)
         for (team, pool), n in (usage or {}).items():
@@ -80,6 +82,7 @@ class QuotaUsage:
             return
         key = (team, pool)
         used = self.used.get(key, 0)
+        self.changes += 1
         self._contribute(team, pool, used, -1)
         self.used[key] = used + delta
         self._contribute(team, pool, used + delta, +1)

@@ -270,38 +270,43 @@ class _Held:
 @dataclass
 class _SetAside:
     """The `_Held` heads of a first pass (or of a batch of arrivals), by the shapes they would borrow with, and the
-    GPUs free when they were last known to have room."""
+    GPUs free and the quota usage (`QuotaUsage.changes`) when they were last known to have room."""
 
     heads: dict[int, _Held] = field(default_factory=dict)
     by_shape: dict[Shape, list[_Held]] = field(default_factory=dict)
     free: int = 0
+    changes: int = 0
     count: int = 0
 
-    def hold(self, held: _Held, index: FleetIndex) -> None:
-        """Keep `held`, found with room to borrow now. With others kept, `free` stays: GPUs taken since they were
-        last looked at are still to be looked at (`_Cycle._room_gone`)."""
+    def hold(self, held: _Held, state: SchedulingState) -> None:
+        """Keep `held`, found with room to borrow now. With others kept, `free` and `changes` stay: GPUs and
+        lending taken since they were last looked at are still to be looked at (`_Cycle._room_gone`)."""
         if not held.number:
             self.count += 1
             held.number = self.count
         if not self.heads:
-            self.free = index.free_total()
+            self.free = state.index.free_total()
+            self.changes = state.usage.changes
         self.heads[id(held)] = held
         for option in held.options:
             if option.borrowing:
                 self.by_shape.setdefault(option.shape, []).append(held)
 
     def without_room(self, cycle: "_Cycle") -> list[_Held]:
-        """The heads none of whose shapes finds GPUs to borrow on any more, and that could not backfill by
-        borrowing either (the shapes are looked at, then only the heads of those that lost their room), in the
-        order they were set aside; `free` is marked now."""
-        self.free = cycle.state.index.free_total()
-        ctx = cycle.ctx
+        """The heads none of whose shapes finds GPUs to borrow on any more, or whose cohort no longer lends for
+        them there, and that could not backfill by borrowing either (the shapes are looked at, then only the heads
+        of those that lost their room, or every head once the quota usage changed), in the order they were set
+        aside; `free` and `changes` are marked now."""
+        state, ctx = cycle.state, cycle.ctx
+        self.free = state.index.free_total()
+        lending = state.usage.changes != self.changes
+        self.changes = state.usage.changes
         fits: dict[Shape, bool] = {}
         lost = [shape for shape in self.by_shape if not cycle.may_borrow_in(shape, fits)]
-        found = {id(held): held for shape in lost for held in self.by_shape[shape]}
+        found = dict(self.heads) if lending else {id(held): held for shape in lost for held in self.by_shape[shape]}
         out = []
         for held in sorted(found.values(), key=lambda h: h.number):
-            shapes = [o.shape for o in held.options if o.borrowing]
+            shapes = [o.shape for o in held.options if o.borrowing and (not lending or cycle.lends(held.job, o.shape))]
             if any(fits.get(shape, True) for shape in shapes) or (
                 held.job.estimate is not None and ctx.may_backfill(ctx.now + held.job.estimate, shapes)
             ):
@@ -553,12 +558,15 @@ class _Cycle:
         been there: before a later job of its team takes the guarantee it would fall back on. Left for the second
         pass, it found its team's lower-priority job holding that guarantee. A head that could still backfill by
         borrowing (into the reservation that took its room, say) stays set aside: the second pass may place it so.
-        Only the GPUs are looked at again, not what the cohort still lends (a later guaranteed job that takes the
-        lending, or reclaims the room by preempting, leaves the gap: `test_first_pass_borrowing.py`). The shapes
-        are looked at, not each head, so a round costs the shapes that lost their room and their heads."""
+        The room is gone when the GPUs to borrow on are, or the lending: a later guaranteed job that takes what
+        the cohort lent (its idle guarantee), or reclaims it by preempting (a nomination counts in the usage),
+        leaves the GPUs free and the job without room all the same (`test_first_pass_borrowing.py`). When only GPUs
+        were taken the shapes are looked at, not each head, so a round costs the shapes that lost their room and
+        their heads; once the quota usage changed, every head's lending is looked at too."""
         ctx, queue, index = self.ctx, self.state.queue, self.state.index
         budget = self.config.max_tests_per_cycle
-        while set_aside.heads and index.free_total() < set_aside.free:  # a decision here may take more
+        usage = self.state.usage
+        while set_aside.heads and (index.free_total() < set_aside.free or usage.changes != set_aside.changes):
             for held in set_aside.without_room(self):
                 if ctx.tests >= budget:
                     return  # the walk ends here too: the rest wait for the next cycle, set aside as they are
@@ -601,7 +609,8 @@ class _Cycle:
         either, is decided in full now, before a later arrival of its team takes the guarantee it would fall back
         on. One set aside again keeps its place among the later ones."""
         index = self.state.index
-        while set_aside.heads and index.free_total() < set_aside.free:  # a decision here may take more
+        usage = self.state.usage
+        while set_aside.heads and (index.free_total() < set_aside.free or usage.changes != set_aside.changes):
             for held in set_aside.without_room(self):
                 set_aside.drop(held)
                 job = held.job
@@ -620,7 +629,14 @@ class _Cycle:
         to borrow, `_room_options`), to be looked at again when that room goes."""
         options, self._room_options = self._room_options, None
         if options is not None:
-            set_aside.hold(_Held(item, job, turn, options, number), self.state.index)
+            set_aside.hold(_Held(item, job, turn, options, number), self.state)
+
+    def lends(self, job: PendingJob, shape: Shape) -> bool:
+        """Whether the job's cohort still lends it what it asks for in the pool of `shape` (one of its options)."""
+        book = self.state.quota
+        if book is None or shape.pool is None:
+            return True
+        return admits(book, self.state.usage, job.team, shape.pool, job.shape.gpus, preemptible=job.preemptible)[0]
 
     def may_borrow_in(self, shape: Shape, fits: dict[Shape, bool]) -> bool:
         """`_may_borrow_now` for one borrowing option's shape, remembered in `fits` for one look at the GPUs."""
