@@ -6,6 +6,8 @@ first pass decides it in full, as a job its guarantee admits (reclaiming, displa
 
 from unittest.mock import patch
 
+import pytest
+
 from chamber.common.contracts import JobRecord, Node, OrgConfig, PoolConfig, QuotaConfig, TeamConfig, TeamQuota
 from chamber.common.quota import QuotaBook, validate
 from chamber.scheduler.core.cycle import _Cycle
@@ -365,6 +367,50 @@ def test_a_set_aside_job_whose_lending_a_reclaim_took_keeps_its_teams_guarantee(
     quota = book({"x": (4, 0), "v": (0, 4), "w": (0, 2), "z": (0, 0)})
     decisions = cycle(queued, running, quota, SchedulerConfig(order="fifo"), nodes)
     assert moved(decisions) == {"V": "Nominate", "X1": "Nominate"}, decisions
+
+
+SIBLINGS = [
+    make_job("XH").team("x").priority("research").gpus(2).at(1.0).build(),
+    make_job("XL").team("x").priority("best-effort").gpus(4).at(2.0).build(),
+]
+"""Two jobs of x that may use any pool, both set aside to borrow in b: the higher-priority one asks for less."""
+
+
+@pytest.mark.xfail(strict=True, reason="known: of two set-aside jobs of a team, the one that loses its room first is "
+                   "decided first, though the other comes before it")  # fmt: skip
+@pytest.mark.parametrize("lost", ["lending", "gpus"])
+def test_of_two_set_aside_jobs_of_a_team_the_earlier_keeps_its_teams_guarantee(lost: str) -> None:
+    """KNOWN GAP (found by differential fuzzing of the lending fix; the GPU form was there before it). XH and XL
+    are set aside with room to borrow in b; V1 takes enough of it (the lending, or the GPUs) that XL, asking for
+    more, has none left, and XL is decided in full: it takes x's guarantee in a. V2 takes the rest, and XH, before
+    XL in the queue and of higher priority, finds the guarantee gone. Looking at the team's earlier set-aside
+    jobs first would give XH the guarantee; tried as "XL waits while XH is set aside", XL would lose it to a later
+    job of the team instead, so it is left as it is."""
+    if lost == "lending":
+        quota = W_LENDS_NOTHING
+        rest = [make_job("V1").team("v").priority("best-effort").gpus(2).pool("b").at(3.0).build(),
+                make_job("V2").team("v").priority("best-effort").gpus(2).pool("b").at(4.0).build()]  # fmt: skip
+    else:
+        quota = book({"x": (4, 0), "v": (0, 8), "z": (0, 0)}, capacity_b=16)
+        rest = [make_job("V1").team("v").priority("best-effort").gpus(6).pool("b").at(3.0).build(),
+                make_job("V2").team("v").priority("best-effort").gpus(2).pool("b").at(4.0).build()]  # fmt: skip
+    decisions = cycle([*SIBLINGS, *rest], _borrowed_a(0), quota, SchedulerConfig(order="fifo"))
+    assert moved(decisions) == {"V1": "Place", "V2": "Place", "XH": "Nominate"}, decisions
+
+
+def test_a_head_decided_when_its_room_went_counts_against_the_cycles_budget_of_looks() -> None:
+    """Found by review: the head `_room_gone` decided took the budget's last look, and the walk still took the
+    next item (three looks with a budget of two)."""
+    for busy_in_b, quota in ((4, book({"x": (4, 0), "v": (0, 4), "w": (0, 4), "z": (0, 0)}, capacity_b=16)),
+                             (0, W_LENDS_NOTHING)):  # fmt: skip
+        jobs = [*_borrowed_a(busy_in_b), *SET_ASIDE_CASE]
+        owners = {g.slot: r.id for r in jobs if r.placement for g in r.placement.gpus}
+        config = SchedulerConfig(order="fifo", max_tests_per_cycle=2)
+        state = SchedulingState.from_snapshot(NODES, owners, {}, jobs, quota=quota, config=config)
+        decisions = state.cycle(NOW)
+        assert state.ctx is not None
+        assert state.ctx.tests == 2
+        assert moved(decisions) == {"V": "Place", "X1": "Nominate"}, decisions
 
 
 def _arrive(

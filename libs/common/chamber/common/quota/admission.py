@@ -34,6 +34,8 @@ class QuotaUsage:
         self._unassigned: dict[str, int] = {}
         self.changes = 0
         """Counts the changes of usage: what anyone may borrow is as it was while this stays."""
+        self.pool_changes: dict[str, int] = {}
+        """The same per pool: what anyone may borrow in a pool is as it was while its count stays."""
         for team, pool in book.quotas:
             self._contribute(team, pool, 0, +1)
         for (team, pool), n in (usage or {}).items():
@@ -83,6 +85,7 @@ class QuotaUsage:
         key = (team, pool)
         used = self.used.get(key, 0)
         self.changes += 1
+        self.pool_changes[pool] = self.pool_changes.get(pool, 0) + 1
         self._contribute(team, pool, used, -1)
         self.used[key] = used + delta
         self._contribute(team, pool, used + delta, +1)

@@ -23,7 +23,7 @@ import heapq
 import itertools
 from collections.abc import Collection, Container, Iterable, Iterator
 from dataclasses import dataclass, field, replace
-from typing import Literal
+from typing import Any, Literal
 
 from chamber.common.contracts import GpuRef
 from chamber.common.quota import admits, may_reclaim
@@ -274,8 +274,12 @@ class _SetAside:
 
     heads: dict[int, _Held] = field(default_factory=dict)
     by_shape: dict[Shape, list[_Held]] = field(default_factory=dict)
+    by_lender: dict[tuple[str, str], list[_Held]] = field(default_factory=dict)
+    """(team, pool) -> the heads of the team that would borrow in the pool, the largest first: the cohort stops
+    lending for the largest first, so a look at the others ends at the first it still lends for."""
     free: int = 0
     changes: int = 0
+    pool_changes: dict[str, int] = field(default_factory=dict)
     count: int = 0
 
     def hold(self, held: _Held, state: SchedulingState) -> None:
@@ -287,26 +291,42 @@ class _SetAside:
         if not self.heads:
             self.free = state.index.free_total()
             self.changes = state.usage.changes
+            self.pool_changes = dict(state.usage.pool_changes)
         self.heads[id(held)] = held
         for option in held.options:
             if option.borrowing:
                 self.by_shape.setdefault(option.shape, []).append(held)
+                if option.shape.pool is not None:
+                    there = self.by_lender.setdefault((held.job.team, option.shape.pool), [])
+                    bisect.insort(there, held, key=lambda h: -h.job.shape.gpus)
 
     def without_room(self, cycle: "_Cycle") -> list[_Held]:
         """The heads none of whose shapes finds GPUs to borrow on any more, or whose cohort no longer lends for
         them there, and that could not backfill by borrowing either (the shapes are looked at, then only the heads
-        of those that lost their room, or every head once the quota usage changed), in the order they were set
-        aside; `free` and `changes` are marked now."""
-        state, ctx = cycle.state, cycle.ctx
+        of those that lost their room, and those that would borrow in a pool whose quota usage changed), in the
+        order they were set aside; `free` and `changes` are marked now."""
+        state, ctx, usage = cycle.state, cycle.ctx, cycle.state.usage
         self.free = state.index.free_total()
-        lending = state.usage.changes != self.changes
-        self.changes = state.usage.changes
+        changed: set[str | None] = set()
+        if usage.changes != self.changes:
+            changed = {pool for pool, n in usage.pool_changes.items() if self.pool_changes.get(pool) != n}
+            self.changes, self.pool_changes = usage.changes, dict(usage.pool_changes)
         fits: dict[Shape, bool] = {}
         lost = [shape for shape in self.by_shape if not cycle.may_borrow_in(shape, fits)]
-        found = dict(self.heads) if lending else {id(held): held for shape in lost for held in self.by_shape[shape]}
+        found = {id(held): held for shape in lost for held in self.by_shape[shape]}
+        unlent: set[tuple[int, str]] = set()
+        """(head, pool): its cohort no longer lends for it there."""
+        if changed:
+            for (_, pool), there in self.by_lender.items():
+                if pool in changed:
+                    for held in there:
+                        if cycle.lends(held.job, pool):
+                            break  # and for every smaller head of the team there
+                        unlent.add((id(held), pool))
+                        found[id(held)] = held
         out = []
         for held in sorted(found.values(), key=lambda h: h.number):
-            shapes = [o.shape for o in held.options if o.borrowing and (not lending or cycle.lends(held.job, o.shape))]
+            shapes = [o.shape for o in held.options if o.borrowing and (id(held), o.shape.pool) not in unlent]
             if any(fits.get(shape, True) for shape in shapes) or (
                 held.job.estimate is not None and ctx.may_backfill(ctx.now + held.job.estimate, shapes)
             ):
@@ -318,11 +338,17 @@ class _SetAside:
         del self.heads[id(held)]
         for option in held.options:
             if option.borrowing:
-                left = [h for h in self.by_shape[option.shape] if h is not held]
-                if left:
-                    self.by_shape[option.shape] = left
-                else:
-                    del self.by_shape[option.shape]
+                _without(self.by_shape, option.shape, held)
+                if option.shape.pool is not None:
+                    _without(self.by_lender, (held.job.team, option.shape.pool), held)
+
+
+def _without(lists: dict[Any, list[_Held]], key: Any, held: _Held) -> None:
+    left = [h for h in lists[key] if h is not held]
+    if left:
+        lists[key] = left
+    else:
+        del lists[key]
 
 
 @dataclass
@@ -474,6 +500,8 @@ class _Cycle:
         while ctx.tests < self.config.max_tests_per_cycle:
             if set_aside.heads:  # before the next item is taken: the set-aside heads' turns came before it
                 self._room_gone(set_aside, deferred, heads, decisions)
+                if ctx.tests >= self.config.max_tests_per_cycle:
+                    break  # (found by review: the head decided here took the last look, and the walk took one more)
             if (popped := heads.pop()) is None:
                 break
             item = popped[-1]
@@ -631,12 +659,12 @@ class _Cycle:
         if options is not None:
             set_aside.hold(_Held(item, job, turn, options, number), self.state)
 
-    def lends(self, job: PendingJob, shape: Shape) -> bool:
-        """Whether the job's cohort still lends it what it asks for in the pool of `shape` (one of its options)."""
+    def lends(self, job: PendingJob, pool: str) -> bool:
+        """Whether the job's cohort still lends it what it asks for in `pool` (where it would borrow)."""
         book = self.state.quota
-        if book is None or shape.pool is None:
+        if book is None:
             return True
-        return admits(book, self.state.usage, job.team, shape.pool, job.shape.gpus, preemptible=job.preemptible)[0]
+        return admits(book, self.state.usage, job.team, pool, job.shape.gpus, preemptible=job.preemptible)[0]
 
     def may_borrow_in(self, shape: Shape, fits: dict[Shape, bool]) -> bool:
         """`_may_borrow_now` for one borrowing option's shape, remembered in `fits` for one look at the GPUs."""
