@@ -13,6 +13,7 @@ from chamber.cli.infra import embedded_nats
 from chamber.common.bus import Bus, BusError, PublishError
 from chamber.common.bus.direct import DirectAckPipeline, direct_supported
 from chamber.common.bus.pipeline import AckPipeline
+from chamber.common.bus.plain import PlainProtocol
 from chamber.common.settings import Settings
 from chamber.common.subjects import Names
 from tests.support.services import eventually
@@ -54,6 +55,20 @@ async def test_a_bad_message_is_refused_alone(bus: Bus) -> None:
     assert last.seq == first.seq + 1
 
 
+async def _replies_held_back(
+    pipeline: DirectAckPipeline, bus: Bus, tag: str
+) -> tuple[list[tuple[str, bytes, None]], PlainProtocol]:
+    """Three messages published through `pipeline` (acked), then its connection's replies held back (nothing the
+    server sends is read until `first.transport.resume_reading()`): as a half-open connection, or a slow server."""
+    items = [(bus.names.job_cancel(f"{tag}{i}"), b"{}", None) for i in range(3)]
+    assert not any(isinstance(r, BusError) for r in await pipeline.publish_many(items))
+    first = pipeline._protocol
+    assert first is not None
+    assert first.transport is not None
+    first.transport.pause_reading()
+    return items, first
+
+
 async def test_a_batch_whose_acks_do_not_come_times_out_and_a_connection_that_answers_nothing_is_replaced(
     bus: Bus,
 ) -> None:
@@ -62,12 +77,7 @@ async def test_a_batch_whose_acks_do_not_come_times_out_and_a_connection_that_an
     pipeline = DirectAckPipeline(Settings.from_env().nats_url, AckPipeline(bus.nc))
     pipeline.probe_s = 0.2
     try:
-        items = [(bus.names.job_cancel(f"j{i}"), b"{}", None) for i in range(3)]
-        assert not any(isinstance(r, BusError) for r in await pipeline.publish_many(items))
-        first = pipeline._protocol
-        assert first is not None
-        assert first.transport is not None
-        first.transport.pause_reading()
+        items, first = await _replies_held_back(pipeline, bus, "j")
         late = await pipeline.publish_many(items, timeout_s=0.2)
         assert all(isinstance(r, PublishError) and "within 0.2 s" in str(r) for r in late)
         assert not pipeline._waiting, "a batch that gave up leaves nothing behind"
@@ -85,12 +95,7 @@ async def test_a_batch_that_comes_while_a_connection_is_probed_waits_and_goes_on
     pipeline = DirectAckPipeline(Settings.from_env().nats_url, AckPipeline(bus.nc))
     pipeline.probe_s = 0.5
     try:
-        items = [(bus.names.job_cancel(f"h{i}"), b"{}", None) for i in range(3)]
-        assert not any(isinstance(r, BusError) for r in await pipeline.publish_many(items))
-        first = pipeline._protocol
-        assert first is not None
-        assert first.transport is not None
-        first.transport.pause_reading()
+        items, first = await _replies_held_back(pipeline, bus, "h")
         late = asyncio.create_task(pipeline.publish_many(items[:1], timeout_s=0.2))
         await asyncio.sleep(0.35)  # timed out at 0.2 s, probing until 0.7 s
         meanwhile = await pipeline.publish_many(items[1:], timeout_s=5.0)
@@ -107,15 +112,11 @@ async def test_a_late_batch_fails_no_other_batch_on_a_connection_that_still_answ
     on it with a longer timeout gets its acks (before, the late batch gave the connection up and failed it too)."""
     pipeline = DirectAckPipeline(Settings.from_env().nats_url, AckPipeline(bus.nc))
     try:
-        items = [(bus.names.job_cancel(f"k{i}"), b"{}", None) for i in range(3)]
-        assert not any(isinstance(r, BusError) for r in await pipeline.publish_many(items))
-        first = pipeline._protocol
-        assert first is not None
-        assert first.transport is not None
-        first.transport.pause_reading()
+        items, first = await _replies_held_back(pipeline, bus, "k")
         short = asyncio.create_task(pipeline.publish_many(items[:1], timeout_s=0.2))
         patient = asyncio.create_task(pipeline.publish_many(items[1:], timeout_s=5.0))
         await asyncio.sleep(0.5)  # the short batch timed out, and probes the connection (PROBE_S: 2 s)
+        assert first.transport is not None
         first.transport.resume_reading()
         late, kept = await short, await patient
         assert isinstance(late[0], PublishError)

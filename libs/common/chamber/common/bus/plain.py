@@ -106,18 +106,14 @@ class PlainProtocol(asyncio.Protocol):
         if frames:
             self.write(b"".join(frames))
 
-    def say_ping(self) -> None:
-        """Write a PING now (ahead of anything queued by `send` in this turn of the event loop)."""
-        self._pings_sent += 1
-        self.write(b"PING\r\n")
-
     async def answers(self, timeout_s: float) -> bool:
         """Whether the server answers a PING within `timeout_s`: a connection whose replies stopped coming though the
         server still reads and answers it is alive (a busy JetStream is late with acks, not the connection); a
         half-open one (the peer gone without a FIN) answers nothing."""
         if self.closed or self.transport is None:
             return False
-        self.say_ping()
+        self._pings_sent += 1
+        self.write(b"PING\r\n")  # (now: ahead of anything `send` queued in this turn of the event loop)
         waiter: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         self._pong_waiters.append((self._pings_sent, waiter))
         try:
