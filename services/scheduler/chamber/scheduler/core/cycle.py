@@ -300,6 +300,10 @@ class _SetAside:
                     there = self.by_lender.setdefault((held.job.team, option.shape.pool), [])
                     bisect.insort(there, held, key=lambda h: -h.job.shape.gpus)
 
+    def may_have_lost_room(self, state: SchedulingState) -> bool:
+        """Whether GPUs or lending were taken since the heads were last looked at (`without_room`)."""
+        return bool(self.heads) and (state.index.free_total() < self.free or state.usage.changes != self.changes)
+
     def without_room(self, cycle: "_Cycle") -> list[_Held]:
         """The heads none of whose shapes finds GPUs to borrow on any more, or whose cohort no longer lends for
         them there, and that could not backfill by borrowing either (the shapes are looked at, then only the heads
@@ -591,10 +595,9 @@ class _Cycle:
         leaves the GPUs free and the job without room all the same (`test_first_pass_borrowing.py`). When only GPUs
         were taken the shapes are looked at, not each head, so a round costs the shapes that lost their room and
         their heads; once the quota usage changed, every head's lending is looked at too."""
-        ctx, queue, index = self.ctx, self.state.queue, self.state.index
+        ctx, queue = self.ctx, self.state.queue
         budget = self.config.max_tests_per_cycle
-        usage = self.state.usage
-        while set_aside.heads and (index.free_total() < set_aside.free or usage.changes != set_aside.changes):
+        while set_aside.may_have_lost_room(self.state):  # a decision here may take more
             for held in set_aside.without_room(self):
                 if ctx.tests >= budget:
                     return  # the walk ends here too: the rest wait for the next cycle, set aside as they are
@@ -636,9 +639,7 @@ class _Cycle:
         arrival set aside to borrow whose GPUs to borrow on are gone, and that could not backfill by borrowing
         either, is decided in full now, before a later arrival of its team takes the guarantee it would fall back
         on. One set aside again keeps its place among the later ones."""
-        index = self.state.index
-        usage = self.state.usage
-        while set_aside.heads and (index.free_total() < set_aside.free or usage.changes != set_aside.changes):
+        while set_aside.may_have_lost_room(self.state):  # a decision here may take more
             for held in set_aside.without_room(self):
                 set_aside.drop(held)
                 job = held.job
