@@ -24,7 +24,7 @@ install: $(STAMP) ## create .venv and install Chamber with its dev tools
 up: $(STAMP) ## run the whole system (embedded NATS and Redis when none answer); dev admin token in .chamber/
 	CHAMBER_ADMIN_TOKEN_FILE=$${CHAMBER_ADMIN_TOKEN_FILE:-.chamber/dev-admin-token} $(BIN)/chamber up
 
-test: $(STAMP) lint typecheck imports pytest ## everything CI runs
+test: $(STAMP) lint typecheck imports pytest pytest-compiled ## everything CI runs
 
 lint: $(STAMP) ## ruff
 	$(BIN)/ruff check .
@@ -39,6 +39,26 @@ imports: $(STAMP) ## import-linter: pure cores stay pure, services stay independ
 pytest: $(STAMP) ## the test suite on real NATS and Redis
 	$(BIN)/pytest
 
+# The compiled core, as a wheel installs it (setup.py): built from this checkout into build/compiled/site, which
+# holds all of Chamber, ahead of the source roots on the path. Without a C compiler there is nothing to test.
+COMPILED := build/compiled
+CORE_TESTS := tests/unit/scheduler tests/unit/quota tests/unit/test_simulator.py tests/unit/test_sim_policies.py \
+	tests/unit/test_bench_smoke.py tests/integration/test_scheduling_service.py tests/integration/test_scheduler_recovery.py \
+	tests/integration/test_sim_service_agree.py tests/fuzz
+
+compiled: $(STAMP) ## build the wheel's mypyc-compiled scheduling core into build/compiled
+	rm -rf $(COMPILED) build/lib.* build/bdist.*  # no module of an earlier build rides along
+	$(BIN)/python -m pip wheel -q --no-deps --no-build-isolation -w $(COMPILED)/wheel .
+	$(BIN)/python -m pip install -q --no-deps --target $(COMPILED)/site $(COMPILED)/wheel/chamber-*.whl
+
+pytest-compiled: $(STAMP) ## the scheduling core's tests on its compiled build (skipped without a C compiler)
+	@if ! command -v cc >/dev/null && ! command -v gcc >/dev/null; then \
+		echo "pytest-compiled: no C compiler here, so no compiled core to test"; exit 0; fi; \
+	$(MAKE) --no-print-directory compiled && \
+	PYTHONPATH=$(COMPILED)/site:. $(BIN)/python -c "from chamber.scheduler.core import build; \
+	assert build() == 'compiled', 'the core was not compiled (see the wheel build above)'" && \
+	PYTHONPATH=$(COMPILED)/site:. $(BIN)/pytest -q -p no:cacheprovider $(CORE_TESTS)
+
 chaos: $(STAMP) ## 2,000 jobs while services are SIGKILLed 50 times, NATS restarted, Redis flushed, the leader frozen; prints JSON
 	$(BIN)/python -m tests.chaos $(CHAOS_ARGS)
 
@@ -52,4 +72,4 @@ fmt: $(STAMP) ## format and fix what ruff can
 clean: ## remove the virtual environment and caches
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis build *.egg-info chaos-out
 
-.PHONY: help install up test lint typecheck imports pytest chaos fuzz fmt clean
+.PHONY: help install up test lint typecheck imports pytest compiled pytest-compiled chaos fuzz fmt clean

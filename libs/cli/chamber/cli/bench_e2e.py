@@ -44,6 +44,7 @@ from chamber.common.contracts import JobSpec, JobSubmitted, SchedulerStats
 from chamber.common.loadgen import Conn, cpu_s, listener_pid, peak_rss_mb, request
 from chamber.common.settings import Settings
 from chamber.common.subjects import Names
+from chamber.scheduler.core import build
 
 SERVICES = ("collector", "scheduler", "health", "quota", "gateway")
 TOKEN = f"bench-{secrets.token_hex(16)}"
@@ -267,6 +268,7 @@ async def _bench(cfg: E2EConfig, settings: Settings, services: _Services) -> dic
         },
         "peak_rss_mb": services.peak_rss_mb(),
         "nats_server_version": version,
+        "scheduler_core": build(),  # the services run from this installation: compiled or not as it is
     }
 
 

@@ -10,7 +10,8 @@ Measures, on one core:
 - `arrival_p50_ms` / `arrival_p99_ms`: one new job, submitted with ~100,000 waiting, to its decision;
 - `preemption_plan_p99_ms`: a preemption plan for a high-priority job on a fleet full of preemptible work, also
   when every victim costs the same (`..._ties_`), and one cycle with 200 preemptors arriving at once;
-- `peak_rss_mb`: the process's peak resident memory.
+- `peak_rss_mb`: the process's peak resident memory;
+- `core`: "compiled" (mypyc, as a wheel installs it) or "python" (an editable install): see `setup.py`.
 
 Harder cases, by flag: `--quota` (1,000 teams in cohorts, nominal below capacity so teams borrow and reclaim),
 `--preemptible-backlog` (the fleet starts full of preemptible work and the queue is of higher priority: most
@@ -29,6 +30,7 @@ from chamber.common.contracts import OrgConfig, PoolConfig, QuotaConfig, TeamCon
 from chamber.common.priorities import DEFAULT_CLASSES
 from chamber.common.quota import QuotaBook
 from chamber.common.runtime import GC_THRESHOLDS
+from chamber.scheduler.core import build
 from chamber.scheduler.core.decisions import Decision, Nominate, Place, Preempt, Wait
 from chamber.scheduler.core.model import PendingJob, Shape
 from chamber.scheduler.core.placement import find_placement
@@ -306,4 +308,5 @@ def _measure(
         "allocation_ratio": round(busy / total_gpus, 4),
         "fragmented_gpus": state.index.fragmented_gpus(cfg.gpus_per_node),
         "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
+        "core": build(),
     }

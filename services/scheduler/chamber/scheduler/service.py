@@ -53,6 +53,7 @@ from chamber.common.quota import QuotaBook
 from chamber.common.quotastore import QuotaStore
 from chamber.common.runtime import Context, wait_event
 from chamber.common.subjects import DECISIONS, INVENTORY, JOBS, QUOTA
+from chamber.scheduler.core import build
 from chamber.scheduler.core.controller import Change, Controller
 from chamber.scheduler.core.decisions import Place, Preempt
 from chamber.scheduler.core.estimates import RuntimePredictor
@@ -228,7 +229,7 @@ class Scheduler:
         await consumer.start()
         log.info(
             "scheduler.started", holder=self.holder, token=self.ledger.token, active=len(self.control.records),
-            nodes=len(self.nodes), took_ms=round((time.perf_counter() - started) * 1000, 1),
+            nodes=len(self.nodes), took_ms=round((time.perf_counter() - started) * 1000, 1), core=build(),
         )  # fmt: skip
 
     async def _first_read(self) -> tuple[list[JobRecord], RuntimePredictor | None, float]:

@@ -153,7 +153,7 @@ class CycleContext:
                 ),
                 key=lambda item: item[0],
             )
-        return (r for _, r in self._victims)
+        return map(_job, self._victims)  # lazy (compiled, a generator expression would be built as a list)
 
     def victims_of(self, state: SchedulingState, teams: Collection[str]) -> Iterator[RunningJob]:
         """`victims`, only those of `teams`, in the same order: under quotas a plan may only take from the
@@ -182,8 +182,8 @@ class CycleContext:
                 self._sorted_teams.add(team)
             lists.append(found)
         if len(lists) == 1:
-            return (r for _, r in lists[0])
-        return (r for _, r in heapq.merge(*lists, key=_cost))
+            return map(_job, lists[0])
+        return map(_job, heapq.merge(*lists, key=_cost))
 
     def release_order(self, state: SchedulingState) -> list[Release]:
         """Running jobs by expected end (see `backfill.release_order`), once per context: jobs placed under it since
@@ -1679,6 +1679,10 @@ def returning(state: SchedulingState, job: RunningJob) -> bool:
     """A stopping job being moved (GPUs held for it, `SchedulingState.moves`): it starts again as soon as it has
     stopped, so the quota it holds does not come back to its team."""
     return job.id in state.moves
+
+
+def _job(item: tuple[VictimCost, RunningJob]) -> RunningJob:
+    return item[1]
 
 
 def _cost(item: tuple[VictimCost, RunningJob]) -> VictimCost:

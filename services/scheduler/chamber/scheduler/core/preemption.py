@@ -75,9 +75,13 @@ def plan_preemption(
     eligible = index.nodes_in(parts)
     everywhere = len(parts) == index.partition_count()
     rule = allowed or (lambda r: can_be_victim(r, job.priority, now))
-    candidates: Iterable[RunningJob] = (
-        r for r in running if rule(r) and (everywhere or any(g.node in eligible for g in r.gpus))
-    )
+
+    def candidate(r: RunningJob) -> bool:
+        return rule(r) and (everywhere or any(g.node in eligible for g in r.gpus))
+
+    # `filter`, not a generator expression: the search stops at the first victims that make room, and compiled
+    # (see `chamber.scheduler.core`), a generator expression is built whole first.
+    candidates: Iterable[RunningJob] = filter(candidate, running)
     if not by_cost:
         candidates = sorted(candidates, key=lambda r: victim_cost(r, now))
     avail = {node.name: len(node.free) for node in index.nodes_with(parts, 1)}
