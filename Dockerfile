@@ -2,6 +2,8 @@
 # with the NVIDIA container runtime, which mounts NVML) and the webhook certificate hook (`chamber webhook-cert`).
 # Build: docker build -t ghcr.io/chamber-io/chamber:0.1.0 .
 FROM python:3.11-slim AS build
+# A C compiler for the wheel's mypyc-compiled scheduling core (setup.py); the image itself needs none.
+RUN apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY pyproject.toml setup.py README.md ./
 COPY libs libs
