@@ -8,7 +8,7 @@ WORKDIR /src
 COPY pyproject.toml setup.py README.md ./
 COPY libs libs
 COPY services services
-RUN pip wheel --no-cache-dir --wheel-dir /wheels .
+RUN CHAMBER_COMPILE=require pip wheel --no-cache-dir --wheel-dir /wheels .
 
 FROM python:3.11-slim
 RUN useradd --uid 65532 --user-group --no-create-home --shell /usr/sbin/nologin chamber

@@ -5,10 +5,11 @@ Each component lives in its own root (`libs/common`, `services/scheduler`, ...) 
 so this file lists the packages and where each one lives. Everything else is in pyproject.toml.
 
 The scheduling core's hot modules (`COMPILED`) are compiled to C with mypyc when a wheel is built (`pip install .`,
-the image), if a C compiler is there: the same code, type-checked as it is by `make typecheck`, runs about 1.3x (quota,
-1,000 teams) to 1.9x (default) faster (`chamber bench scheduler` says which core it ran). Without a compiler, or
-with `CHAMBER_COMPILE=0`, the wheel holds the pure-Python core. An editable install (`make install`) is never
-compiled: an edited module must not be shadowed by a stale build of it.
+the image), if a C compiler is there: the same code, type-checked as `make typecheck` does, with the same decisions
+and fewer seconds (`chamber bench scheduler` says which core it ran; docs/scheduler.md has the figures). Without a
+compiler, or with `CHAMBER_COMPILE=0`, the wheel holds the pure-Python core; `CHAMBER_COMPILE=require` (the image)
+fails the build instead. An editable install (`make install`) is never compiled: an edited module must not be
+shadowed by a stale build of it.
 
 The `.proto` files (the gateway's API; the kubelet's PodResources API, which the node agent calls) are compiled by
 `build_py` (grpcio-tools is a build requirement): into the build directory for a wheel (`pip install .`), next to
@@ -74,14 +75,27 @@ def compile_protos(out: Path | None) -> None:
             raise SystemExit(f"protoc failed on {proto}")
 
 
-def compiled_core() -> list[Extension]:
-    """mypyc's extensions for `COMPILED`, when a wheel is being built and compiling is not turned off."""
-    building = {"bdist_wheel", "build_ext"} & set(sys.argv[1:])
-    if not building or os.environ.get("CHAMBER_COMPILE", "1") == "0":
-        return []
-    from mypyc.build import mypycify
+COMPILE = os.environ.get("CHAMBER_COMPILE", "1")
+""""0": never compile; "require": fail the build rather than fall back to pure Python (the image); else compile
+when a C compiler is there."""
 
-    return list(mypycify(["--config-file", "pyproject.toml", *COMPILED], opt_level="3"))
+
+def compiled_core() -> list[Extension]:
+    """mypyc's extensions for `COMPILED`, when a wheel is being built (`bdist_wheel`: pip and `python -m build`
+    build one; an editable install runs `editable_wheel`) and compiling is not turned off."""
+    if "bdist_wheel" not in sys.argv[1:] or COMPILE == "0":
+        return []
+    try:
+        from mypyc.build import mypycify
+
+        # mypyc type-checks the modules as `make typecheck` does, with what they import: msgspec is a build
+        # requirement for that (pyproject.toml), as mypy is.
+        return list(mypycify(["--config-file", "pyproject.toml", *COMPILED], opt_level="3"))
+    except (Exception, SystemExit) as err:  # mypyc reports a failed type check by exiting
+        if COMPILE == "require":
+            raise
+        print(f"warning: the scheduling core is not compiled ({err!r}); it runs as pure Python", file=sys.stderr)
+        return []
 
 
 class BuildCompiledCore(build_ext):
@@ -92,6 +106,8 @@ class BuildCompiledCore(build_ext):
         try:
             super().run()
         except Exception as err:  # a failing compiler raises one of several types
+            if COMPILE == "require":
+                raise
             for path in self.get_outputs():
                 Path(path).unlink(missing_ok=True)
             self.warn(f"the scheduling core was not compiled ({err}); it runs as pure Python")
@@ -100,6 +116,10 @@ class BuildCompiledCore(build_ext):
 class BuildWithProtos(build_py):
     def run(self) -> None:
         compile_protos(None if self.editable_mode else Path(self.build_lib))
+        if not self.editable_mode:  # a compiled module of an earlier build would shadow its source in this wheel
+            lib = Path(self.build_lib)
+            for stale in [*lib.glob("*__mypyc*.so"), *lib.glob("chamber/**/*.so")]:
+                stale.unlink()
         super().run()
 
 

@@ -1,5 +1,6 @@
 """Shared fixtures: real servers for the session, and a unique namespace per test (streams, KV, Redis keys)."""
 
+import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
 
@@ -12,6 +13,18 @@ from chamber.common.subjects import Names
 from tests.support.servers import Servers, find_servers
 
 ADMIN_TOKEN = "test-admin-token"
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """`make pytest-compiled` runs the tests on the compiled core: make sure that is the core they import."""
+    expected = os.environ.get("CHAMBER_EXPECT_CORE")
+    if expected:
+        from chamber.scheduler.core import build
+
+        if build() != expected:
+            raise pytest.UsageError(
+                f"expected the {expected} scheduling core, but this session imports the {build()} one"
+            )
 
 
 @pytest.fixture(scope="session")

@@ -16,6 +16,7 @@ from chamber.scheduler.core.model import pending_from
 from chamber.scheduler.core.reasons import WaitKind
 from chamber.scheduler.core.state import SchedulerConfig, SchedulingState
 from tests.support.builders import make_job, make_node
+from tests.support.core import pure_core_only
 
 NOW = 1000.0
 NODES = [make_node("na").pool("a").gpus(8).build(), make_node("nb").pool("b").gpus(8).build()]
@@ -254,6 +255,7 @@ def _pinned_a() -> list[JobRecord]:
     ]  # fmt: skip
 
 
+@pure_core_only
 def test_a_set_aside_job_decided_late_joins_the_consolidation_list_at_its_turn() -> None:
     """Found by review of the fix. X1 is set aside; Y (y's guarantee in b, 8 GPUs) is blocked, joins the list of
     jobs room may be opened for and reserves the node X1 would borrow on; X1, decided then, joins that list before

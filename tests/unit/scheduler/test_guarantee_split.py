@@ -31,6 +31,7 @@ from chamber.scheduler.core.placement import find_placement
 from chamber.scheduler.core.queue import Entry, ParkGroup, SubQueue, Walk
 from chamber.scheduler.core.state import SchedulerConfig, SchedulingState
 from tests.support.builders import make_job, pool_quota
+from tests.support.core import pure_core_only
 
 TEAMS = ["a", "b", "c", "d", "e"]
 POOLS = ["default", "other"]
@@ -136,6 +137,7 @@ def moves(cycles: list[list[Decision]]) -> list[list[Decision]]:
     return [[d for d in decisions if not isinstance(d, Wait)] for decisions in cycles]
 
 
+@pure_core_only
 @settings(max_examples=300, deadline=None)
 @given(situations())
 def test_walking_only_guaranteed_heads_first_changes_no_decision(situation: Situation) -> None:
@@ -172,6 +174,7 @@ def backfill_behind_refused_heads(config: SchedulerConfig, refused_teams: int, b
     return state.cycle(200.0)
 
 
+@pure_core_only
 def test_no_look_ahead_behind_a_refused_head_spends_the_backfill_budget() -> None:
     """Behind a head its team's quota refuses, every job is refused too: looking at them spent the backfill
     budget (512 jobs by default, 16 behind each head) before a guaranteed team's short job was looked at. Now
@@ -184,6 +187,7 @@ def test_no_look_ahead_behind_a_refused_head_spends_the_backfill_budget() -> Non
         assert [(type(d).__name__, d.job_id) for d in split[0]] == [("Place", "c2")]
 
 
+@pure_core_only
 @settings(max_examples=200, deadline=None)
 @given(situations())
 def test_every_group_the_second_pass_takes_from_a_lane_waits_on_its_cohort_alone(situation: Situation) -> None:

@@ -31,6 +31,7 @@ from chamber.scheduler.core.model import PendingJob, pending_from
 from chamber.scheduler.core.placement import find_placement
 from chamber.scheduler.core.state import SchedulerConfig, SchedulingState
 from tests.support.builders import make_job, pool_quota
+from tests.support.core import pure_core_only
 from tests.unit.scheduler.test_guarantee_split import Situation, decide, job, moves, situations
 
 _backfill_into_reservation = _Cycle._backfill_into_reservation
@@ -177,6 +178,7 @@ def decide_fragmented(case: Fragmented) -> list[list[Decision]]:
     return out
 
 
+@pure_core_only
 @settings(max_examples=400, deadline=None)
 @given(fragmented())
 def test_skipping_hopeless_gangs_on_a_fragmented_pool_changes_no_decision(case: Fragmented) -> None:
@@ -193,6 +195,7 @@ UNSPENT = 10**9
 """A backfill budget no test spends (see the module's docstring)."""
 
 
+@pure_core_only
 @settings(max_examples=300, deadline=None)
 @given(situations())
 def test_skipping_hopeless_gangs_changes_no_decision_under_quotas(situation: Situation) -> None:
@@ -200,6 +203,7 @@ def test_skipping_hopeless_gangs_changes_no_decision_under_quotas(situation: Sit
     assert moves(decide(situation)) == moves(previously(situation, quota=True))
 
 
+@pure_core_only
 @settings(max_examples=200, deadline=None)
 @given(situations())
 def test_skipping_hopeless_gangs_changes_no_decision_without_quotas(situation: Situation) -> None:
@@ -230,6 +234,7 @@ def two_gangs(nodes: int) -> tuple[list[str], list[Nominate]]:
     return [call.args[1].id for call in consider.call_args_list], [d for d in decisions if isinstance(d, Nominate)]
 
 
+@pure_core_only
 def test_a_second_gang_of_a_blocked_shape_joins_the_consolidation_list_without_being_looked_at() -> None:
     """Four nodes with 3 GPUs free each (12 in all, none with 4): gang a is looked at, blocked and reserved for;
     gang b, of the same shape and priority, may neither preempt nor backfill, so the walk does not look at it in
@@ -241,6 +246,7 @@ def test_a_second_gang_of_a_blocked_shape_joins_the_consolidation_list_without_b
     assert all(len(d.victims) == 1 for d in nominated)
 
 
+@pure_core_only
 def test_a_gang_wider_than_the_free_gpus_is_not_looked_at_in_full() -> None:
     """Two nodes with 3 GPUs free each: gang a (4 GPUs) is blocked and reserved for, which holds 3 of the 6 free
     GPUs; gang b (4 GPUs) then has only 3 free to be given room with, so neither consolidation nor anything else

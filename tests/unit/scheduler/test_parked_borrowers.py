@@ -15,6 +15,7 @@ from chamber.scheduler.core.queue import Entry, Walk
 from chamber.scheduler.core.reasons import WaitKind
 from chamber.scheduler.core.state import SchedulerConfig, SchedulingState
 from tests.support.builders import make_job, make_node, pool_quota
+from tests.support.core import pure_core_only
 
 MAX_WAIT = 3600.0
 
@@ -156,6 +157,7 @@ def test_a_group_the_cohort_cannot_lend_enough_for_leaves_the_cohorts_later_grou
     assert [d.job_id for d in placed] == ["y-waits"]
 
 
+@pure_core_only
 def test_once_a_cohort_lends_nothing_more_its_later_groups_are_not_looked_at() -> None:
     """When the cohort has nothing left to lend, no later group of its teams at their guarantee can wake in the
     cycle (what it may borrow only shrinks): once a group finds that, the second pass looks at no more of them

@@ -31,6 +31,7 @@ from chamber.scheduler.core.model import PendingJob, Shape
 from chamber.scheduler.core.reasons import WaitKind
 from chamber.scheduler.core.state import SchedulerConfig, SchedulingState
 from tests.support.builders import pool_quota
+from tests.support.core import pure_core_only
 from tests.unit.scheduler.test_guarantee_split import Situation, decide, job, moves, situations, unsplit
 from tests.unit.scheduler.test_hopeless_heads import Fragmented, decide_fragmented, fragmented, packed_pool
 
@@ -47,6 +48,7 @@ def lanes_open() -> ExitStack:
     return stack
 
 
+@pure_core_only
 @settings(max_examples=300, deadline=None)
 @given(situations())
 def test_closing_shape_lanes_changes_no_decision(situation: Situation) -> None:
@@ -56,6 +58,7 @@ def test_closing_shape_lanes_changes_no_decision(situation: Situation) -> None:
     assert moves(closing) == moves(open_lanes)
 
 
+@pure_core_only
 @settings(max_examples=400, deadline=None)
 @given(fragmented())
 def test_closing_shape_lanes_on_a_fragmented_pool_changes_no_decision(case: Fragmented) -> None:
@@ -138,6 +141,7 @@ def three_rounds(
     return out
 
 
+@pure_core_only
 @settings(max_examples=500, deadline=None)
 @given(crowded())
 def test_closing_shape_lanes_on_a_crowded_pool_changes_no_decision(case: Crowded) -> None:
@@ -213,6 +217,7 @@ for it, so the shape fails), then b's not at all. The lane's rest was merged by 
 opened for b's gang."""
 
 
+@pure_core_only
 @example(FIRST_PASS_GANG_FIRST)
 @settings(max_examples=500, deadline=None)
 @given(scattered())
@@ -241,6 +246,7 @@ def gangs_on_a_fragmented_pool() -> SchedulingState:
     return state
 
 
+@pure_core_only
 def test_a_gang_in_a_closed_lane_is_given_room_after_the_walk_at_its_turn() -> None:
     """a is looked at in full and reserved for; b is found hopeless (the one reservation is made, nothing fits,
     nothing to backfill into), but room might be opened for its shape after the walk, so the lane closes with c
@@ -288,6 +294,7 @@ def one_gpu_heads_behind_a_reservation() -> SchedulingState:
     return state
 
 
+@pure_core_only
 def test_a_lane_stays_open_while_a_later_head_might_backfill() -> None:
     """a is looked at in full (its shape is then blocked) and b is found hopeless, but g's reservation holds free
     GPUs until a known start, so a later one-GPU head with an estimate might backfill there: the lane stays
@@ -318,6 +325,7 @@ def heads_behind_a_refused_gang() -> SchedulingState:
     return state
 
 
+@pure_core_only
 def test_a_lane_stays_open_while_a_later_head_may_still_be_reserved_for() -> None:
     """a's gang is refused by its quota, and no 4-GPU gang fits the 2 free GPUs, but the one reservation is not
     made yet: b's gang gets it (n1 from t=500, holding its 2 free GPUs), so c's job, which has no estimate to
@@ -331,6 +339,7 @@ def test_a_lane_stays_open_while_a_later_head_may_still_be_reserved_for() -> Non
         assert moves([heads_behind_a_refused_gang().cycle(0.0)]) == moves([decisions])
 
 
+@pure_core_only
 @settings(max_examples=200, deadline=None)
 @given(crowded())
 def test_the_split_changes_no_decision_on_a_crowded_pool(case: Crowded) -> None:
@@ -344,6 +353,7 @@ def test_the_split_changes_no_decision_on_a_crowded_pool(case: Crowded) -> None:
     assert moves(split) == moves(whole)
 
 
+@pure_core_only
 @settings(max_examples=200, deadline=None)
 @given(scattered())
 def test_the_split_changes_no_decision_on_a_scattered_pool(case: Scattered) -> None:

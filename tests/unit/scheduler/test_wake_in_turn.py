@@ -23,6 +23,7 @@ from chamber.scheduler.core.placement import find_placement
 from chamber.scheduler.core.queue import WOKEN, Entry, ParkGroup, Walk, entry
 from chamber.scheduler.core.state import SchedulerConfig, SchedulingState
 from tests.support.builders import pool_quota
+from tests.support.core import pure_core_only
 from tests.unit.scheduler.test_guarantee_split import POOLS, TEAMS, Job, Situation, book, job, moves
 
 
@@ -104,6 +105,7 @@ def rounds(situation: Situation) -> list[list[Decision]]:
     return out
 
 
+@pure_core_only
 @settings(max_examples=300, deadline=None)
 @given(borrowers())
 def test_waking_in_turn_decides_what_waking_every_admitted_head_decides(situation: Situation) -> None:
@@ -128,6 +130,7 @@ def lenders(config: SchedulerConfig | None = None) -> SchedulingState:
     return state
 
 
+@pure_core_only
 def test_a_head_the_cohort_no_longer_lends_enough_for_is_not_woken() -> None:
     """Two 8-GPU nodes, a pool of 8 GPUs in quotas. b (guarantee 2) runs its 2 GPUs and waits with 1-, 2- and
     4-GPU jobs, parked while a (guarantee 6) uses all of its guarantee: GPUs are free, but nothing is lent. a's

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from chamber.scheduler.core.model import PendingJob, Shape
 from chamber.scheduler.core.queue import WOKEN, Entry, JobQueue, ParkGroup, SubQueue, Walk, entry
+from tests.support.core import pure_core_only
 
 TEAMS = ["a", "b", "c"]
 SHAPES = [Shape(1, 1), Shape(2, 1), Shape(8, 2)]
@@ -89,6 +90,7 @@ def _walk(queue: JobQueue, standing: dict[str, float], seed: int, *, kept: bool)
     return met
 
 
+@pure_core_only
 @settings(max_examples=300, deadline=None)
 @given(ops)
 @example([("push", 0, 0, 0), ("push", 6, 5, 0), ("park", 0, 0, 0), ("park", 1, 0, 0), ("wake", 0, 2, 1)]).via(
@@ -166,6 +168,7 @@ class _AllCurrent:
         return True
 
 
+@pure_core_only
 @settings(max_examples=300, deadline=None)
 @given(
     st.lists(st.integers(0, 50), max_size=20),
