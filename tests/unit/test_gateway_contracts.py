@@ -4,6 +4,7 @@ the priority classes, the fault kinds are the simulated fleet's, and the gRPC me
 import typing
 
 import msgspec
+import pytest
 
 from chamber.common.contracts import FaultInjection, JobSpec
 from chamber.common.priorities import DEFAULT_CLASSES
@@ -69,3 +70,14 @@ def test_a_request_fingerprint_is_the_one_older_gateways_bound_keys_to() -> None
                    topology=Topology(level="rack"))  # fmt: skip
     assert request_fingerprint(with_env) == "dca3f5d845f6a35bde15be2f95dc218d981bf74598d38ed1f478f81e2c9caf88"
     assert request_fingerprint(gang) == "1735ceb82b09c0b6486d21f130465afc453280b4463a6be125d55d43430c429d"
+
+
+def test_a_job_spec_names_no_infinite_or_absurd_time() -> None:
+    """msgspec takes infinity for a `ge=0` float and writes it as null, which no decoder reads back: every time in
+    a spec is bounded (ten years), whichever door the job came in by."""
+    for field in ("max_runtime_s", "min_runtime_s", "checkpoint_grace_s", "checkpoint_interval_s"):
+        for value in (float("inf"), 1e300):
+            with pytest.raises(msgspec.ValidationError, match=field):
+                msgspec.convert({"name": "j", "team": "t", "gpus_per_replica": 1, field: value}, JobSpec)
+        spec = msgspec.convert({"name": "j", "team": "t", "gpus_per_replica": 1, field: 86400.0}, JobSpec)
+        assert msgspec.json.decode(msgspec.json.encode(spec), type=JobSpec) == spec

@@ -71,6 +71,15 @@ REJECTIONS = [
     ("unknown priority", gpu_job("a", priority="vip"), "is unknown"),
     ("bad team name", gpu_job("a", team="Team_A"), "cannot run this Job"),
     ("bad topology", gpu_job("a", annotations={"chamber.io/topology": "pod"}), "use node, rack or zone"),
+    # Infinity passed the spec's `ge=0` and was written as null: the scheduler's decoder then refused the job, lost.
+    ("infinite minimum runtime", gpu_job("a", annotations={"chamber.io/min-runtime-s": "inf"}), "not a finite"),
+    ("huge minimum runtime", gpu_job("a", annotations={"chamber.io/min-runtime-s": "1e400"}), "not a finite"),
+    ("NaN checkpoint interval", gpu_job("a", annotations={"chamber.io/checkpoint-interval-s": "nan"}), "not a finite"),
+    (
+        "a century of grace",
+        with_(gpu_job("a"), "spec.template.spec.terminationGracePeriodSeconds", 100 * 365 * 86400),
+        "checkpoint_grace_s",
+    ),
     (
         "an unknown kind",
         with_(with_(gpu_job("a"), "apiVersion", "example.com/v1"), "kind", "Workflow"),

@@ -33,6 +33,7 @@ from typing import Any
 
 import uvicorn
 from litestar import Litestar, get, post
+from litestar.exceptions import ValidationException
 from litestar.params import JSONBody
 from litestar.status_codes import HTTP_200_OK
 
@@ -117,9 +118,28 @@ class Admission:
 
     async def review(self, review: Obj, *, mutating: bool) -> Obj:
         request = review.get("request") or {}
+        obj = (request.get("object") or {}) if isinstance(request, dict) else None
+        if not isinstance(request, dict) or not isinstance(obj, dict):
+            raise ValidationException("not an AdmissionReview: `request` and `request.object` must be objects")
         uid = request.get("uid", "")
-        obj = request.get("object") or {}
         response: Obj = {"uid": uid, "allowed": True}
+        try:
+            await self._review(request, obj, response, mutating=mutating)
+        except (AttributeError, TypeError, ValueError, KeyError, IndexError) as exc:
+            # An object of the wrong shape (the mutating webhook sees it before the API server validates it):
+            # refused with what could not be read, not a 500.
+            response = {
+                "uid": uid,
+                "allowed": False,
+                "status": {
+                    "code": 400,
+                    "reason": "BadRequest",
+                    "message": f"chamber: cannot read this object: {exc!r}"[:1000],
+                },
+            }
+        return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": response}
+
+    async def _review(self, request: Obj, obj: Obj, response: Obj, *, mutating: bool) -> None:
         if request.get("operation") == "CREATE" and is_candidate(obj):
             if mutating:
                 patch = json.dumps(admission_patch(obj)).encode()
@@ -140,7 +160,6 @@ class Admission:
                 except Rejection as exc:
                     response.update(allowed=False, status={"code": 400, "reason": "BadRequest",
                                                            "message": f"chamber: {exc}"})  # fmt: skip
-        return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": response}
 
 
 def webhook_app(admission: Admission) -> Litestar:

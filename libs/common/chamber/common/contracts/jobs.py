@@ -61,6 +61,12 @@ class WorkloadRef(Contract, frozen=True):
     uid: str = ""
 
 
+MAX_SECONDS = 10 * 365 * 86400
+"""The longest time a job's spec may name (ten years): above it a time is a mistake, and infinity, which msgspec
+would take and then write as `null`, could not be read back (a Kubernetes Job annotated `inf` was taken by the
+webhook and then refused by the scheduler's decoder: lost)."""
+
+
 class JobSpec(Contract, frozen=True, omit_defaults=True):
     """A job as submitted: a gang of `replicas`, each needing `gpus_per_replica` GPUs on one node.
 
@@ -76,13 +82,13 @@ class JobSpec(Contract, frozen=True, omit_defaults=True):
     replicas: Annotated[int, msgspec.Meta(ge=1, le=1024)] = 1
     priority: str = "train"
     duration_s: Annotated[float, msgspec.Meta(ge=0, le=365 * 86400)] | None = None
-    max_runtime_s: Annotated[float, msgspec.Meta(gt=0)] | None = None
-    min_runtime_s: Annotated[float, msgspec.Meta(ge=0)] = 0.0
-    checkpoint_grace_s: Annotated[float, msgspec.Meta(ge=0)] = 0.0
+    max_runtime_s: Annotated[float, msgspec.Meta(gt=0, le=MAX_SECONDS)] | None = None
+    min_runtime_s: Annotated[float, msgspec.Meta(ge=0, le=MAX_SECONDS)] = 0.0
+    checkpoint_grace_s: Annotated[float, msgspec.Meta(ge=0, le=MAX_SECONDS)] = 0.0
     pool: str | None = None
     gpu_model: str | None = None
     topology: Topology | None = None
-    checkpoint_interval_s: Annotated[float, msgspec.Meta(gt=0)] | None = None
+    checkpoint_interval_s: Annotated[float, msgspec.Meta(gt=0, le=MAX_SECONDS)] | None = None
     """How often the job checkpoints; None: it checkpoints when told to stop, if given a grace period."""
     requeue: Literal["always", "never"] = "always"
     """After a preemption or interruption: back to the queue (resuming from its checkpoint) or fail."""

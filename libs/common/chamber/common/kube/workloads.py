@@ -16,6 +16,7 @@ training runtime it references, which the caller fetches and passes in, so these
 
 import copy
 import datetime
+import math
 from typing import Any
 
 import msgspec
@@ -133,9 +134,12 @@ def _float(annotations: dict[str, str], key: str) -> float | None:
     if raw is None:
         return None
     try:
-        return float(raw)
+        value = float(raw)
     except ValueError as exc:
         raise Rejection(f"annotation {key}={raw!r} is not a number") from exc
+    if not math.isfinite(value):
+        raise Rejection(f"annotation {key}={raw!r} is not a finite number of seconds")
+    return value
 
 
 def replicated_jobs(jobset: Obj) -> list[Obj]:
