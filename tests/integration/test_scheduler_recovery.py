@@ -732,6 +732,66 @@ async def test_a_placement_given_back_is_never_launched(
     await s.close()
 
 
+def _refuse_give_backs(bus: Bus, times: int) -> None:
+    """The bus refuses the next `times` JobLaunchFailed publishes (a NATS blip)."""
+    real = bus.publish
+    left = [times]
+
+    async def publish(subject: str, event: Any, **kwargs: Any) -> Any:
+        if isinstance(event, JobLaunchFailed) and left[0] > 0:
+            left[0] -= 1
+            raise BusError("NATS away (injected)")
+        return await real(subject, event, **kwargs)
+
+    bus.publish = publish  # type: ignore[method-assign]
+
+
+@pytest.mark.parametrize("path", ["start", "reload"])
+async def test_a_placement_given_back_while_the_bus_refused_is_never_launched(
+    settings: Settings, bus: Bus, fleet: None, ledger: Ledger, path: str
+) -> None:
+    """Found by review: the ledger gives node-a to a running job, and a record places another job there that never
+    started (a deposed leader's late write). Its give-back is refused by the bus once: it used to be left to the
+    launch deadline, and the start-up resync (or the next reload) launched it onto node-a, beside the running job.
+    It is given back at once all the same, never launched, and its JobLaunchFailed published at the next pass."""
+    store = await JobStore.open(bus)
+    assert await store.create(_on_node("runs", "best-effort", started=time.time() - 100)) is not None
+    await ledger.rebuild([])
+    await ledger.claim_many([Claim("runs", 1, tuple(f"node-a/{i}" for i in range(8)))])
+    ctx = make_context(settings, "scheduler")
+    executor = SimulatedExecutor(bus, ctx.clock)
+    launched: list[str] = []
+    real_launch = executor.launch
+
+    async def launch(record: JobRecord) -> None:
+        launched.append(record.id)
+        await real_launch(record)
+
+    executor.launch = launch  # type: ignore[method-assign]
+    s = Scheduler(ctx, bus, ledger, store, executor, quota_store=await QuotaStore.open(bus))
+    if path == "start":
+        assert await store.create(_on_node("placed", "best-effort", started=None)) is not None
+        _refuse_give_backs(bus, 1)
+        await s.start()
+        assert s.consumer is not None
+        await s.consumer.stop()
+    else:
+        await s.start()
+        assert s.consumer is not None
+        await s.consumer.stop()
+        assert await store.create(_on_node("placed", "best-effort", started=None)) is not None
+        _refuse_give_backs(bus, 1)
+        s._reload_needed = True
+        await s.on_events([])
+    await _run_for(s, 1.0)
+    await _drain(s)
+    events = await bus.read_since(JOBS, bus.names.job_lifecycle("placed"), 0.0, Decoder(JobEvent))
+    assert "placed" not in launched
+    assert [type(e) for e in events] == [JobLaunchFailed], "given back (published at a later pass), never launched"
+    assert set((await ledger.snapshot()).claims) == {"runs"}
+    await s.close()
+
+
 async def test_a_lost_claim_on_a_gpu_cordoned_since_is_made_again_and_the_cordon_stops_the_job(
     settings: Settings, bus: Bus, fleet: None, ledger: Ledger
 ) -> None:

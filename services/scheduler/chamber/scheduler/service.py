@@ -186,6 +186,8 @@ class Scheduler:
         self._given_back: dict[str, int] = {}
         """job -> the attempt whose placement `_placement_lost` gave back (until its JobLaunchFailed is applied):
         never launched, its GPUs are another job's."""
+        self._giving_back: dict[str, JobLaunchFailed] = {}
+        """Give-backs (`_placement_lost`) the bus did not take yet: published again at every pass."""
         self.fenced = asyncio.Event()
         """Set when this leader found itself deposed (fence or lease): a newer leader acts now, this one stops."""
         self.consumer: Consumer[Any] | None = None
@@ -503,6 +505,9 @@ class Scheduler:
                     full = now - self._last_cycle >= interval
                     await self._pass(now, todo, full=full)
                     await self._launch_deadlines(now)
+                    if self._giving_back:
+                        await self._prove_lead()  # (as for a deadline: a deposed leader's must not undo a launch)
+                        await self._give_back()
                     again = self._relaunches()
                     if again or self._restop or self._resync:
                         todo.launches.extend(again)
@@ -911,19 +916,28 @@ class Scheduler:
     async def _placement_lost(self, record: JobRecord, why: str) -> None:
         """A placed job whose claim is gone and cannot be made again (a deposed leader wrote the placement after
         this leader released its claim as an orphan; it never launched it; or a GPU of it was cordoned since): it
-        gives the placement back and waits again, through the bus like a launch deadline. Left to the deadline if
-        the bus refuses."""
+        gives the placement back and waits again, through the bus like a launch deadline. It is given back here
+        and now, whether or not the bus takes the message (then published again at every pass, `_give_back`):
+        left to the launch deadline when a NATS blip refused it, the placement was launched by the start-up
+        resync or the next reload onto the GPUs the ledger gives another job (found by review)."""
         event = JobLaunchFailed(job_id=record.id, attempt=record.attempt, failed_at=self.ctx.clock.now(), reason=why)
-        try:
-            await self.bus.publish(
-                self.names.job_lifecycle(record.id), event, msg_id=f"{record.id}:{record.attempt}:claim-lost"
-            )
-        except BusError as exc:
-            log.warning("scheduler.placement_lost_unpublished", job_id=record.id, error=str(exc))
-            return
         self.starting.pop(record.id, None)
         self._given_back[record.id] = record.attempt
         self.control.state.mark_stopping(record.id)  # (as in `_load`)
+        self._giving_back[record.id] = event
+        await self._give_back()
+
+    async def _give_back(self) -> None:
+        """Publish the give-backs the bus has not taken yet (the message id makes a repeat harmless)."""
+        for job_id, event in list(self._giving_back.items()):
+            try:
+                await self.bus.publish(
+                    self.names.job_lifecycle(job_id), event, msg_id=f"{job_id}:{event.attempt}:claim-lost"
+                )
+            except BusError as exc:
+                log.warning("scheduler.placement_lost_unpublished", job_id=job_id, error=str(exc))
+                continue
+            del self._giving_back[job_id]
 
     def _lost(self, record: JobRecord) -> bool:
         """Is this the placement `_placement_lost` gave back? (Entries end once the record moved on.)"""
