@@ -67,6 +67,12 @@ would take and then write as `null`, could not be read back (a Kubernetes Job an
 webhook and then refused by the scheduler's decoder: lost)."""
 
 
+Timestamp = Annotated[float, msgspec.Meta(ge=-1e12, le=1e12)]
+"""A time in a job event (seconds since the epoch, or of a simulated clock), within ~30,000 years of 1970: a
+report with an absurd one (1.7e308) was taken, made its job's run time infinite, and the record written with it
+(infinity is written as null) could not be read back: the job was lost (found by review)."""
+
+
 class JobSpec(Contract, frozen=True, omit_defaults=True):
     """A job as submitted: a gang of `replicas`, each needing `gpus_per_replica` GPUs on one node.
 
@@ -183,12 +189,12 @@ class JobRecord(Contract, frozen=True, omit_defaults=True):
 class JobSubmitted(Event, frozen=True):
     job_id: str
     spec: JobSpec
-    submitted_at: float
+    submitted_at: Timestamp
 
 
 class JobCancelRequested(Event, frozen=True):
     job_id: str
-    requested_at: float
+    requested_at: Timestamp
 
 
 class JobStarted(Event, frozen=True):
@@ -196,7 +202,7 @@ class JobStarted(Event, frozen=True):
 
     job_id: str
     attempt: int
-    started_at: float
+    started_at: Timestamp
 
 
 class JobFinished(Event, frozen=True):
@@ -204,10 +210,10 @@ class JobFinished(Event, frozen=True):
 
     job_id: str
     attempt: int
-    finished_at: float
+    finished_at: Timestamp
     succeeded: bool = True
     message: str = ""
-    started_at: float | None = None
+    started_at: Timestamp | None = None
     """When the attempt started, so its run time is counted even if the start report was never applied."""
     exit_code: int | None = None
 
@@ -217,11 +223,11 @@ class JobStopped(Event, frozen=True):
 
     job_id: str
     attempt: int
-    stopped_at: float
+    stopped_at: Timestamp
     reason: str = ""
     graceful: bool = True
     """The job had its checkpoint grace period (False: killed at once, e.g. its GPU failed)."""
-    started_at: float | None = None
+    started_at: Timestamp | None = None
     """When the attempt started (see JobFinished.started_at)."""
     interrupted: bool = False
     """Stopped by a failure (its GPU or node died), not on request: counted as an interruption."""
@@ -233,7 +239,7 @@ class JobLaunchFailed(Event, frozen=True):
 
     job_id: str
     attempt: int
-    failed_at: float
+    failed_at: Timestamp
     reason: str
 
 
