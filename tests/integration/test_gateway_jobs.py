@@ -189,6 +189,14 @@ async def test_odd_paths_are_4xx_never_500(client: AsyncTestClient[Any], method:
     assert resp.headers["content-type"].startswith("application/problem+json")
 
 
+async def test_a_refused_parameter_is_named_as_the_client_sent_it(client: AsyncTestClient[Any]) -> None:
+    """Found by review: the problem named `ParamType.QUERY job_state` (the handler's argument) for `?state=`."""
+    problem = (await client.get("/v1/jobs?state=sleeping&limit=0")).json()
+    assert {e["field"] for e in problem["errors"]} == {"state", "limit"}, problem
+    assert "query parameter state: " in problem["detail"]
+    assert "ParamType" not in problem["detail"]
+
+
 async def test_deep_or_huge_bodies_are_refused(client: AsyncTestClient[Any]) -> None:
     deep = b'{"name": ' + b"[" * 1000 + b"]" * 1000 + b"}"
     for path in ("/v1/jobs", "/v1/sim/faults", "/v1/teams/ml", "/v1/tokens"):
@@ -200,6 +208,7 @@ async def test_deep_or_huge_bodies_are_refused(client: AsyncTestClient[Any]) -> 
     huge = json.dumps({**JOB, "name": "x" * 2_000_000}).encode()
     resp = await client.post("/v1/jobs", content=huge, headers={"content-type": "application/json"})
     assert resp.status_code == 413, resp.text
+    assert resp.json()["code"] == "body-too-large"
     # Under the body limit, but a spec this large would not fit the job's record (NATS carries 1 MiB at most):
     # refused at once, not acknowledged and then never run.
     wide = {**JOB, "duration_s": None, "command": ["/bin/true", *["x" * 60_000] * 5]}

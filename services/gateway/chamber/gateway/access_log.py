@@ -42,6 +42,8 @@ class AccessLog:
                                         "id": request_id, "event": "http", "level": "info", "service": self.service,
                                         "timestamp": self._timestamp(now)}).decode()  # fmt: skip
         else:
+            if not path.isprintable() or " " in path:  # quoted and escaped: a path cannot forge a line or a field
+                path = msgspec.json.encode(path).decode()  # (found by review: `%0a` in a path began a new line)
             text = (f"{self._timestamp(now)} [info     ] http{' ' * 27} id={request_id} method={method} ms={ms} "
                     f"path={path} service={self.service} status={status} who={who}")  # fmt: skip
         self._lines.append(text)

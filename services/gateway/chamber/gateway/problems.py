@@ -87,20 +87,44 @@ def on_api_error(request: Request[Any, Any, Any], exc: ApiError) -> Response[byt
 
 
 def on_validation_error(request: Request[Any, Any, Any], exc: ValidationException) -> Response[bytes]:
-    errors = []
+    """A parameter Litestar refused: each problem names the parameter as the client sent it (`state`, not the
+    handler's `job_state`; found by review: the field read `ParamType.QUERY job_state`)."""
+    errors, wheres = [], []
     for item in exc.extra if isinstance(exc.extra, list) else []:
         if isinstance(item, dict):
-            where = f"{item.get('source', '')} {item.get('key', '')}".strip()
-            errors.append(FieldProblem(field=where, message=str(item.get("message", ""))))
-    detail = "; ".join(f"{e.field}: {e.message}" for e in errors) or str(exc.detail)
+            source = item.get("source")
+            kind = str(getattr(source, "value", source or ""))
+            name = _sent_as(request, str(item.get("key", "")), kind)
+            errors.append(FieldProblem(field=name, message=str(item.get("message", ""))))
+            wheres.append(f"{kind} parameter {name}".strip())
+    detail = "; ".join(f"{w}: {e.message}" for w, e in zip(wheres, errors, strict=True)) or str(exc.detail)
     return problem_response(request, 400, detail, code="invalid", errors=errors)
+
+
+def _sent_as(request: Request[Any, Any, Any], key: str, kind: str) -> str:
+    """The name a handler's parameter `key` has in the request (its query, header or cookie alias)."""
+    try:
+        definition = request.route_handler.parsed_fn_signature.parameters[key].kwarg_definition
+    except (KeyError, AttributeError):
+        return key
+    for alias in (getattr(definition, kind, None) if kind in ("query", "header", "cookie") else None,
+                  getattr(definition, "name", None)):  # fmt: skip
+        if isinstance(alias, str) and alias:
+            return alias
+    return key
 
 
 def on_http_error(request: Request[Any, Any, Any], exc: HTTPException) -> Response[bytes]:
     status = exc.status_code
     if status >= 500:
         log.error("http.error", path=request.url.path, status=status, detail=exc.detail)
-    return problem_response(request, status, str(exc.detail), headers=dict(exc.headers or {}))
+    return problem_response(
+        request, status, str(exc.detail), code=_HTTP_CODES.get(status, ""), headers=dict(exc.headers or {})
+    )
+
+
+_HTTP_CODES = {404: "not-found", 405: "method-not-allowed", 413: "body-too-large", 415: "unsupported-media-type"}
+"""A `code` for the errors Litestar raises itself (a body over the limit was a 413 with an empty code)."""
 
 
 def on_unavailable(request: Request[Any, Any, Any], exc: Exception) -> Response[bytes]:
