@@ -709,8 +709,9 @@ class _Cycle:
         state, ctx, queue = self.state, self.ctx, self.state.queue
         book = state.quota
         assert book is not None
-        floor: dict[tuple[str, str], float] = {}
-        """(team, pool) -> the priority a head must exceed for the guarantee to admit it (-inf: below it)."""
+        floor = state.floors
+        """(team, pool) -> the priority a head must exceed for the guarantee to admit it (-inf: below it), kept
+        across cycles (`SchedulingState.floors`)."""
         usage, quota, preemptible_usage = state.usage.used, book.quota, state.preemptible_usage
 
         def floor_of(team: str, pool: str) -> float:

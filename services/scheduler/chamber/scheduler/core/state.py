@@ -114,6 +114,11 @@ class SchedulingState:
         """(team, pool) -> its running jobs there, in the order they fill its quota."""
         self.preemptible_usage: dict[tuple[str, str], dict[int, int]] = {}
         """(team, pool) -> priority -> GPUs held by preemptible jobs: what a team's higher-priority job may displace."""
+        self.floors: dict[tuple[str, str], float] = {}
+        """(team, pool) -> the priority a head must exceed for the team's guarantee there to admit it (-inf: the team
+        is below its guarantee; `_Cycle._split_by_guarantee`), kept from cycle to cycle and forgotten when the team's
+        usage or preemptible usage there changes, or the quota book does: with a thousand teams, working each out
+        again in every cycle was an eighth of the split, and most teams' are as they were."""
         self.ctx: CycleContext | None = None
         """What the last cycle concluded, while nothing has invalidated it."""
         self.arrivals: list[str] = []
@@ -191,7 +196,7 @@ class SchedulingState:
             return None
         self.untrack(job)
         if self.quota_on:
-            self.usage.add(job.team, job.pool, -len(job.gpus))
+            self._use(job.team, job.pool, -len(job.gpus))
         self.count_preemptible(job, -1)
         for ref in job.gpus:
             slot = ref.slot
@@ -238,7 +243,7 @@ class SchedulingState:
         self.track(job)
         self.count_preemptible(job, +1)
         if self.quota_on:
-            self.usage.add(job.team, job.pool, len(job.gpus))
+            self._use(job.team, job.pool, len(job.gpus))
         by_node: dict[str, list[int]] = {}
         for ref in job.gpus:
             self.contest(ref.slot, job.id, holds=ref.slot not in yields)
@@ -360,6 +365,7 @@ class SchedulingState:
             pool = self.pool_of(nominee.nominated[0].node)
             usage[(nominee.team, pool)] = usage.get((nominee.team, pool), 0) + len(nominee.nominated)
         self.usage = QuotaUsage(book or QuotaBook(QuotaConfig()), usage)
+        self.floors = {}
         self.queue.wake_all()
         self.mark_borrowed()
         self.invalidate()
@@ -412,7 +418,7 @@ class SchedulingState:
         self.count_preemptible(run, +1)
         if self.quota_on:
             beyond = self.usage.get((job.team, pool)) + len(gpus) > self.quota_nominal(job.team, pool)
-            self.usage.add(job.team, pool, len(gpus))
+            self._use(job.team, pool, len(gpus))
             if beyond and not borrowing:
                 self.mark_borrowed(job.team, pool)  # admitted by counting the team's lower work as borrowing
         return Place(job.id, job.attempt + 1, gpus, reason)
@@ -431,9 +437,15 @@ class SchedulingState:
             if not order:
                 del self.by_team[(job.team, job.pool)]
 
+    def _use(self, team: str, pool: str, gpus: int) -> None:
+        """The team's quota usage in `pool` changes by `gpus`."""
+        self.usage.add(team, pool, gpus)
+        self.floors.pop((team, pool), None)
+
     def count_preemptible(self, job: RunningJob, sign: int) -> None:
         if not job.preemptible:
             return
+        self.floors.pop((job.team, job.pool), None)
         counts = self.preemptible_usage.setdefault((job.team, job.pool), {})
         counts[job.priority] = counts.get(job.priority, 0) + sign * len(job.gpus)
 
@@ -490,7 +502,7 @@ class SchedulingState:
         """Nominated GPUs count against the team's quota from the nomination on, so that nothing else of the
         team is admitted into the room the preemptor was admitted into."""
         if job.nominated and self.quota_on:
-            self.usage.add(job.team, self.pool_of(job.nominated[0].node), sign * len(job.nominated))
+            self._use(job.team, self.pool_of(job.nominated[0].node), sign * len(job.nominated))
 
     # ---- questions ---------------------------------------------------------------------------------------------
 
