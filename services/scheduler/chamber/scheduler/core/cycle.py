@@ -380,7 +380,7 @@ def run_cycle(state: SchedulingState, now: float) -> list[Decision]:
     state.invalidate()
     if state.config.max_wait_s is not None:
         state.queue.age(now, state.config.max_wait_s)
-    ctx = state.ctx = CycleContext(now, cost_at=now)
+    ctx = state.ctx = CycleContext(now, cost_at=now, seq=state.queue.seq)
     return _Cycle(state, ctx).run()
 
 
@@ -792,13 +792,15 @@ class _Cycle:
                     parked.append(item)
                 elif may_move(what):
                     first.append(item)
-        cohort_of, standing, seq = state.usage.cohort_of, state.standing, ctx.seq
+        standing, totals = state.standing, state.usage
         for item in parked:
-            group = item[-1]
-            if not group[2]:
+            if not item[-1][2]:
                 continue  # a team at its guarantee borrows only with preemptible jobs: such a group never wakes
-            if (order := queue.current_first_order(item, standing)) is not None:
-                lanes.setdefault(cohort_of(group[0], group[1]), []).append((*order, WOKEN, next(seq), group))
+            if (found := queue.lane_item(item, standing, totals)) is not None:
+                lane = lanes.get(found[0])
+                if lane is None:
+                    lane = lanes[found[0]] = []
+                lane.append(found[1])
         for key, lane in lanes.items():
             if not isinstance(key, Shape):
                 lane.sort()
