@@ -308,3 +308,42 @@ async def test_a_stop_does_not_wait_on_the_scan_for_the_replicas_processes(
         assert not alive(child, "")
     finally:
         await runner.close()
+
+
+CHECKPOINTS_ON_TERM = """
+import signal, sys, time
+def on_term(*_):
+    time.sleep(1.5)  # writing the checkpoint
+    open(sys.argv[1], "w").write("checkpoint")
+    sys.exit(0)
+signal.signal(signal.SIGTERM, on_term)
+open(sys.argv[1] + ".ready", "w").write("")
+time.sleep(1000)
+"""
+
+
+async def test_a_trainer_behind_a_shell_wrapper_gets_its_whole_grace(tmp_path: Path, leftovers: list[int]) -> None:
+    """Found by review: `sh -c "cd ... && python train.py"` dies on the stop's SIGTERM at once; the shim then
+    killed the whole group, so the trainer, still writing its checkpoint, was killed 0.2 s into a 10 s grace.
+    The rest of a stopped group has until the grace's end."""
+    import sys
+
+    from chamber.common.contracts import StopReplicas
+
+    script, checkpoint = tmp_path / "train.py", tmp_path / "ck.txt"
+    script.write_text(CHECKPOINTS_ON_TERM)
+    runner = NodeRunner(SystemClock(), config(tmp_path))
+    try:
+        # A job of its own: the marker scan an earlier test left stuck (on purpose) kills what carries j1's marker.
+        command = ["sh", "-c", f"cd {tmp_path} && {sys.executable} train.py {checkpoint}; echo ended"]
+        req = LaunchReplicas(job_id="wrapped", attempt=1, replicas=1, command=command,
+                             assignments=[ReplicaAssignment(replica=0, gpus=[0])])  # fmt: skip
+        assert runner.launch(req).ok
+        replica = runner.replicas[("wrapped", 1, 0)]
+        leftovers.append(replica.state.shim_pid)
+        await until(lambda: Path(f"{checkpoint}.ready").exists(), 15)
+        runner.stop(StopReplicas(job_id="wrapped", attempt=1, grace_s=10.0, reason="preempted"))
+        await until(lambda: replica.state.ending is not None, 15)
+        assert checkpoint.read_text() == "checkpoint", "killed before its checkpoint was written"
+    finally:
+        await runner.close()

@@ -17,18 +17,26 @@ LOG_CHUNK_MAX = 1024 * 1024
 """The most bytes of log one request returns."""
 
 
+AgentJobId = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9_-]{1,128}\Z")]
+"""A job id in a request to an agent, as the gateway and the Kubernetes intake make them: it names a directory, a
+NATS subject and log files on the node, so anything else is refused (found by review: a NUL in one stopped the
+agent's heartbeat, a space made its reports unpublishable and held back every later replica's, an absolute path
+read logs outside the agent's directory)."""
+Count = Annotated[int, msgspec.Meta(ge=0)]
+
+
 class ReplicaAssignment(Contract, frozen=True):
     """One replica of a gang, placed on this node: its rank and the indices of its GPUs on the node."""
 
-    replica: int
-    gpus: list[int]
+    replica: Count
+    gpus: list[Count]
 
 
 class LaunchReplicas(Event, frozen=True):
     """Start these replicas of one attempt on the node (idempotent: a replica that exists is not started twice)."""
 
-    job_id: str
-    attempt: int
+    job_id: AgentJobId
+    attempt: Count
     replicas: int
     """The gang's size (`CHAMBER_REPLICAS`)."""
     assignments: list[ReplicaAssignment]
@@ -44,8 +52,8 @@ class LaunchReplicas(Event, frozen=True):
 class StopReplicas(Event, frozen=True):
     """Stop every replica of this attempt on the node: SIGTERM to each process group, SIGKILL after `grace_s`."""
 
-    job_id: str
-    attempt: int
+    job_id: AgentJobId
+    attempt: Count
     grace_s: Annotated[float, msgspec.Meta(ge=0)] = 0.0
     reason: str = ""
     replicas: list[int] = msgspec.field(default_factory=list)
@@ -122,9 +130,9 @@ class AgentStatus(Event, frozen=True):
 
 
 class LogsRequest(Event, frozen=True):
-    job_id: str
-    attempt: int
-    replica: int = 0
+    job_id: AgentJobId
+    attempt: Count
+    replica: Count = 0
     offset: Annotated[int, msgspec.Meta(ge=0)] = 0
     """Bytes from the start of the replica's output (which survives rotation: older bytes are dropped, offsets
     stay)."""

@@ -209,7 +209,7 @@ class NodeRunner:
             (directory / "lease").touch()
             state.shim_pid = spawn_shim(directory)
             state.shim_start = process_start(state.shim_pid)
-        except OSError as exc:
+        except (OSError, ValueError) as exc:  # (ValueError: a path the OS cannot take, as with a NUL in it)
             state.ending = Ending(exited_at=now, launch_error=f"cannot start the replica on {self.node}: {exc}")
             self.save(replica)
             self.on_change()
@@ -367,7 +367,7 @@ class NodeRunner:
     def touch_leases(self) -> None:
         """The dead-man switch: the agent is here and connected (see the shim)."""
         for r in self.live():
-            with contextlib.suppress(OSError):
+            with contextlib.suppress(OSError, ValueError):
                 (r.directory / "lease").touch()
 
     def collect_garbage(self, now: float) -> None:

@@ -30,6 +30,7 @@ from chamber.common.runtime import wait_event
 log = get_logger(__name__)
 
 GC_EVERY_S = 3600.0
+MAX_REFUSED_PER_FLUSH = 3
 
 
 class AgentServer:
@@ -114,7 +115,11 @@ class AgentServer:
             await self._flush()
 
     async def _flush(self) -> None:
-        """Publish every report not yet acknowledged, in order per replica; mark each once JetStream has it."""
+        """Publish every report not yet acknowledged, in order per replica; mark each once JetStream has it. A
+        replica whose report is refused waits for the next flush, and the others go on (found by review: one
+        replica whose reports could never be published held back every later one's), unless refusals pile up
+        (JetStream is away: each would wait for its own time-out)."""
+        refused = 0
         async with self._flushing:
             for replica in list(self.runner.replicas.values()):
                 s = replica.state
@@ -126,32 +131,56 @@ class AgentServer:
                         )  # fmt: skip
                     except PublishError as exc:
                         log.warning("agent.report_failed", job_id=s.job_id, what=what, error=str(exc))
-                        return
+                        refused += 1
+                        break
                     s.reported.append(what)
                     self.runner.save(replica, durable=False)  # lost to a power cut: sent again, deduplicated
+                if refused >= MAX_REFUSED_PER_FLUSH:
+                    return
 
     async def _beat(self) -> None:
         while not self._stop.is_set():
-            now = self.clock.now()
-            status = AgentStatus(
-                node=self.node, at=now, started_at=self.started_at, address=self.config.address,
-                replicas=[
-                    RunningReplica(job_id=r.state.job_id, attempt=r.state.attempt, replica=r.state.replica,
-                                   pid=r.state.child_pid, gpus=r.state.gpus)
-                    for r in self.runner.live()
-                ],
-            )  # fmt: skip
             try:
-                await self.bus.publish_nowait(self.bus.names.agent_status(self.node), status)
-            except PublishError as exc:
-                log.warning("agent.heartbeat_failed", node=self.node, error=str(exc))
-            if self.bus.nc.is_connected:
-                self.runner.touch_leases()
-            self._dirty.set()  # retry what failed to go out (never waited for here)
-            if now - self._last_gc >= GC_EVERY_S:
-                self._last_gc = now
-                self.runner.collect_garbage(now)
+                await self._beat_once()
+            except Exception:  # one bad turn must not end the heartbeat (the replicas would fence themselves)
+                log.exception("agent.heartbeat_error", node=self.node)
             await wait_event(self._stop, self.config.heartbeat_s)
+
+    async def _beat_once(self) -> None:
+        """Publish the status; touch the leases only after the server answered a round trip within the beat: a
+        connection that looks open while the network drops everything (nats-py notices after minutes) must let the
+        shims fence, as the executor counts the agent lost when its heartbeats stop (found by review: replicas ran
+        on beside their requeued copies)."""
+        now = self.clock.now()
+        status = AgentStatus(
+            node=self.node, at=now, started_at=self.started_at, address=self.config.address,
+            replicas=[
+                RunningReplica(job_id=r.state.job_id, attempt=r.state.attempt, replica=r.state.replica,
+                               pid=r.state.child_pid, gpus=r.state.gpus)
+                for r in self.runner.live()
+            ],
+        )  # fmt: skip
+        try:
+            await self.bus.publish_nowait(self.bus.names.agent_status(self.node), status)
+        except PublishError as exc:
+            log.warning("agent.heartbeat_failed", node=self.node, error=str(exc))
+        if await self._server_answers():
+            self.runner.touch_leases()
+        self._dirty.set()  # retry what failed to go out (never waited for here)
+        if now - self._last_gc >= GC_EVERY_S:
+            self._last_gc = now
+            self.runner.collect_garbage(now)
+
+    async def _server_answers(self) -> bool:
+        """A PING answered by the NATS server within the heartbeat (after the status just published)."""
+        if not self.bus.nc.is_connected:
+            return False
+        try:
+            await asyncio.wait_for(self.bus.nc.flush(), timeout=max(0.1, self.config.heartbeat_s))
+        except Exception as exc:  # nats-py: a time-out, or the connection closing meanwhile
+            log.warning("agent.server_silent", node=self.node, error=repr(exc))
+            return False
+        return True
 
 
 async def _respond(msg: Any, reply: msgspec.Struct) -> None:

@@ -106,6 +106,25 @@ def _pump(fd: int, log: Output) -> bool:
         log.write(data)
 
 
+def _others_in_group() -> bool:
+    """Whether a process of the shim's group other than itself runs (a zombie does not count)."""
+    me, group = os.getpid(), os.getpgid(0)
+    try:
+        pids = [int(name) for name in os.listdir("/proc") if name.isdigit()]
+    except OSError:
+        return False
+    for pid in pids:
+        if pid == me:
+            continue
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if len(fields) > 2 and fields[0] != "Z" and fields[2] == str(group):
+            return True
+    return False
+
+
 def run(directory: Path) -> int:
     spec = json.loads((directory / "launch.json").read_text())
     marker = str(spec["env"].get(MARKER, ""))
@@ -152,13 +171,24 @@ def run(directory: Path) -> int:
             signal_marked(marker, signal.SIGKILL)
             os.killpg(0, signal.SIGKILL)
     if not eof:
-        _pump(fd, log)
+        eof = _pump(fd, log)
     code: int | None = rc if rc >= 0 else None
     sig: int | None = -rc if rc < 0 else None
     _record(
         directory / "exit.json",
         {"exit_code": code, "signal": sig, "fenced": fenced_at is not None, "exited_at": time.time()},
     )
+    if _early_stop or fenced_at is not None:
+        # Stopped: the command's first process ended, but the rest of its group may still be checkpointing (a
+        # `sh -c "... && python train.py"` wrapper dies on the SIGTERM at once, while the trainer saves). They have
+        # until the agent's SIGKILL at the grace's end (the fence's own grace when fenced), not until now (found
+        # by review: a wrapped trainer was killed 0.2 s into a 10 s grace, its checkpoint never written).
+        grace = float(spec.get("fence_grace_s") or 0)
+        while _others_in_group() and (fenced_at is None or time.time() - fenced_at < grace):
+            if eof:
+                time.sleep(POLL_S)
+            elif selector.select(timeout=POLL_S):
+                eof = _pump(fd, log)
     log.close()
     signal_marked(marker, signal.SIGKILL)  # what the command left behind outside its group (a new session)
     with contextlib.suppress(ProcessLookupError):
