@@ -194,3 +194,30 @@ def test_the_team_taken_from_does_not_take_back() -> None:
     state.requeue(pending_from(make_job("b4x").team("b").gpus(4).priority("research").at(NOW).build()))
     state.invalidate()
     assert not [d for d in state.cycle(NOW + 120) if isinstance(d, Preempt)]
+
+
+def test_a_job_the_quota_refuses_reclaims_and_is_never_placed_on_free_gpus_alone() -> None:
+    """Found by review (115 of 3,000 random fleets): a's 4-GPU job (guarantee 3) is refused, its cohort c1 having
+    nothing to lend (b borrows it all); it may reclaim past its guarantee, and the plan search found GPUs free on
+    n1 and n2, c's guarantee (c lends nothing), and placed it there preempting nobody: c1 then held 12 GPUs of the
+    8 it may use. Now its victims must make the room: b2 is preempted, and c1 holds 8 once it has stopped."""
+    nodes = [make_node(f"n{i}").gpus(4).build() for i in range(4)]
+    book = validate(QuotaConfig(
+        pools=[PoolConfig(name="default", gpu_model="H100")], orgs=[OrgConfig(name="org")],
+        teams=[TeamConfig(name="a", org="org", cohort="c1", quotas=[TeamQuota(pool="default", nominal=3)]),
+               TeamConfig(name="b", org="org", cohort="c1", quotas=[TeamQuota(pool="default", nominal=1)]),
+               TeamConfig(name="c", org="org", cohort="c2",
+                          quotas=[TeamQuota(pool="default", nominal=8, lending_limit=0)])],
+    ), capacity={"default": 16})  # fmt: skip
+    jobs = [
+        make_job("b1").team("b").priority("research").running_on(*[("n0", i) for i in range(4)]).build(),
+        make_job("b2").team("b").priority("best-effort").running_on(*[("n3", i) for i in range(4)]).build(),
+        make_job("a1").team("a").gpus(4).priority("best-effort").at(10).build(),
+    ]
+    owners = {g.slot: r.id for r in jobs if r.placement for g in r.placement.gpus}
+    state = SchedulingState.from_snapshot(nodes, owners, {}, jobs, quota=book, config=SchedulerConfig())
+    decisions = state.cycle(NOW)
+    assert {d.job_id for d in decisions if isinstance(d, Preempt)} == {"b2"}, decisions
+    nominated = [d for d in decisions if isinstance(d, Nominate)]
+    assert [(d.job_id, d.victims) for d in nominated] == [("a1", ("b2/1",))], decisions
+    assert not any(isinstance(d, Place) for d in decisions)

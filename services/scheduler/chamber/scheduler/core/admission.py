@@ -14,11 +14,12 @@ reasons (a preemptor may take from a borrower as long as it ends no further abov
 borrower does).
 """
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from chamber.common.quota import QuotaBook, QuotaUsage, admits, may_reclaim
-from chamber.scheduler.core.model import PendingJob, Shape
+from chamber.scheduler.core.model import PendingJob, RunningJob, Shape
 from chamber.scheduler.core.state import SchedulingState
 
 if TYPE_CHECKING:
@@ -145,6 +146,23 @@ def displacement(
     legal = min(limit, max(0, used - q.nominal) + state.usage.borrowable(team, pool))
     need = max(0, over - legal)
     return need if need <= lower else None
+
+
+def admitted_after(state: SchedulingState, job: PendingJob, pool: str, victims: Iterable[RunningJob]) -> bool:
+    """Whether the quota admits `job` in `pool` once `victims` have stopped (their GPUs back in their teams'
+    quota): a job the quota refuses now starts by reclaiming only when its victims make that room."""
+    book = state.quota
+    if book is None:
+        return True
+    usage = state.usage
+    taken = [(v.team, v.pool, len(v.gpus)) for v in victims]
+    for team, where, n in taken:
+        usage.add(team, where, -n)
+    try:
+        return admits(book, usage, job.team, pool, job.shape.gpus, preemptible=job.preemptible)[0]
+    finally:
+        for team, where, n in taken:
+            usage.add(team, where, n)
 
 
 def reclaim_past(book: QuotaBook, usage: QuotaUsage, team: str, pool: str, gpus: int, *, preemptible: bool) -> int:

@@ -31,6 +31,7 @@ from chamber.scheduler.core.admission import (
     Option,
     QuotaNeed,
     admissions,
+    admitted_after,
     budget_refusal,
     displacement,
     reclaim_past,
@@ -1199,7 +1200,7 @@ class _Cycle:
                     return "nominated"
             for option in adm.reclaim_only:  # the quota refuses it, but reclaiming past the guarantee may not
                 if self._may_pass(job.team, job.shape.gpus, option.past) and self._try_preemption(
-                    job, decisions, option
+                    job, decisions, option, refused=True
                 ):
                     return "nominated"
         if not adm.options:
@@ -1280,7 +1281,13 @@ class _Cycle:
         return ""
 
     def _try_preemption(
-        self, job: PendingJob, decisions: list[Decision], option: Option, need: QuotaNeed | None = None
+        self,
+        job: PendingJob,
+        decisions: list[Decision],
+        option: Option,
+        need: QuotaNeed | None = None,
+        *,
+        refused: bool = False,
     ) -> bool:
         """Without quota: any lower-priority preemptible job. With quota: lower-priority jobs of the job's own
         team, and other teams' borrowed jobs only when the job stays within its nominal (reclaim). So teams
@@ -1292,11 +1299,15 @@ class _Cycle:
         as long as each team taken from still borrows at least `past` GPUs afterwards: the preemptor ends no
         further above its guarantee than any of its victims' teams (Kueue's fair-sharing rule, preempt while the
         preemptor's final share is at most the target's, in GPUs beyond the guarantee). Nobody is taken below
-        its guarantee, so nobody reclaims back."""
+        its guarantee, so nobody reclaims back. `refused`: the quota refuses the job as things are (its cohort has
+        nothing to lend, `Admissions.reclaim_only`), so the victims must free what it lacks: free GPUs alone would
+        take its cohort past what it may use (found by review: such a job was placed on another cohort's idle
+        guarantee, preempting nobody)."""
         state, ctx = self.state, self.ctx
         now, shape = ctx.now, option.shape
         budgets: dict[str, int] | None = None
         quota_need: tuple[str, str, int] | None = None
+        reclaim_need = 0
         past = 0
         if state.quota_on:
             if need is None and option.past and self._may_pass(job.team, shape.gpus, option.past):
@@ -1318,6 +1329,10 @@ class _Cycle:
                     if pool == shape.pool and team != job.team and used > book.quota(team, pool).nominal + past
                 }
             reclaim = (option.reclaim or past > 0) and need is None
+            if refused:
+                if not past:
+                    return False
+                reclaim_need = max(1, past - state.usage.borrowable(job.team, shape.pool or ""))
             if not (reclaim and budgets) and state.preemptible_below(job.team, shape.pool or "", job.priority) <= 0:
                 # Nobody it may reclaim from borrows, and the team has no lower-priority work to stop: no plan
                 # (recorded as a failed one would be; a reclaim past the guarantee never was).
@@ -1348,8 +1363,10 @@ class _Cycle:
             victims = ctx.victims(state)
         plan = plan_preemption(
             state.index, replace(job, shape=shape), victims, now, allowed, budgets=budgets,
-            quota_need=quota_need, by_cost=True, strict_budgets=past > 0,
+            quota_need=quota_need, by_cost=True, strict_budgets=past > 0, reclaim_need=reclaim_need,
         )  # fmt: skip
+        if plan is not None and refused and not admitted_after(state, job, shape.pool or "", plan.victims):
+            plan = None  # what the victims free does not make room in the quota (their cohorts lend elsewhere)
         if plan is None:
             ctx.preempt_failed[key] = job.priority
             return False

@@ -62,6 +62,7 @@ def plan_preemption(
     quota_need: tuple[str, str, int] | None = None,
     by_cost: bool = False,
     strict_budgets: bool = False,
+    reclaim_need: int = 0,
 ) -> PreemptionPlan | None:
     """`allowed` replaces the default victim rule (quota: own team by priority, other teams only by reclaim).
     `budgets` is what each listed team borrows above its nominal: a team's jobs may be taken while it still
@@ -70,7 +71,9 @@ def plan_preemption(
     `strict_budgets`: a team's jobs are taken only while all of them together stay within its budget (a reclaim
     past the preemptor's guarantee must leave every victim's team borrowing at least as much as it will).
     `quota_need` (team, pool, gpus): the victims must also free that many GPUs of that team's quota in that pool
-    (the job displaces its own team's lower-priority work). `by_cost`: `running` is already in cost order."""
+    (the job displaces its own team's lower-priority work). `reclaim_need`: the victims of the teams in `budgets`
+    must free that many GPUs (a job the quota refuses, which starts only by reclaiming borrowed capacity: free
+    GPUs alone would take it past what its cohort may lend). `by_cost`: `running` is already in cost order."""
     parts = index.partitions_for(job.shape)
     eligible = index.nodes_in(parts)
     everywhere = len(parts) == index.partition_count()
@@ -96,7 +99,15 @@ def plan_preemption(
         orders = [listed, _node_order(listed, avail, only, budgets, strict_budgets)]
     for order in orders:
         plan = _search(
-            index, job, order, dict(avail), only=only, budgets=budgets, quota_need=quota_need, strict=strict_budgets
+            index,
+            job,
+            order,
+            dict(avail),
+            only=only,
+            budgets=budgets,
+            quota_need=quota_need,
+            strict=strict_budgets,
+            reclaim_need=reclaim_need,
         )
         if plan is not None:
             return plan
@@ -146,12 +157,16 @@ def _search(
     budgets: Mapping[str, int] | None,
     quota_need: tuple[str, str, int] | None,
     strict: bool = False,
+    reclaim_need: int = 0,
 ) -> PreemptionPlan | None:
     counter = CapacityCounter(index, job.shape, avail)
-    team, pool, need = quota_need if quota_need is not None else ("", "", 0)
+    team, pool, need = quota_need if quota_need is not None else ("", "", reclaim_need)
+    needs_quota = quota_need is not None or reclaim_need > 0
 
     def quota_of(victim: RunningJob) -> int:
-        return len(victim.gpus) if quota_need is not None and victim.team == team and victim.pool == pool else 0
+        if quota_need is not None:
+            return len(victim.gpus) if victim.team == team and victim.pool == pool else 0
+        return len(victim.gpus) if reclaim_need and budgets is not None and victim.team in budgets else 0
 
     chosen: list[RunningJob] = []
     spent: dict[str, int] = {}
@@ -193,9 +208,9 @@ def _search(
         return None
     used = {g.slot for g in gpus}
     needed = [v for v in kept if any(g.slot in used for g in v.gpus)]
-    if quota_need is not None:
-        # The placement may not need every victim's GPUs, but the team's quota needs room: keep the cheapest
-        # of the rest until it has it.
+    if needs_quota:
+        # The placement may not need every victim's GPUs, but the quota needs room: keep the cheapest of the rest
+        # until it has it.
         short = need - sum(quota_of(v) for v in needed)
         for victim in kept:
             if short <= 0:
