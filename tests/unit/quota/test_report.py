@@ -109,3 +109,58 @@ def test_recent_usage_counts_the_gpu_time_of_every_attempt(state: JobState, *, r
     teams = compute(QuotaBook(config, {"p": 16}), [record, *waiting], {}, NOW)
     assert teams["a"].gpu_hours == pytest.approx(80.0)
     assert teams["a"].fair_share < teams["b"].fair_share, "a used the fleet recently; b did not"
+
+
+def test_a_job_cancelled_while_it_waited_is_charged_to_when_it_last_ran() -> None:
+    """Found by review: a job ran 8 GPUs from 20:00 to 23:00 on day 1 and was preempted; cancelled while it waited
+    on day 2, its cancel time (`finished_at`) was taken as when it last ran, and its 24 GPU-hours moved into day 2's
+    budget (blocking the team, and resetting its decayed recent usage)."""
+    from datetime import UTC, datetime
+
+    from chamber.common.contracts import (
+        BudgetSpec,
+        GpuRef,
+        JobCancelRequested,
+        JobSpec,
+        JobStarted,
+        JobStopped,
+        JobSubmitted,
+        OrgConfig,
+        Placement,
+        PoolConfig,
+        QuotaConfig,
+        TeamConfig,
+        TeamQuota,
+    )  # fmt: skip
+    from chamber.common.quota import validate
+    from chamber.quota.core.accounting import Accounting
+    from chamber.scheduler.core.lifecycle import apply_event, place
+
+    def at(iso: str) -> float:
+        return datetime.fromisoformat(iso).replace(tzinfo=UTC).timestamp()
+
+    book = validate(QuotaConfig(
+        pools=[PoolConfig(name="default", gpu_model="H100", cost_per_gpu_hour=2.0)], orgs=[OrgConfig(name="o")],
+        teams=[TeamConfig(name="a", org="o", quotas=[TeamQuota(pool="default", nominal=8)],
+                          budget=BudgetSpec(gpu_hours=30, period="day", mode="block-all"))],
+    ), capacity={"default": 8})  # fmt: skip
+    spec = JobSpec(name="j", team="a", gpus_per_replica=8, priority="research")
+    submitted = apply_event(None, JobSubmitted(job_id="j", spec=spec, submitted_at=at("2026-03-01T19:00")), 0.0)
+    assert submitted is not None
+    record = place(submitted.record, Placement(attempt=1, gpus=[GpuRef("n0", i) for i in range(8)]), 0.0)
+    for event in (JobStarted(job_id="j", attempt=1, started_at=at("2026-03-01T20:00")),
+                  JobStopped(job_id="j", attempt=1, stopped_at=at("2026-03-01T23:00"))):  # fmt: skip
+        moved = apply_event(record, event, event.started_at if isinstance(event, JobStarted) else event.stopped_at)
+        assert moved is not None
+        record = moved.record
+    now = at("2026-03-02T09:00")
+    cancelled = apply_event(record, JobCancelRequested(job_id="j", requested_at=now), now)
+    assert cancelled is not None
+    waiting = compute(book, [record], {"n0": "default"}, now)["a"]
+    ended = compute(book, [cancelled.record], {"n0": "default"}, now + 1)["a"]
+    assert (waiting.budget_used, waiting.budget_state) == (0.0, "ok")
+    assert (ended.budget_used, ended.budget_state) == (0.0, "ok")
+    assert recent_gpus(cancelled.record, now, 3600.0) == pytest.approx(recent_gpus(record, now, 3600.0))
+    accounting = Accounting.build(book, {"n0": "default"}, [record], now)
+    accounting.apply(cancelled.record, now + 1)
+    assert accounting.teams(now + 1)["a"].budget_state == "ok"

@@ -49,7 +49,12 @@ def running_since(record: JobRecord) -> float | None:
 
 def ended_at(record: JobRecord) -> float:
     """When a job that is not running last ran (what a budget period is compared with): its end, else when its
-    last attempt stopped, else (a record from before `stopped_at` was kept) when it last changed."""
+    last attempt stopped, else (a record from before `stopped_at` was kept) when it last changed. A job that ended
+    without running again after its last stop (cancelled while it waited, its next launch failed for good) last ran
+    when it stopped, not when it ended (found by review: cancelling a job preempted yesterday charged its run to
+    today's budget)."""
+    if record.started_at is None and record.stopped_at is not None:
+        return record.stopped_at
     return record.finished_at or record.stopped_at or record.updated_at
 
 
