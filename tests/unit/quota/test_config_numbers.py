@@ -98,8 +98,12 @@ def test_validate_refuses_what_bypassed_the_loader() -> None:
         (("pools", 0, "cost_per_gpu_hour"), 1e308, "cost_per_gpu_hour 1e+308 is above 1e+06"),
         (("teams", 0, "budget", "gpu_hours"), 5e-324, "budget gpu_hours 4.94066e-324 is outside"),
         (("teams", 0, "budget", "money"), 1e300, "budget money 1e+300 is outside"),
+        # Found by review: water-filling lost weights ~1e12 apart (a lighter team got more, the shares more than
+        # the capacity); a half-life of 1e-310 s made the decay rate infinite.
+        (("teams", 0, "weight"), 1e-15, "weight 1e-15 is below 0.001"),
+        (("usage_half_life_s",), 1e-310, "usage_half_life_s 1e-310 is below 1 s"),
     ],
-    ids=["price-overflowing", "budget-subnormal", "budget-huge"],
+    ids=["price-overflowing", "budget-subnormal", "budget-huge", "weight-tiny", "half-life-tiny"],
 )
 def test_numbers_that_make_costs_or_budget_shares_infinite_are_refused_in_a_new_configuration(
     path: tuple[str | int, ...], value: float, words: str

@@ -67,9 +67,19 @@ class QuotaBook:
         return path
 
 
+MIN_WEIGHT = 1e-3
+"""The least fair-share weight (the most is 1,000): with ratios of ~1e12 and beyond, water-filling's running sums
+lost the smaller weights (1 + 1e-16 - 1 = 0), and a lighter team got a larger share, the shares more than the
+capacity (found by review)."""
+MIN_HALF_LIFE_S = 1.0
+"""The shortest half-life of recent usage: a tiny one (1e-310 s) made the decay rate infinite."""
+
+
 def validate(config: QuotaConfig, capacity: Mapping[str, int] | None = None) -> QuotaBook:
     """The book for `config`, or ConfigError naming every problem (the old configuration stays in force)."""
     problems = [f"{where}: {value} is not a finite number" for where, value in non_finite(config)]
+    if config.usage_half_life_s < MIN_HALF_LIFE_S:
+        problems.append(f"usage_half_life_s {config.usage_half_life_s:g} is below {MIN_HALF_LIFE_S:g} s")
     pools = [p.name for p in config.pools]
     _duplicates("pool", pools, problems)
     _duplicates("team", [t.name for t in config.teams], problems)
@@ -89,6 +99,8 @@ def validate(config: QuotaConfig, capacity: Mapping[str, int] | None = None) -> 
     for team in config.teams:
         if team.org not in orgs:
             problems.append(f"team {team.name}: unknown organisation {team.org!r}")
+        if team.weight < MIN_WEIGHT:
+            problems.append(f"team {team.name}: weight {team.weight:g} is below {MIN_WEIGHT:g}")
         _duplicates(f"team {team.name}: pool", [q.pool for q in team.quotas], problems)
         for q in team.quotas:
             if q.pool not in pools:
