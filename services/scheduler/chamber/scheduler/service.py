@@ -1045,7 +1045,7 @@ async def main(ctx: Context, stop: asyncio.Event) -> None:
                 return
         ledger.token = lease.token
         keeper = asyncio.create_task(lease.keep(lost), name="scheduler-lease")
-        executor = make_executor(ctx, bus)
+        executor = make_executor(ctx, bus, lead_fresh=lambda: lease.fresh(lease.ttl_s / 2))
         quota_store = await QuotaStore.open(bus)
         scheduler = Scheduler(
             ctx,

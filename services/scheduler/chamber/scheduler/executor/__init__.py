@@ -4,6 +4,8 @@
 Jobs and binds their pods to the nodes the ledger reserved. Every executor reports back only through the bus.
 """
 
+from collections.abc import Callable
+
 from chamber.common.bus import Bus
 from chamber.common.runtime import Context
 from chamber.scheduler.executor.base import Executor
@@ -15,12 +17,14 @@ class ExecutorUnavailable(RuntimeError):
     """The configured executor cannot run here (not built yet, or its runtime is missing)."""
 
 
-def make_executor(ctx: Context, bus: Bus) -> Executor:
+def make_executor(ctx: Context, bus: Bus, lead_fresh: Callable[[], bool] | None = None) -> Executor:
+    """`lead_fresh`: whether this scheduler's lease was confirmed lately (an executor that stops work on its own
+    judgement asks it first)."""
     kind = ctx.settings.executor
     if kind == "simulated":
         return SimulatedExecutor(bus, ctx.clock)
     if kind == "process":
-        return ProcessExecutor(bus, ctx.clock, ctx.settings)
+        return ProcessExecutor(bus, ctx.clock, ctx.settings, lead_fresh=lead_fresh)
     if kind == "kubernetes":
         from chamber.common.kube.client import KubeClient
         from chamber.scheduler.executor.kubernetes import KubernetesExecutor

@@ -27,7 +27,7 @@ submitted), repeats launches and stops (agents ignore repeats), and so misses no
 import asyncio
 import contextlib
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -71,9 +71,15 @@ FORGOTTEN = "its node agent no longer knew of it (restarted without its state?)"
 
 
 class ProcessExecutor:
-    def __init__(self, bus: Bus, clock: Clock, settings: Settings) -> None:
+    def __init__(
+        self, bus: Bus, clock: Clock, settings: Settings, lead_fresh: Callable[[], bool] | None = None
+    ) -> None:
         self.bus = bus
         self.clock = clock
+        self.lead_fresh = lead_fresh
+        """False while this scheduler's lease was not confirmed lately (paused, or cut off): it then stops no
+        replica on its own judgement (unknown, forgotten), since another leader may run them now (found by review:
+        a leader waking from a pause stopped, as unknown, every job the new leader had launched meanwhile)."""
         self.timeout_s = settings.agent_timeout_s
         self.gangs: dict[str, Gang] = {}
         """The current attempt of every job this executor runs, by job id."""
@@ -367,6 +373,8 @@ class ProcessExecutor:
             return
         now = self.clock.now()
         self.seen[status.node] = now
+        if self.lead_fresh is not None and not self.lead_fresh():
+            return  # judged at a heartbeat after the lease was confirmed again, or by the next leader
         for running in status.replicas:
             gang = self.gangs.get(running.job_id)
             if gang is not None and gang.attempt == running.attempt and running.replica in gang.live():
