@@ -22,9 +22,10 @@ def start(r: int, at: float = 1.0) -> tuple[str, Any]:
 
 def exit_(
     r: int, code: int | None = 0, sig: int | None = None, stopped: bool = False, at: float = 10.0, *,
-    gone: bool = False, message: str = "",
+    gone: bool = False, message: str = "", fenced: bool = False,
 ) -> Any:  # fmt: skip
-    end = End(at=at, node=f"n{r}", exit_code=code, signal=sig, stop_requested=stopped, lost=gone, message=message)
+    end = End(at=at, node=f"n{r}", exit_code=code, signal=sig, stop_requested=stopped or fenced, lost=gone,
+              message=message, fenced=fenced)  # fmt: skip
     return ("end", (r, end))
 
 
@@ -115,6 +116,16 @@ CASES = [
          [start(0), start(1), start(2), exit_(1, code=None, sig=9, stopped=True),
           exit_(2, code=None, sig=9, stopped=True), exit_(0, code=None, sig=9, stopped=True)],
          ["JobStarted", "JobStopped"], [("n0", 0.0), ("n2", 0.0)]),
+    # Found by review: a node cut off takes its ranks with it, their peers fail before it is judged lost (a
+    # collective times out), and the job failed instead of being requeued.
+    Case("a peer fails, then its node is judged lost: interrupted, not failed",
+         [start(0), start(1), exit_(0, code=1, at=5.0), lost("n1", at=30.0)],
+         ["JobStarted", "JobStopped"], [("n1", 5.0)],
+         lambda e: e[1].interrupted and "n1" in e[1].reason),
+    Case("a peer fails, then the cut-off node's fenced replica is reported: interrupted, not failed",
+         [start(0), start(1), exit_(0, code=1, at=5.0), exit_(1, code=None, sig=15, fenced=True, at=6.0)],
+         ["JobStarted", "JobStopped"], [("n1", 5.0)],
+         lambda e: e[1].interrupted and "n1 cut off" in e[1].reason),
     Case("a stop before any start: each node tombstones its replicas, the job stopped",
          [stop("cancelled", 0.0), exit_(0, code=None, stopped=True), exit_(1, code=None, stopped=True)],
          ["JobStopped"], [("n0", 0.0), ("n1", 0.0)], lambda e: e[0].started_at is None),

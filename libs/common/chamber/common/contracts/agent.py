@@ -95,6 +95,8 @@ class ReplicaExited(Event, frozen=True):
     lost: bool = False
     """The agent found it gone without an exit status (its record was lost)."""
     message: str = ""
+    fenced: bool = False
+    """Stopped by its own dead-man switch: its agent was cut off from NATS (see the shim)."""
 
 
 class ReplicaLaunchFailed(Event, frozen=True):

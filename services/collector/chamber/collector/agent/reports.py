@@ -33,7 +33,7 @@ def pending_reports(node: str, s: ReplicaState) -> list[tuple[str, msgspec.Struc
         out.append(("exited", ReplicaExited(
             node=node, job_id=s.job_id, attempt=s.attempt, replica=s.replica, exited_at=ending.exited_at,
             exit_code=ending.exit_code, signal=ending.signal, stop_requested=s.stop is not None or ending.fenced,
-            lost=ending.lost, message=message,
+            lost=ending.lost, message=message, fenced=ending.fenced,
         )))  # fmt: skip
     return out
 

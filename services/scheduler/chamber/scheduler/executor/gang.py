@@ -8,7 +8,9 @@ changes nothing, so replaying the REPLICAS stream after a restart rebuilds the s
   it, so no replica may still run):
   - a replica could not start: `JobLaunchFailed`;
   - a replica failed on its own (non-zero exit or a signal nobody sent): `JobFinished(succeeded=False)` with its
-    exit code (128 + the signal number for a signal), the others stopped after the job's checkpoint grace;
+    exit code (128 + the signal number for a signal), the others stopped after the job's checkpoint grace; unless
+    a node of the gang was lost or cut off (its replicas fenced) in the attempt: its peers' failures are taken as
+    what its loss did to them (a collective timing out), and the attempt is interrupted as below;
   - a replica's node agent was lost, or the agent reports a replica lost (its supervisor died) or stopped by its
     own dead-man switch (fenced) while nobody had asked for a stop: `JobStopped(interrupted=True)`, the others
     stopped at once (they would wait on the missing rank, holding every GPU of the gang);
@@ -36,6 +38,8 @@ class End:
     lost: bool = False
     never_started: bool = False
     message: str = ""
+    fenced: bool = False
+    """Stopped by its agent's dead-man switch (the agent was cut off)."""
 
     @property
     def clean(self) -> bool:
@@ -187,10 +191,11 @@ class Gang:
         job, attempt, started = self.job_id, self.attempt, self.started_at
         failures = sorted((e.at, r) for r, e in ends.items() if e.failed)
         lost = sorted({e.node for e in ends.values() if e.lost})
+        fenced = sorted({e.node for e in ends.values() if e.fenced})
         if self.launch_error and started is None:  # once it started, the attempt ends as a stop (requeued)
             return [Publish(JobLaunchFailed(job_id=job, attempt=attempt, failed_at=at, reason=self.launch_error),
                             "launch-failed")]  # fmt: skip
-        if failures:
+        if failures and not lost and not fenced:
             replica = failures[0][1]
             first = ends[replica]
             event = JobFinished(job_id=job, attempt=attempt, finished_at=at, succeeded=False,
@@ -199,8 +204,10 @@ class Gang:
         if all(e.clean for e in ends.values()):
             event = JobFinished(job_id=job, attempt=attempt, finished_at=at, started_at=started, exit_code=0)
             return [Publish(event, "finished")]
-        if lost:
-            reason = f"node agent on {', '.join(lost)} lost"
+        if lost or (fenced and failures):
+            # A node cut off takes its ranks with it, and their peers fail (a collective times out) before the
+            # node is judged lost: the job is interrupted, requeued, not failed (found by review).
+            reason = f"node agent on {', '.join(lost)} lost" if lost else f"node agent on {', '.join(fenced)} cut off"
             stopped = JobStopped(job_id=job, attempt=attempt, stopped_at=at, reason=reason, graceful=False,
                                  started_at=started, interrupted=True)  # fmt: skip
             return [Publish(stopped, "stopped")]

@@ -359,7 +359,7 @@ class ProcessExecutor:
                 at=report.exited_at, node=report.node, exit_code=report.exit_code, signal=report.signal,
                 stop_requested=report.stop_requested, lost=report.lost,
                 never_started=report.exit_code is None and report.signal is None and not report.lost,
-                message=report.message,
+                message=report.message, fenced=report.fenced,
             )  # fmt: skip
             actions = gang.replica_ended(report.replica, end)
         elif isinstance(report, ReplicaLaunchFailed):
