@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from chamber.common.contracts import GpuRef
+from chamber.common.quota import QuotaUsage
 from chamber.scheduler.core.model import PendingJob, Shape
 
 QueueKey = tuple[int, int, str, Shape, bool]
@@ -86,7 +87,7 @@ class Parking:
     """(the standings and reservations it was computed with, the least queue order among its heads now, the
     sub-queue of that head), kept while it stays true (`JobQueue.first_order`): a sub-queue parked into the group
     lowers it at most, and only a change to the first head's sub-queue, or a job entering one, makes it unknown."""
-    lane: "tuple[Any, Any, Any, Entry] | None" = None
+    lane: "tuple[object, QuotaUsage, tuple[str, str], Entry] | None" = None
     """(the `first` it was made from, the quota usage, the group's cohort lane, its item there): `JobQueue.lane_item`,
     kept while both are the same."""
 
@@ -346,7 +347,7 @@ class JobQueue:
         """Per team with jobs waiting, the fewest GPUs any of them asks for (O(teams))."""
         return {team: min(counts) for team, counts in self._waiting.items()}
 
-    def lane_item(self, item: Entry, standing: dict[str, float], usage: Any) -> tuple[Any, Entry] | None:
+    def lane_item(self, item: Entry, standing: dict[str, float], usage: QuotaUsage) -> tuple[Any, Entry] | None:
         """For an item of `heads` standing for a parked group while it is `current`: (its cohort lane,
         `usage.cohort_of`, the group's item there: `first_order`, WOKEN, a number of `seq`); else None. The same
         item as in the last cycle while the group's first order and the quota usage are the same (a cycle asks
@@ -363,12 +364,15 @@ class JobQueue:
         order = cached[2]
         if order is None:
             return None
+        # The stored tuple itself, as an object: compiled (mypyc), a local of a fixed-length tuple type may hold a
+        # copy of it, and `is` would never find the one the lane item was made from.
+        first: object = parking.first
         lane = parking.lane
-        if lane is not None and lane[0] is cached and lane[1] is usage:
+        if lane is not None and lane[0] is first and lane[1] is usage:
             return lane[2], lane[3]
         made = (*order, WOKEN, next(self.seq), group)
         cohort = usage.cohort_of(group[0], group[1])
-        parking.lane = (cached, usage, cohort, made)
+        parking.lane = (first, usage, cohort, made)
         return cohort, made
 
     def first_order(self, group: ParkGroup, standing: dict[str, float]) -> Order | None:
