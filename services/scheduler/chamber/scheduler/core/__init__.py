@@ -8,7 +8,10 @@ classes are native ones, which differ from Python's in ways to keep in mind when
   function;
 - patching a method of a core class changes nothing for the compiled code that calls it; a function takes only
   the class it declares (no stand-ins), and attributes hold only their declared types (a list is not a tuple);
-- frozen dataclasses (`Shape`, the decisions) cannot be copied or pickled.
+- frozen dataclasses (`Shape`, the decisions) cannot be copied or pickled;
+- a fixed-length tuple read into a local of its type may be a copy: `is` against the stored one fails (a cache
+  keyed by a tuple's identity never hits), so such a cache compares the stored object, read as `object`
+  (`JobQueue.lane_item`).
 The tests that rely on Python's behaviour run on the pure-Python core only (`tests.support.core`).
 """
 
