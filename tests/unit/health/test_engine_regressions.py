@@ -420,3 +420,41 @@ def test_a_reboot_seen_just_before_a_restart_still_starts_the_probation() -> Non
     second.restore(v)
     got = booted(second, NODES, 50, 50 + 3 * int(CFG.probation_s), "boot-b")
     assert [v.state for v in got if v.node == "n1"] == [HealthState.RECOVERING, HealthState.HEALTHY]
+
+
+# ---- a fatal fault on a GPU already out as degraded ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("xid", [48, 74, 79])
+def test_a_fatal_xid_on_a_gpu_quarantined_as_degraded_escalates_it(xid: int) -> None:
+    """Found by review: a GPU quarantined as degraded (pending row remaps) took a fatal XID, which was dropped (it
+    was out already); the GPU then came back after its probation without the reset the XID asks for, and its jobs
+    had been drained with their grace rather than interrupted."""
+    e = engine()
+    run(e, NODES, 0, 3)
+    got = e.observe(batch("n1", 3.0, remapped_rows_pending=True), 3.0)
+    assert [(v.state, v.severity) for v in got] == [(HealthState.QUARANTINED, "degraded")]
+    event = GpuXidEvent(node="n1", gpu_index=0, uuid="n1-0", xid=xid, observed_at=3.5)
+    got = e.observe(as_batch(event), 3.5)
+    assert [(v.state, v.severity, v.awaiting_reset) for v in got] == [(HealthState.QUARANTINED, "fatal", True)], got
+    run(e, NODES, 4, 1300)  # clean samples, the same boot: no reset
+    out = e.entities[("n1", None if xid == 79 else 0)]
+    assert (out.state, out.severity) == (HealthState.QUARANTINED, "fatal")
+
+
+def test_a_node_fatal_cordon_is_not_replaced_by_a_gpus_degraded_one() -> None:
+    """Found by review: reconcile kept the first entity's cordon per GPU slot; a GPU out as degraded replaced its
+    node's fatal cordon (XID 79) within 5 s, and the GPU's jobs were drained with their grace."""
+    from chamber.health.service import Health
+
+    e = engine(gpus=2)
+    for t in range(3):
+        for node in NODES:
+            e.observe(batch(node, float(t), gpus=2), float(t))
+    e.observe(batch("n1", 3.0, gpus=2, remapped_rows_pending=True), 3.0)
+    e.observe(as_batch(GpuXidEvent(node="n1", gpu_index=1, uuid="n1-1", xid=79, observed_at=3.5)), 3.5)
+    health = Health.__new__(Health)
+    health.engine = e
+    health.inventory = {"n1": [0, 1]}
+    wanted = health._wanted_cordons()
+    assert {slot: c.severity for slot, c in wanted.items()} == {"n1/0": "fatal", "n1/1": "fatal"}

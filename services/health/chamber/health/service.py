@@ -145,10 +145,16 @@ class Health:
         return [f"{node}/{i}" for i in self.inventory.get(node, [])]
 
     def _wanted_cordons(self) -> dict[str, Cordon]:
+        """Per slot, the worst cordon of the entities that hold it out (a GPU's own and its node's): a fatal one
+        wins (found by review: the first entity's was kept, and a GPU's degraded cordon replaced its node's fatal
+        one at the next reconcile, so its jobs were drained with their grace instead of interrupted)."""
         wanted: dict[str, Cordon] = {}
         for entity in self.engine.out_of_service():
+            cordon = cordon_reason(entity)
             for slot in self._slots(entity.node, entity.gpu):
-                wanted.setdefault(slot, cordon_reason(entity))
+                found = wanted.get(slot)
+                if found is None or (cordon.fatal and not found.fatal):
+                    wanted[slot] = cordon
         return wanted
 
     async def reconcile(self) -> None:

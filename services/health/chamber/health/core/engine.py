@@ -300,8 +300,15 @@ class HealthEngine:
                 finding = Finding(rule.severity.value, rule.name, f"{rule.name}: {value:g}", rule.action, evidence)
                 return self._move(entity, HealthState.SUSPECT, now, finding)
             return []
+        escalation = False
         if entity.state == HealthState.QUARANTINED:
-            return []
+            # Already out: only a worse fault changes anything (found by review: a fatal XID on a GPU quarantined
+            # as degraded was dropped, and the GPU came back after its probation without the reset it needs).
+            held_for = Severity(entity.severity) if entity.severity in Severity.__members__.values() else None
+            worse = held_for is None or _rank(rule.severity) > _rank(held_for)
+            if not (worse or (rule.needs_reset and not entity.awaiting_reset)):
+                return []
+            escalation = True
         if rule.severity == Severity.FATAL:
             entity.fatal_events.append(now)
             while entity.fatal_events and now - entity.fatal_events[0] > self.config.repeat_window_s:
@@ -315,7 +322,7 @@ class HealthEngine:
             reason += "; out until the node reboots or an operator releases it"
         action = "rma" if entity.held and rule.action else rule.action
         return self._move(entity, HealthState.QUARANTINED, now, Finding(rule.severity.value, rule.name, reason, action,
-                                                                        evidence, rule.needs_reset))  # fmt: skip
+                                                                        evidence, rule.needs_reset), force=escalation)  # fmt: skip
 
     def _move(
         self, entity: Entity, state: HealthState, now: float, finding: Finding, *, force: bool = False
