@@ -307,12 +307,14 @@ def test_after_a_restart_a_silent_fleet_is_not_lost() -> None:
 # ---- 8. a fatal XID leaves nothing to watch clear: it waits for a reboot or an operator ------------------------
 
 
-def booted(e: HealthEngine, nodes: tuple[str, ...], start: int, stop: int, boot: str) -> list[GpuHealthVerdict]:
-    """As `run`, every batch from boot `boot`."""
+def booted(
+    e: HealthEngine, nodes: tuple[str, ...], start: int, stop: int, boot: str, **fields: Any
+) -> list[GpuHealthVerdict]:
+    """As `run`, every batch from boot `boot` (its samples carrying `fields`)."""
     out: list[GpuHealthVerdict] = []
     for t in range(start, stop):
         for node in nodes:
-            out += e.observe(msgspec.structs.replace(batch(node, float(t)), boot_id=boot), float(t))
+            out += e.observe(msgspec.structs.replace(batch(node, float(t), **fields), boot_id=boot), float(t))
         out += e.tick(t + 0.5)
     return out
 
@@ -392,7 +394,7 @@ def test_a_fatal_xid_the_breaker_held_back_leaves_nothing_waiting_for_a_reset() 
     later = 10.0 + CFG.breaker_window_s + 1
     (v,) = e.observe(msgspec.structs.replace(batch("n1", later, ecc_dbe_volatile=1), boot_id="boot-a"), later)
     assert (v.state, v.awaiting_reset) == (HealthState.QUARANTINED, False)
-    got = booted(e, ("n1",), int(later) + 1, int(later) + 1 + 3 * int(CFG.probation_s), "boot-a")
+    got = booted(e, ("n1",), int(later) + 1, int(later) + 1 + 3 * int(CFG.probation_s), "boot-a", ecc_dbe_volatile=0)
     assert [v.state for v in got if v.gpu_index == 0] == [HealthState.RECOVERING, HealthState.HEALTHY]
 
 
@@ -458,3 +460,34 @@ def test_a_node_fatal_cordon_is_not_replaced_by_a_gpus_degraded_one() -> None:
     health.inventory = {"n1": [0, 1]}
     wanted = health._wanted_cordons()
     assert {slot: c.severity for slot, c in wanted.items()} == {"n1/0": "fatal", "n1/1": "fatal"}
+
+
+def test_samples_without_the_signal_a_gpu_is_out_for_do_not_bring_it_back() -> None:
+    """Found by review: a GPU out for double-bit ECC errors whose later samples lacked the ECC fields (the agent's
+    read failed, or the driver stopped answering) counted them as clean and came back after its probations."""
+    e = engine()
+    booted(e, NODES, 0, 3, "boot-a")
+    (v,) = e.observe(msgspec.structs.replace(batch("n1", 3.0, ecc_dbe_volatile=2), boot_id="boot-a"), 3.0)
+    assert v.state == HealthState.QUARANTINED
+    got = booted(e, ("n1",), 4, 4 + 3 * int(CFG.probation_s), "boot-a")  # no ECC field in any sample
+    assert [v.state for v in got if v.gpu_index == 0] == []
+    got = booted(e, ("n1",), 4 + 3 * int(CFG.probation_s), 4 + 6 * int(CFG.probation_s), "boot-a", ecc_dbe_volatile=0)
+    assert [v.state for v in got if v.gpu_index == 0] == [HealthState.RECOVERING, HealthState.HEALTHY]
+
+
+def test_a_fault_the_breaker_held_back_is_one_fatal_event_not_one_a_sample() -> None:
+    """Found by review: while the breaker held a persistent double-bit error back, every sample added a fatal
+    event; once the breaker closed the GPU was quarantined as a repeat offender (301 events in 24 h), held for an
+    RMA."""
+    e = engine()
+    booted(e, NODES, 0, 10, "boot-a")
+    for node in ("n2", "n3"):
+        e.observe(as_batch(GpuXidEvent(node=node, gpu_index=0, uuid=f"{node}-0", xid=79, observed_at=10.0)), 10.0)
+    got: list[GpuHealthVerdict] = []
+    for t in range(11, 11 + int(CFG.breaker_window_s) + 5):
+        got += e.observe(msgspec.structs.replace(batch("n1", float(t), ecc_dbe_volatile=1), boot_id="boot-a"), float(t))
+    quarantines = [v for v in got if v.state == HealthState.QUARANTINED]
+    assert quarantines, "quarantined once the breaker closed"
+    assert not quarantines[0].held
+    assert quarantines[0].action != "rma"
+    assert len(e.entities[("n1", 0)].fatal_events) == 1

@@ -43,6 +43,10 @@ Key = tuple[str, int | None]
 """(node, GPU index); None for the node as a whole."""
 
 
+OUT = (HealthState.QUARANTINED, HealthState.RECOVERING)
+"""The states in which an entity is held out of service (cordoned)."""
+
+
 @dataclass(frozen=True, slots=True)
 class HealthConfig:
     probation_s: float = 600.0
@@ -103,6 +107,8 @@ class HealthEngine:
         self.heartbeat_rules = tuple(r for r in self.rules if r.signal == "heartbeat_loss")
         self.count_rules = tuple(r for r in self.rules if r.signal == "gpu_count_drop")
         self.index = RuleIndex(self.gpu_rules)
+        self.signal_of = {r.name: r.signal for r in self.gpu_rules if r.signal != "xid"}
+        """Rule -> the sample signal it reads (the signal a quarantine by it waits to see clean again)."""
         self.config = config or HealthConfig()
         self.entities: dict[Key, Entity] = {}
         self.node_gpus: dict[str, int] = {}
@@ -152,7 +158,8 @@ class HealthEngine:
         at = batch.sampled_at
         history = self.history if heartbeat else None
         for sample in batch.gpus:
-            hits = self.index.match(gpu_signals(sample, history, node, at), sample.xids)
+            signals = gpu_signals(sample, history, node, at)
+            hits = self.index.match(signals, sample.xids)
             gpu_hits = [(r, v) for r, v in hits if r.scope == "gpu"]
             node_hits += [(r, v) for r, v in hits if r.scope == "node"]
             entity = self._entity(node, sample.index)
@@ -160,6 +167,11 @@ class HealthEngine:
             if heartbeat and entity.streaks:
                 _break_streaks(entity, gpu_hits)
             verdicts += self._judge(entity, gpu_hits, now, at)
+            if heartbeat and entity.state in OUT and self.signal_of.get(entity.rule, "") not in ("", *signals):
+                # The sample does not carry the signal the GPU is out for (a read that failed, a field the driver
+                # stopped answering): no evidence that it cleared, so its probation starts again (found by review:
+                # samples without their ECC fields brought a GPU with double-bit errors back).
+                entity.last_bad = now
         node_entity = self._entity(node, None)
         if heartbeat and node_entity.streaks:
             _break_streaks(node_entity, node_hits)
@@ -309,8 +321,9 @@ class HealthEngine:
             if not (worse or (rule.needs_reset and not entity.awaiting_reset)):
                 return []
             escalation = True
-        if rule.severity == Severity.FATAL:
-            entity.fatal_events.append(now)
+        made = escalation or entity.state == HealthState.RECOVERING or not self._breaker_trips(entity.node, now)
+        if rule.severity == Severity.FATAL and made:  # (one the breaker holds back is no event: found by review,
+            entity.fatal_events.append(now)  # a persistent DBE then counted at every sample, and made an RMA)
             while entity.fatal_events and now - entity.fatal_events[0] > self.config.repeat_window_s:
                 entity.fatal_events.popleft()
             if len(entity.fatal_events) >= self.config.repeat_count:
