@@ -52,6 +52,14 @@ def node_rules(verdicts: list[GpuHealthVerdict], node: str) -> list[tuple[Health
     return [(v.state, v.rule) for v in verdicts if v.node == node and v.gpu_index is None]
 
 
+def sustained(e: HealthEngine, make: Any, start: float) -> list[GpuHealthVerdict]:
+    """A node's batches (`make(t)`) from `start` for the 10 s gpu-count-drop must see a GPU missing in every batch."""
+    out: list[GpuHealthVerdict] = []
+    for t in (start, start + 5.0, start + 10.0):
+        out += e.observe(make(t), t)
+    return out
+
+
 # ---- 1. an XID event is no heartbeat and leaves the counters alone ----------------------------------------------
 
 
@@ -162,7 +170,7 @@ def test_a_node_back_from_a_reboot_with_a_gpu_missing_is_caught() -> None:
     e = engine(gpus=8)
     e.observe(batch("n1", 0, gpus=8), 0.0)
     e.set_inventory("n1", 7, 5.0)  # the agent restarted and sees 7
-    got = e.observe(batch("n1", 6, gpus=7), 6.0)
+    got = sustained(e, lambda t: batch("n1", t, gpus=7), 6.0)
     assert node_rules(got, "n1") == [(HealthState.QUARANTINED, "gpu-count-drop")]
     assert got[0].evidence == {"gpu_count_drop": 1.0}
 
@@ -180,7 +188,8 @@ def test_a_gpu_release_does_not_reset_the_expected_count() -> None:
     e = engine(gpus=8)
     e.set_inventory("n1", 7, 5.0)
     e.command(HealthCommand(node="n1", gpu_index=3, command="release"), 6.0)
-    assert node_rules(e.observe(batch("n1", 8, gpus=7), 8.0), "n1") == [(HealthState.QUARANTINED, "gpu-count-drop")]
+    got = sustained(e, lambda t: batch("n1", t, gpus=7), 8.0)
+    assert node_rules(got, "n1") == [(HealthState.QUARANTINED, "gpu-count-drop")]
 
 
 def devices(whole: int, mig: dict[int, int]) -> list[GpuDevice]:
@@ -212,7 +221,7 @@ def test_a_mig_node_that_loses_a_whole_gpu_is_caught() -> None:
     devs = devices(7, {7: 7})
     e.set_inventory("n1", *physical_gpus(devs)[:1], 0.0, physical_gpus(devs)[1])
     e.observe(device_batch("n1", 1, devs), 1.0)
-    got = e.observe(device_batch("n1", 2, devs[1:]), 2.0)  # 13 devices, but only 7 physical GPUs
+    got = sustained(e, lambda t: device_batch("n1", t, devs[1:]), 2.0)  # 13 devices, but only 7 physical GPUs
     assert node_rules(got, "n1") == [(HealthState.QUARANTINED, "gpu-count-drop")]
 
 
@@ -234,7 +243,7 @@ def test_the_service_hands_the_engine_physical_gpus() -> None:
         assert e.observe(device_batch("n1", k, devs), float(k)) == []
     rebooted = devices(6, {7: 2})  # back from a reboot without GPU 6: 8 devices, 7 GPUs
     inventory(rebooted)
-    got = e.observe(device_batch("n1", 5, rebooted), 5.0)
+    got = sustained(e, lambda t: device_batch("n1", t, rebooted), 5.0)
     assert node_rules(got, "n1") == [(HealthState.QUARANTINED, "gpu-count-drop")]
 
 
@@ -249,7 +258,7 @@ def test_a_gpu_its_agent_could_not_read_at_start_counts_as_missing() -> None:
     readable = devices(7, {})
     node = Node(name="n1", pool="h100", gpus=readable, unreadable_gpus=1)
     shell._on_inventory(NodeInventory(node=node, pool=Pool(name="h100", gpu_model="H100"), observed_at=0.0))
-    got = e.observe(device_batch("n1", 1.0, readable), 1.0)
+    got = sustained(e, lambda t: device_batch("n1", t, readable), 1.0)
     assert node_rules(got, "n1") == [(HealthState.QUARANTINED, "gpu-count-drop")]
 
 
@@ -403,12 +412,12 @@ def test_an_operator_release_accepts_a_node_without_the_gpu_its_agent_cannot_rea
     readable = devices(7, {})
     count, parents = physical_gpus(readable)
     e.set_inventory("n1", count, 0.0, parents, unreadable=1)
-    assert node_rules(e.observe(device_batch("n1", 1.0, readable), 1.0), "n1") == [
+    assert node_rules(sustained(e, lambda t: device_batch("n1", t, readable), 1.0), "n1") == [
         (HealthState.QUARANTINED, "gpu-count-drop")
     ]
-    (v,) = e.command(HealthCommand(node="n1", gpu_index=None, command="release"), 2.0)
+    (v,) = e.command(HealthCommand(node="n1", gpu_index=None, command="release"), 12.0)
     assert v.state == HealthState.HEALTHY
-    assert e.observe(device_batch("n1", 3.0, readable), 3.0) == [], "the node is taken with the GPUs it has"
+    assert sustained(e, lambda t: device_batch("n1", t, readable), 13.0) == [], "the node is taken with its GPUs"
 
 
 def test_a_reboot_seen_just_before_a_restart_still_starts_the_probation() -> None:
@@ -491,3 +500,18 @@ def test_a_fault_the_breaker_held_back_is_one_fatal_event_not_one_a_sample() -> 
     assert not quarantines[0].held
     assert quarantines[0].action != "rma"
     assert len(e.entities[("n1", 0)].fatal_events) == 1
+
+
+def test_one_batch_missing_a_gpu_is_no_fault() -> None:
+    """Found by review: one batch without one of 8 GPUs (an NVML read of that device failed once) quarantined the
+    whole node as fatal, interrupting the jobs on all 8 GPUs. A GPU gone is gone in every batch for 10 s."""
+    e = engine(gpus=8)
+    got: list[GpuHealthVerdict] = []
+    for t in range(40):
+        for node in NODES:
+            got += e.observe(batch(node, float(t), gpus=7 if (node, t) == ("n1", 5) else 8), float(t))
+        got += e.tick(t + 0.5)
+    assert node_rules(got, "n1") == []
+    for t in range(40, 51):  # gone in every batch for 10 s: out
+        got += e.observe(batch("n1", float(t), gpus=7), float(t))
+    assert node_rules(got, "n1") == [(HealthState.QUARANTINED, "gpu-count-drop")]

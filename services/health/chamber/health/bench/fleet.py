@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from chamber.common.contracts import GpuSample, NodeTelemetry
+from chamber.health.core.rules import DEFAULT_RULES
 
 GPUS_PER_NODE = 8
 WEEK_S = 7 * 86400.0
@@ -167,9 +168,11 @@ class NoisyFleet:
         )  # fmt: skip
 
 
-def reference(fault: Fault, silence_limit_s: float, sustain_s: float = 60.0, count: int = 3) -> float | None:
-    """When the fault's rule has all it needs, from the fault's own samples (None: it never had)."""
+def reference(fault: Fault, silence_limit_s: float, count: int = 3) -> float | None:
+    """When the fault's rule has all it needs, from the fault's own samples (None: it never had); a sustained rule
+    (thermal, gpu-count-drop) at the first sample that has shown it for the rule's `sustain_s`."""
     family, seen = fault.family, fault.samples
+    sustain_s = next(r.sustain_s for r in DEFAULT_RULES if r.name == RULE_OF[family])
     if family == "heartbeat":
         return (seen[-1] if seen else fault.onset) + silence_limit_s
     if family == "xid":
@@ -177,7 +180,7 @@ def reference(fault: Fault, silence_limit_s: float, sustain_s: float = 60.0, cou
     if family in ("ecc_rate", "nvlink_rate", "pcie_rate"):
         # A rate needs the sample before the first faulty one; the count-th faulty sample completes the rule.
         return seen[count - 1] if len(seen) >= count else None
-    if family == "thermal":
+    if sustain_s:
         return next((t for t in seen if t - seen[0] >= sustain_s), None) if seen else None
     return seen[0] if seen else None
 

@@ -334,8 +334,8 @@ class HealthEngine:
         elif rule.needs_reset:
             reason += "; out until the node reboots or an operator releases it"
         action = "rma" if entity.held and rule.action else rule.action
-        return self._move(entity, HealthState.QUARANTINED, now, Finding(rule.severity.value, rule.name, reason, action,
-                                                                        evidence, rule.needs_reset), force=escalation)  # fmt: skip
+        finding = Finding(rule.severity.value, rule.name, reason, action, evidence, rule.needs_reset)
+        return self._move(entity, HealthState.QUARANTINED, now, finding, force=escalation)
 
     def _move(
         self, entity: Entity, state: HealthState, now: float, finding: Finding, *, force: bool = False

@@ -97,7 +97,9 @@ DEFAULT_RULES: tuple[Rule, ...] = (
     Rule("power-throttle", "power_throttle", Severity.WARNING, count=3, window_s=60),
     Rule("nvml-recovery-action", "recovery_action", Severity.DEGRADED, action="reset-gpu"),
     Rule("heartbeat-loss", "heartbeat_loss", Severity.FATAL, scope="node", action="reboot-node"),
-    Rule("gpu-count-drop", "gpu_count_drop", Severity.FATAL, scope="node", action="reboot-node"),
+    # In every batch for 10 s: one batch missing a GPU (an NVML read that failed once) quarantined the whole node,
+    # interrupting the jobs on all its GPUs (found by review); a GPU truly gone stays gone (and XID 79 is at once).
+    Rule("gpu-count-drop", "gpu_count_drop", Severity.FATAL, scope="node", action="reboot-node", sustain_s=10),
 )  # fmt: skip
 
 
