@@ -523,6 +523,14 @@ SCENARIOS = [
         grace={"t": 0},
     ),
     Scenario(
+        "a job with a degraded GPU and a fatal one is interrupted at once (found by review: the first slot decided)",
+        [n8("a")],
+        [J("t").priority("train").grace_s(60).running_on(*holding("t", "a", 8)).build()],
+        cordoned={"a/0": degraded("thermal"), "a/5": fatal("XID 48")},
+        preempted={"t"},
+        grace={"t": 0},
+    ),
+    Scenario(
         "a degraded GPU drains its job with the checkpoint grace",
         [n8("a")],
         [J("t").priority("train").grace_s(60).running_on(*holding("t", "a", 8)).build()],

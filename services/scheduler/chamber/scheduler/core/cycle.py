@@ -25,7 +25,7 @@ from collections.abc import Collection, Container, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-from chamber.common.contracts import GpuRef
+from chamber.common.contracts import Cordon, GpuRef
 from chamber.common.quota import admits, may_reclaim
 from chamber.scheduler.core.admission import (
     Option,
@@ -1666,16 +1666,20 @@ class _Cycle:
         state = self.state
         if not state.cordoned:
             return
-        seen: set[str] = set()
+        worst: dict[str, tuple[str, Cordon]] = {}
+        """job -> the slot of its worst cordon, and that cordon (a fatal one over a degraded one: found by review,
+        the first slot's decided, and a job with a degraded GPU 0 and a fatal GPU 5 got its whole grace)."""
         for slot in sorted(state.cordoned):
             job_id = state.holder.get(slot)
-            if job_id is None or job_id in seen:
+            if job_id is None:
                 continue
-            seen.add(job_id)
+            found = worst.get(job_id)
+            if found is None or (state.cordoned[slot].fatal and not found[1].fatal):
+                worst[job_id] = (slot, state.cordoned[slot])
+        for job_id, (slot, cordon) in worst.items():
             job = state.running[job_id]
             if job.stopping:
                 continue
-            cordon = state.cordoned[slot]
             grace = 0.0 if cordon.fatal else job.checkpoint_grace_s
             job.stopping = True
             self.ctx.stopped(job)
