@@ -313,3 +313,36 @@ async def test_a_launch_repeated_after_a_restart_adopts_its_running_pods(setting
             assert await r.all_running()
         finally:
             await ex.close()
+
+
+async def test_a_stop_without_grace_is_reported_once_the_kubelet_stopped_the_pods(settings: Settings, bus: Bus) -> None:
+    """Found by review: pods were deleted with a grace of 0, which removes them from the API at once while the
+    kubelet runs their containers on for their grace; the stop was reported, and the GPUs released, at once. A
+    grace of 1 s (`kubectl delete --now`): the pods leave the API when the kubelet has stopped them."""
+    async with rig(settings, bus, grace_cap_s=20.0) as r:  # the emulated kubelet takes up to 20 s of a grace
+        ex = r.executor()
+        try:
+            await launched(r, ex)
+            t0 = time.monotonic()
+            await ex.stop(r.running(), "its GPU failed", 0.0)
+            await until(lambda: "JobStopped" in r.kinds(), "JobStopped", within=30)
+            assert time.monotonic() - t0 >= 0.9, "reported before the kubelet could have stopped anything"
+            assert await r.pods() == []
+        finally:
+            await ex.close()
+
+
+async def test_a_cancel_of_a_job_deleted_orphaning_its_pods_deletes_them(settings: Settings, bus: Bus) -> None:
+    """Found by review: `kubectl delete job --cascade=orphan`, then the cancel: the Job's delete was a 404 and the
+    pods were left alone; the stop was reported at its deadline with both pods still running, on released GPUs."""
+    async with rig(settings, bus) as r:
+        ex = r.executor()
+        try:
+            await launched(r, ex)
+            await r.kc.delete(JOBS, "j", "default", propagation="Orphan")
+            cancelled = msgspec.structs.replace(r.running(), cancel_requested=True)
+            await ex.stop(cancelled, "cancelled", 0.0)
+            await until(lambda: "JobStopped" in r.kinds(), "JobStopped", within=30)
+            assert [p for p in await r.pods() if p["status"].get("phase") == "Running"] == []
+        finally:
+            await ex.close()

@@ -258,16 +258,25 @@ class KubernetesExecutor:
         if ref is None or ref.kind not in RESOURCES:
             return
         try:
-            if attempt.deleting:
-                await self.client.delete(RESOURCES[ref.kind], ref.name, ref.namespace, propagation="Background")
-            else:
-                await self._suspend(attempt)
-            if not attempt.graceful:
+            gone = False
+            try:
+                if attempt.deleting:
+                    await self.client.delete(RESOURCES[ref.kind], ref.name, ref.namespace, propagation="Background")
+                else:
+                    await self._suspend(attempt)
+            except KubeNotFound:
+                # The workload is gone already. Its pods go with it, unless it was deleted orphaning them
+                # (`--cascade=orphan`): they are deleted here too (found by review: they ran on, on GPUs the ledger
+                # had released). The stop ends when they are gone.
+                gone = True
+            if not attempt.graceful or gone:
                 for pod in list(attempt.pods.values()):
                     with contextlib.suppress(KubeNotFound):
-                        await self.client.delete(PODS, meta(pod)["name"], ref.namespace, grace_s=0)
-        except KubeNotFound:
-            pass  # the workload is gone already: its pods are being deleted; the stop ends when they are gone
+                        # Never a grace of 0: that removes the pod from the API at once, while the kubelet still
+                        # runs its containers for their grace (found by review: the stop was reported, and the GPUs
+                        # released, with the containers running). 1 s is `kubectl delete --now`.
+                        await self.client.delete(PODS, meta(pod)["name"], ref.namespace,
+                                                 grace_s=None if attempt.graceful else 1)  # fmt: skip
         except KubeError as exc:
             log.warning("kube_executor.stop_failed", job_id=attempt.record.id, error=str(exc), retry_in_s=1)
             return
