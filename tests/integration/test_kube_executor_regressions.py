@@ -18,7 +18,7 @@ from chamber.common.clock import SystemClock
 from chamber.common.codec import Decoder
 from chamber.common.contracts import GpuRef, JobEvent, JobRecord, JobState, Placement
 from chamber.common.kube.client import JOBS, NODES, PODS, KubeClient
-from chamber.common.kube.errors import KubeUnavailable
+from chamber.common.kube.errors import KubeConflict, KubeUnavailable
 from chamber.common.kube.workloads import job_spec
 from chamber.common.settings import Settings
 from chamber.scheduler.executor.kubernetes import KubernetesExecutor
@@ -344,5 +344,35 @@ async def test_a_cancel_of_a_job_deleted_orphaning_its_pods_deletes_them(setting
             await ex.stop(cancelled, "cancelled", 0.0)
             await until(lambda: "JobStopped" in r.kinds(), "JobStopped", within=30)
             assert [p for p in await r.pods() if p["status"].get("phase") == "Running"] == []
+        finally:
+            await ex.close()
+
+
+async def test_a_job_deleted_and_made_again_under_its_name_is_left_to_its_own_job(settings: Settings, bus: Bus) -> None:
+    """Found by review: the executor acted on workloads by name only. `kubectl delete job j; kubectl apply -f
+    job.yaml`: the old job's cancel deleted the user's new Job, and the old job's launch unsuspended the new one,
+    its pods labelled, bound and reported as the old job's. Every write now carries the old one's UID (a
+    precondition the API server checks): the new Job is another's, left alone, and the old job is gone."""
+    async with rig(settings, bus) as r:
+        ex = r.executor()
+        try:
+            await launched(r, ex)
+            await r.kc.delete(JOBS, "j", "default", propagation="Background")
+            new = await r.kc.create(JOBS, job_obj(), "default")
+            old_uid = r.record.spec.workload.uid if r.record.spec.workload else ""
+            with pytest.raises(KubeConflict, match="Precondition failed"):  # as the API server answers
+                await r.kc.delete(JOBS, "j", "default", uid=old_uid)
+            with pytest.raises(KubeConflict, match="Precondition failed"):
+                await r.kc.patch(JOBS, "j", {"metadata": {"uid": old_uid}, "spec": {"suspend": False}}, "default")
+            cancelled = msgspec.structs.replace(r.running(), cancel_requested=True)
+            await ex.stop(cancelled, "cancelled", 0.0)
+            await until(lambda: "JobStopped" in r.kinds(), "JobStopped", within=30)
+            present = [j["metadata"]["uid"] for j in (await r.kc.list(JOBS, "default"))[0]]
+            assert new["metadata"]["uid"] in present, "the user's new Job was deleted for the old one's cancel"
+            relaunch = msgspec.structs.replace(r.record, attempt=2, placement=Placement(attempt=2, gpus=gpus_of(r)))
+            await ex.launch(relaunch)  # the old job placed again before its cancel came in
+            await until(lambda: "JobLaunchFailed" in r.kinds(), "JobLaunchFailed")
+            job = await r.kc.get(JOBS, "j", "default")
+            assert job["spec"]["suspend"] is True, "the new Job was unsuspended for the old one's job"
         finally:
             await ex.close()

@@ -294,6 +294,9 @@ class ChamberKubeEmulator(kmock.KubernetesEmulator):
             ctype = str(request.headers.get("Content-Type") or request.headers.get("content-type") or "")
             return _json(self._patch(rkey, ns, name, body, ctype, status_only=status_only))
         if method == "DELETE" and name:
+            uid = (doc.get("preconditions") or {}).get("uid")
+            if uid and (current := self.read(rkey, ns, name)) is not None:
+                _check_uid(current, uid)
             grace = doc.get("gracePeriodSeconds")
             if doc.get("propagationPolicy") == "Orphan":
                 return _json(self.remove(rkey, ns, name, orphan=True))
@@ -535,7 +538,19 @@ def _json(doc: Obj, status: int = 200) -> aiohttp.web.Response:
     return aiohttp.web.json_response(doc, status=status)
 
 
+def _check_uid(current: Obj, uid: object) -> None:
+    """A UID precondition (a patch's `metadata.uid`, a delete's `preconditions.uid`): the object is another one of
+    the same name (deleted and made again) unless its UID is the one given."""
+    if uid and uid != current["metadata"].get("uid"):
+        raise _error(
+            409, "Conflict",
+            f'Operation cannot be fulfilled on {current.get("kind", "object")} "{current["metadata"]["name"]}": '
+            f'Precondition failed: UID in precondition: {uid}, UID in object meta: {current["metadata"].get("uid")}',
+        )  # fmt: skip
+
+
 def _check_version(current: Obj, body: Obj) -> None:
+    _check_uid(current, (body.get("metadata") or {}).get("uid"))
     wanted = (body.get("metadata") or {}).get("resourceVersion")
     if wanted and wanted != current["metadata"].get("resourceVersion"):
         raise _error(

@@ -207,13 +207,16 @@ class KubeClient:
 
     async def delete(
         self, res: Resource, name: str, namespace: str | None = None, *, propagation: str | None = None,
-        grace_s: int | None = None,
+        grace_s: int | None = None, uid: str = "",
     ) -> Obj:  # fmt: skip
+        """`uid`: only the object of that UID (another one of the same name is a conflict, `KubeConflict`)."""
         body: Obj = {"apiVersion": "v1", "kind": "DeleteOptions"}
         if propagation:
             body["propagationPolicy"] = propagation
         if grace_s is not None:
             body["gracePeriodSeconds"] = grace_s
+        if uid:
+            body["preconditions"] = {"uid": uid}
         return await self.request("DELETE", res.path(namespace, name), body=body)
 
     async def serves(self, res: Resource) -> bool:

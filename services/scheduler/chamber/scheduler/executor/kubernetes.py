@@ -50,6 +50,7 @@ from chamber.common.contracts import (
     JobStarted,
     JobState,
     JobStopped,
+    WorkloadRef,
 )
 from chamber.common.kube import labels as L
 from chamber.common.kube.client import JOBS, JOBSETS, PODS, PYTORCHJOBS, TRAINJOBS, KubeClient, Obj, Resource
@@ -176,24 +177,29 @@ class KubernetesExecutor:
         }
         try:
             if ref.kind == "JobSet":
-                jobset = await self.client.get(JOBSETS, ref.name, ref.namespace)
+                jobset = _same(await self.client.get(JOBSETS, ref.name, ref.namespace), ref)
                 attempt.layout = workload_layout(jobset)
-                await self.client.patch(JOBSETS, ref.name, _unsuspend_jobset(jobset, template_meta), ref.namespace)
+                await self.client.patch(JOBSETS, ref.name, _with_uid(_unsuspend_jobset(jobset, template_meta), ref),
+                                        ref.namespace)  # fmt: skip
             elif ref.kind == "PyTorchJob":
-                pytorchjob = await self.client.get(PYTORCHJOBS, ref.name, ref.namespace)
+                pytorchjob = _same(await self.client.get(PYTORCHJOBS, ref.name, ref.namespace), ref)
                 attempt.layout = workload_layout(pytorchjob)
-                await self.client.patch(PYTORCHJOBS, ref.name, _unsuspend_pytorchjob(pytorchjob, template_meta),
+                await self.client.patch(PYTORCHJOBS, ref.name,
+                                        _with_uid(_unsuspend_pytorchjob(pytorchjob, template_meta), ref),
                                         ref.namespace)  # fmt: skip
             elif ref.kind == "TrainJob":
                 attempt.layout = await self._launch_trainjob(record, template_meta)
             else:
                 patch = {"spec": {"suspend": False, "template": {"metadata": template_meta}}}
-                await self.client.patch(JOBS, ref.name, patch, ref.namespace)
+                await self.client.patch(JOBS, ref.name, _with_uid(patch, ref), ref.namespace)
         except _NotReady as exc:
             await self._fail(record, str(exc))
             return
-        except KubeNotFound:
+        except (KubeNotFound, _Replaced):
             await self._fail(record, f"the Job {ref.namespace}/{ref.name} is gone")
+            return
+        except KubeConflict as exc:  # (a UID precondition: another workload of the name; or a concurrent change)
+            await self._fail(record, f"the Job {ref.namespace}/{ref.name} is gone or changed meanwhile: {exc}")
             return
         except KubeError as exc:
             await self._fail(record, f"could not unsuspend {ref.namespace}/{ref.name}: {exc}")
@@ -205,7 +211,7 @@ class KubernetesExecutor:
         """Put the attempt on the trainer's JobSet (its trainer step), then unsuspend the TrainJob."""
         ref = record.spec.workload
         assert ref is not None
-        await self.client.get(TRAINJOBS, ref.name, ref.namespace)  # gone: KubeNotFound, reported as such
+        _same(await self.client.get(TRAINJOBS, ref.name, ref.namespace), ref)  # gone: reported as such
         jobset: Obj | None = None
         waited = 0.0
         while jobset is None:  # the trainer makes it as soon as it sees the TrainJob, which may be after us
@@ -226,7 +232,7 @@ class KubernetesExecutor:
             raise _NotReady(f"the JobSet {ref.namespace}/{ref.name} has no trainer step")
         await self.client.patch(JOBSETS, ref.name, _jobset_patch(jobset, template_meta, trainer_only=True),
                                 ref.namespace)  # fmt: skip
-        await self.client.patch(TRAINJOBS, ref.name, {"spec": {"suspend": False}}, ref.namespace)
+        await self.client.patch(TRAINJOBS, ref.name, _with_uid({"spec": {"suspend": False}}, ref), ref.namespace)
         return layout
 
     async def stop(self, record: JobRecord, reason: str, grace_s: float = 0.0) -> None:
@@ -261,10 +267,11 @@ class KubernetesExecutor:
             gone = False
             try:
                 if attempt.deleting:
-                    await self.client.delete(RESOURCES[ref.kind], ref.name, ref.namespace, propagation="Background")
+                    await self.client.delete(RESOURCES[ref.kind], ref.name, ref.namespace, propagation="Background",
+                                             uid=ref.uid)  # fmt: skip
                 else:
                     await self._suspend(attempt)
-            except KubeNotFound:
+            except (KubeNotFound, KubeConflict):  # (a conflict: the UID precondition, another workload of the name)
                 # The workload is gone already. Its pods go with it, unless it was deleted orphaning them
                 # (`--cascade=orphan`): they are deleted here too (found by review: they ran on, on GPUs the ledger
                 # had released). The stop ends when they are gone.
@@ -514,7 +521,7 @@ class KubernetesExecutor:
             patch: Obj = {"spec": {"suspend": True}}
             if ref.kind == "PyTorchJob":
                 patch = {"spec": {"runPolicy": {"suspend": True}}}
-            await self.client.patch(RESOURCES[ref.kind], ref.name, patch, ref.namespace)
+            await self.client.patch(RESOURCES[ref.kind], ref.name, _with_uid(patch, ref), ref.namespace)
 
     async def _deadlines(self) -> None:
         while not self._stop.is_set():
@@ -612,6 +619,26 @@ def _unsuspend_pytorchjob(pytorchjob: Obj, template_meta: Obj) -> Obj:
     spec's pod template. `pytorchReplicaSpecs` is a map, so a merge patch adds to each template's metadata."""
     specs = {rtype: {"template": {"metadata": template_meta}} for rtype in pytorch_replica_specs(pytorchjob)}
     return {"spec": {"runPolicy": {"suspend": False}, "pytorchReplicaSpecs": specs}}
+
+
+class _Replaced(Exception):
+    """The workload of the name is another one (deleted and made again since the job was taken)."""
+
+
+def _same(obj: Obj, ref: WorkloadRef) -> Obj:
+    """`obj` if it is the workload `ref` names (its UID), else `_Replaced`."""
+    if ref.uid and meta(obj).get("uid") != ref.uid:
+        raise _Replaced(f"{ref.kind} {ref.namespace}/{ref.name} is another one now (uid {meta(obj).get('uid')})")
+    return obj
+
+
+def _with_uid(patch: Obj, ref: WorkloadRef) -> Obj:
+    """The patch, applied only to the workload `ref` names: its `metadata.uid` is a precondition (the API server
+    refuses it, 409, on another workload of the same name: found by review, a Job deleted and made again under its
+    name was unsuspended, or deleted, for the job of the old one)."""
+    if ref.uid:
+        patch = dict(patch, metadata=dict(patch.get("metadata") or {}, uid=ref.uid))
+    return patch
 
 
 def _undoing(attempt: Attempt) -> bool:
