@@ -376,3 +376,23 @@ async def test_a_job_deleted_and_made_again_under_its_name_is_left_to_its_own_jo
             assert job["spec"]["suspend"] is True, "the new Job was unsuspended for the old one's job"
         finally:
             await ex.close()
+
+
+async def test_a_stale_leader_undoes_no_launch_at_its_start_deadline(settings: Settings, bus: Bus) -> None:
+    """A leader whose lease was not confirmed lately (paused, cut off) undoes no launch on its own judgement: the
+    new leader may run that attempt now (found by review, as for the process executor). Once confirmed again, the
+    deadline applies."""
+    async with rig(settings, bus) as r:
+        fresh = [False]
+        ex = KubernetesExecutor(r.bus, SystemClock(), KubeClient.connect(r.run.url), start_timeout_s=1.0,
+                                lead_fresh=lambda: fresh[0])  # fmt: skip
+        try:
+            r.run.cluster.kubelets_paused = True  # bound pods never start
+            await ex.launch(r.record)
+            await asyncio.sleep(3.0)
+            assert "JobLaunchFailed" not in r.kinds()
+            fresh[0] = True
+            await until(lambda: "JobLaunchFailed" in r.kinds(), "the launch undone once the lease is confirmed")
+        finally:
+            r.run.cluster.kubelets_paused = False
+            await ex.close()

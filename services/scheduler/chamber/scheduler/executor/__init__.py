@@ -34,7 +34,9 @@ def make_executor(ctx: Context, bus: Bus, lead_fresh: Callable[[], bool] | None 
                 "CHAMBER_EXECUTOR=kubernetes needs CHAMBER_KUBE_API (in-cluster, kubeconfig or a URL)"
             )
         client = KubeClient.connect(ctx.settings.kube_api)
-        return KubernetesExecutor(bus, ctx.clock, client, start_timeout_s=ctx.settings.kube_start_timeout_s)
+        return KubernetesExecutor(
+            bus, ctx.clock, client, start_timeout_s=ctx.settings.kube_start_timeout_s, lead_fresh=lead_fresh
+        )
     raise ExecutorUnavailable(f"CHAMBER_EXECUTOR={kind} is not available in this build")
 
 

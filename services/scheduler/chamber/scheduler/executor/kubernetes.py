@@ -37,7 +37,7 @@ attempt whose workload finished meanwhile is reported finished, a repeated launc
 import asyncio
 import contextlib
 import copy
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from chamber.common.bus import Bus
@@ -141,11 +141,17 @@ def replica_nodes(record: JobRecord) -> list[str]:
 
 
 class KubernetesExecutor:
-    def __init__(self, bus: Bus, clock: Clock, client: KubeClient, *, start_timeout_s: float = 120.0) -> None:
+    def __init__(
+        self, bus: Bus, clock: Clock, client: KubeClient, *, start_timeout_s: float = 120.0,
+        lead_fresh: Callable[[], bool] | None = None,
+    ) -> None:  # fmt: skip
         self.bus = bus
         self.clock = clock
         self.client = client
         self.start_timeout_s = start_timeout_s
+        self.lead_fresh = lead_fresh
+        """False while this scheduler's lease was not confirmed lately: it then undoes no launch on its own
+        judgement (a start deadline), since another leader may run that attempt now (found by review)."""
         self.attempts: dict[str, Attempt] = {}
         """job id -> its current attempt."""
         self._stop = asyncio.Event()
@@ -542,7 +548,7 @@ class KubernetesExecutor:
                     continue
                 if attempt.started:
                     continue
-                if now - attempt.launched_at > self.start_timeout_s:
+                if now - attempt.launched_at > self.start_timeout_s and (self.lead_fresh is None or self.lead_fresh()):
                     await self._undo(attempt, f"not running within {self.start_timeout_s:g} s: {_pending(attempt)}")
 
     async def _finished(self, attempt: Attempt, succeeded: bool, message: str) -> None:
