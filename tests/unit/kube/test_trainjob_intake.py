@@ -79,3 +79,29 @@ async def test_a_trainjob_changed_during_a_failing_runtime_read_is_read_again() 
             break
         await asyncio.sleep(0.01)
     assert list(intake.waiting) == ["k8s-u-t"], f"runtime read {calls} times"
+
+
+async def test_a_trainjob_whose_runtime_could_not_be_read_is_read_again() -> None:
+    """Found by review: after its three tries failed (the API briefly unavailable), nothing read the runtime again,
+    and a suspended TrainJob that changes no more was never taken. It is read again after a back-off, until it is
+    taken (or its Job is gone)."""
+    intake = watcher_only()
+    calls = 0
+
+    async def flaky_runtime(tj: dict[str, Any]) -> dict[str, Any]:
+        nonlocal calls
+        calls += 1
+        if calls <= 3:
+            raise KubeUnavailable("GET clustertrainingruntimes/torch-chamber: 503")
+        return training_runtime()
+
+    intake.runtimes = flaky_runtime
+    tj = trainjob("t")
+    tj["metadata"] |= {"namespace": "nlp", "uid": "u-t", "resourceVersion": "1"}
+    await intake.on_job("ADDED", tj)
+    for _ in range(80):  # the three tries take 1.5 s, the first back-off 2 s
+        if intake.waiting:
+            break
+        await asyncio.sleep(0.1)
+    assert list(intake.waiting) == ["k8s-u-t"]
+    assert calls == 4

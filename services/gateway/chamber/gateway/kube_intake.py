@@ -187,6 +187,9 @@ class _Server(uvicorn.Server):
 RETRY_S = 2.0
 """How often submits and cancels JetStream did not store are published again."""
 
+UNREADABLE_MAX_S = 60.0
+"""The longest wait before a TrainJob whose runtime could not be read is read again (2, 4, 8, ... s before)."""
+
 RUNTIME_READS = 4
 """TrainJob runtime reads in flight at once (each may retry for seconds when the API errors)."""
 
@@ -223,6 +226,10 @@ class Intake:
         """TrainJobs whose training runtime is being read, before their submit can queue (ended if deleted)."""
         self._seen_meanwhile: dict[str, Obj] = {}
         """The latest object of a TrainJob whose Job changed while its runtime was being read."""
+        self._unreadable: dict[str, tuple[int, Obj, asyncio.TimerHandle | None]] = {}
+        """TrainJobs whose runtime could not be read (the API erred): (reads failed, the object, the timer of the
+        next read). Read again with a back-off (found by review: nothing read it again, and a suspended TrainJob
+        that changes no more was never taken)."""
         self._reads = asyncio.Semaphore(RUNTIME_READS)
         self._turn: tuple[str, asyncio.Task[None]] | None = None
         """The job whose turn at the gate the worker awaits, and that wait: its Job deleted, the wait is ended."""
@@ -286,6 +293,21 @@ class Intake:
             log.error("kube_intake.trainjob_failed", job_id=job_id, exc_info=exc)
         elif latest is not None and not task.result():  # (queued, the worker may have taken it already)
             self._start_read(job_id, latest)
+        elif task.result():
+            self._unreadable.pop(job_id, None)
+        elif (unreadable := self._unreadable.get(job_id)) is not None:
+            failed, job, _ = unreadable
+            delay = min(UNREADABLE_MAX_S, 2.0**failed)
+            timer = asyncio.get_running_loop().call_later(delay, self._read_again, job_id)
+            self._unreadable[job_id] = (failed, job, timer)
+
+    def _read_again(self, job_id: str) -> None:
+        """A TrainJob whose runtime could not be read, after its back-off: read again, unless its Job is gone or
+        taken since."""
+        unreadable = self._unreadable.get(job_id)
+        if unreadable is None or job_id in self._reading or job_id in self.submitted or job_id in self.waiting:
+            return
+        self._start_read(job_id, unreadable[1])
 
     async def _queue(self, job_id: str, job: Obj) -> bool:
         """Queue a new Job's submit for its turn at the gate (a TrainJob's once its runtime is read); False when
@@ -301,6 +323,8 @@ class Intake:
                 raise Rejection(refusal)
         except KubeError as exc:
             log.warning("kube_intake.runtime_unreadable", job=meta(job).get("name"), error=str(exc))
+            failed = self._unreadable.get(job_id, (0, job, None))[0] + 1
+            self._unreadable[job_id] = (failed, job, None)  # read again after a back-off (`_read`)
             return False  # not marked submitted: the next event or relist tries again
         except Rejection as exc:
             log.warning("kube_intake.rejected", job=meta(job).get("name"), namespace=meta(job).get("namespace"),
@@ -320,6 +344,9 @@ class Intake:
         """`job_id`'s Job is gone (or finished): its submit waits no more, also not for its runtime or its turn at
         the gate."""
         self._seen_meanwhile.pop(job_id, None)
+        unreadable = self._unreadable.pop(job_id, None)
+        if unreadable is not None and unreadable[2] is not None:
+            unreadable[2].cancel()
         reading = self._reading.pop(job_id, None)
         if reading is not None:
             reading.cancel()
