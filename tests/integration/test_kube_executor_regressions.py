@@ -16,7 +16,16 @@ from chamber.cli.kubesim.serve import Running, emulated_cluster
 from chamber.common.bus import Bus, PublishError
 from chamber.common.clock import SystemClock
 from chamber.common.codec import Decoder
-from chamber.common.contracts import GpuRef, JobEvent, JobRecord, JobState, Placement
+from chamber.common.contracts import (
+    GpuRef,
+    JobEvent,
+    JobLaunchFailed,
+    JobRecord,
+    JobStarted,
+    JobState,
+    JobStopped,
+    Placement,
+)
 from chamber.common.kube.client import JOBS, NODES, PODS, KubeClient
 from chamber.common.kube.errors import KubeConflict, KubeUnavailable
 from chamber.common.kube.workloads import job_spec
@@ -396,3 +405,83 @@ async def test_a_stale_leader_undoes_no_launch_at_its_start_deadline(settings: S
         finally:
             r.run.cluster.kubelets_paused = False
             await ex.close()
+
+
+def _jobset_obj() -> Obj:
+    """A JobSet of two one-pod replicated Jobs, `driver` and `workers`, 4 GPUs each."""
+
+    def rjob(name: str) -> Obj:
+        pod = {
+            "schedulerName": "chamber",
+            "restartPolicy": "Never",
+            "terminationGracePeriodSeconds": 1,
+            "containers": [{"name": "m", "image": "x", "resources": {"limits": {"nvidia.com/gpu": "4"}}}],
+        }
+        return {"name": name, "replicas": 1, "template": {"spec": {
+            "parallelism": 1, "completions": 1, "backoffLimit": 0, "template": {"spec": pod}}}}  # fmt: skip
+
+    return {"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
+            "metadata": {"name": "js", "namespace": "default",
+                         "labels": {"chamber.io/team": "nlp", "chamber.io/managed": "true"}},
+            "spec": {"suspend": True, "replicatedJobs": [rjob("driver"), rjob("workers")]}}  # fmt: skip
+
+
+async def test_a_jobset_resumed_after_one_of_its_jobs_completed_starts_again(settings: Settings, bus: Bus) -> None:
+    """Found by review: the JobSet controller does not resume a child Job that completed, so its pod never comes
+    back; the relaunch waited for it until its start deadline, in every attempt, and the job failed. A replica
+    that succeeded in an earlier attempt is not waited for (as for a Job's completed indexes)."""
+    from chamber.common.kube.client import JOBSETS
+
+    async with emulated_cluster(settings, tick_s=0.05, grace_cap_s=0.5, bookmark_interval_s=0.5) as run:
+        kc = KubeClient.connect(run.url)
+        nodes = [n["metadata"]["name"] for n in (await kc.list(NODES))[0]]
+        created = await kc.create(JOBSETS, _jobset_obj(), "default")
+        gpus = [GpuRef(nodes[0], i) for i in range(4)] + [GpuRef(nodes[1], i) for i in range(4)]
+        now = time.time()
+        record = JobRecord(
+            id=f"k8s-{created['metadata']['uid']}",
+            spec=job_spec(created),
+            state=JobState.PENDING,
+            submitted_at=now,
+            updated_at=now,
+            attempt=1,
+            placement=Placement(attempt=1, gpus=gpus),
+        )
+        events: list[JobEvent] = []
+
+        async def on(msg: Any) -> None:
+            events.append(Decoder(JobEvent).decode(msg.data))
+
+        sub = await bus.nc.subscribe(bus.names.subject("jobs.lifecycle.>"), cb=on)
+        ex = KubernetesExecutor(bus, SystemClock(), KubeClient.connect(run.url), start_timeout_s=8.0)
+        try:
+            await ex.launch(record)
+            await until(lambda: any(isinstance(e, JobStarted) for e in events), "started")
+            driver = next(
+                p
+                for p in (await kc.list(PODS, "default"))[0]
+                if p["metadata"]["labels"].get("jobset.sigs.k8s.io/replicatedjob-name") == "driver"
+            )
+
+            def end(p: Obj) -> Obj:
+                p["metadata"].setdefault("annotations", {})["chamber.io/sim-duration-s"] = "0"
+                return p
+
+            run.api.update("/v1/pods", "default", driver["metadata"]["name"], end)
+
+            async def driver_done() -> bool:
+                job = await kc.get(JOBS, "js-driver-0", "default")
+                return any(c["type"] == "Complete" for c in (job.get("status") or {}).get("conditions") or [])
+
+            await until(driver_done, "the driver's Job complete")
+            running = msgspec.structs.replace(record, state=JobState.RUNNING, started_at=time.time())
+            await ex.stop(running, "preempted", grace_s=1.0)
+            await until(lambda: any(isinstance(e, JobStopped) for e in events), "stopped", within=15)
+            events.clear()
+            await ex.launch(msgspec.structs.replace(record, attempt=2, placement=Placement(attempt=2, gpus=gpus)))
+            await until(lambda: any(isinstance(e, JobStarted) for e in events), "started again", within=6)
+            assert not any(isinstance(e, JobLaunchFailed) for e in events)
+        finally:
+            await ex.close()
+            await sub.unsubscribe()
+            await kc.close()

@@ -468,13 +468,17 @@ class KubernetesExecutor:
                                                           started_at=started_at), "started")  # fmt: skip
 
     def _completed_indexes(self, attempt: Attempt) -> set[int]:
-        """A Job's completion indexes that succeeded in an earlier attempt: the Job controller does not make them
-        again when the Job is resumed, so the relaunch waits for (and runs) only the others."""
+        """The replicas that succeeded in an earlier attempt of a Job (its completion indexes), or of a JobSet or a
+        TrainJob (a child Job that completed): their controllers do not make them again when the workload is
+        resumed, so the relaunch waits for (and runs) only the others (found by review: a JobSet resumed after one
+        of its replicated Jobs completed waited for that Job's pods until its start deadline, every attempt)."""
         ref = attempt.record.spec.workload
-        if ref is None or ref.kind != "Job":
+        if ref is None or ref.kind not in ("Job", "JobSet", "TrainJob"):
+            return set()
+        if ref.kind != "Job" and attempt.layout is None:
             return set()
         return {
-            replica_of(p)
+            replica_of(p, None if ref.kind == "Job" else attempt.layout)
             for p in self._pods_by_job.get(attempt.record.id, {}).values()
             if (pod_attempt(p) or 0) < attempt.record.attempt and (p.get("status") or {}).get("phase") == "Succeeded"
         }
