@@ -103,6 +103,35 @@ def test_a_lagging_node_that_dies_is_still_lost_when_its_arrivals_stop() -> None
     assert 229 < when < 231.5, "the silence limit after its last arrival"
 
 
+def test_a_node_whose_clock_runs_ahead_is_lost_on_time() -> None:
+    """Found by review: a node 600 s ahead that died was found silent 600 s late (its sample times were taken as
+    they were); a sample time ahead of the service's counts as the service's."""
+    e = engine()
+    run(e, NODES, 100, 200, skew=600.0)
+    got = run(e, NODES[1:], 200, 260)
+    assert node_rules(got, "n1") == [(HealthState.QUARANTINED, "heartbeat-loss")]
+    when = next(v.observed_at for v in got if v.node == "n1")
+    assert 229 < when < 231.5, "the silence limit after its last arrival"
+
+
+def test_a_node_ahead_does_not_defeat_the_guard_for_a_service_that_fell_behind() -> None:
+    """Found by review: one node's future samples moved the watermark past the service's clock, so a service that
+    handled nothing for 40 s found half the fleet lost when it resumed."""
+    e = engine()
+    run(e, NODES, 100, 140, skew=600.0)
+    assert [v for v in e.tick(180.0) if v.state == HealthState.QUARANTINED] == []
+
+
+def test_hits_from_before_a_clock_step_back_do_not_count_with_later_ones() -> None:
+    """Found by review: correctable-ECC hits at 3650 (the node 1 h ahead), then NTP stepped its clock back, and
+    isolated hits at 1300 and 2500 read as 3 in 60 s: quarantined."""
+    e = engine()
+    got: list[GpuHealthVerdict] = []
+    for at, sbe in ((3649.0, 0), (3650.0, 1000), (1299.0, 1000), (1300.0, 2000), (2499.0, 2000), (2500.0, 3000)):
+        got += e.observe(batch("n1", at, ecc_sbe_volatile=sbe), 50.0 + len(got))
+    assert [v.state for v in got if v.state == HealthState.QUARANTINED] == []
+
+
 # ---- 3. restart ---------------------------------------------------------------------------------------------------
 
 

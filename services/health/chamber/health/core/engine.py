@@ -180,11 +180,14 @@ class HealthEngine:
         return verdicts
 
     def _heard(self, batch: NodeTelemetry, now: float) -> None:
-        """A sample of the node's series: it is alive, on its own clock and on ours."""
-        self.last_seen[batch.node] = (batch.sampled_at, batch.interval_s)
+        """A sample of the node's series: it is alive, on its own clock and on ours. A sample time ahead of ours
+        counts as now (found by review: a node 600 s ahead was found silent 600 s late, and its future samples
+        moved the watermark past the service's clock, so a service that fell behind found every node lost)."""
+        sampled = min(batch.sampled_at, now)
+        self.last_seen[batch.node] = (sampled, batch.interval_s)
         self.arrived[batch.node] = now
         self.unheard.discard(batch.node)
-        self.watermark = max(self.watermark, batch.sampled_at)
+        self.watermark = max(self.watermark, sampled)
         if batch.boot_id:
             self.boots[batch.node] = batch.boot_id  # another than an entity waits in: it was reset (see `tick`)
 
@@ -450,6 +453,8 @@ def reported_gpus(samples: Sequence[GpuSample], parents: Mapping[str, str]) -> i
 def _count_hit(entity: Entity, rule: Rule, at: float) -> deque[float]:
     """Record a counted rule's hit at sample time `at`; its hits within the window."""
     times = entity.hits.setdefault(rule.name, deque())
+    while times and times[-1] > at:  # the node's clock stepped back: hits "after" this one are of no window now
+        times.pop()  # (found by review: kept, they counted with later ones forever, and a GPU was quarantined)
     times.append(at)
     while times and at - times[0] > rule.window_s:
         times.popleft()
