@@ -544,3 +544,26 @@ def test_one_batch_missing_a_gpu_is_no_fault() -> None:
     for t in range(40, 51):  # gone in every batch for 10 s: out
         got += e.observe(batch("n1", float(t), gpus=7), float(t))
     assert node_rules(got, "n1") == [(HealthState.QUARANTINED, "gpu-count-drop")]
+
+
+@pytest.mark.parametrize("inventory_first", [False, True])
+def test_a_node_out_for_a_lost_gpu_stays_out_across_a_restart(inventory_first: bool) -> None:
+    """Found by review: a node back from a reboot with 7 of its 8 GPUs was quarantined; the health service restarted,
+    rebuilt the expected count from the inventory (7), and the node came back healthy with the GPU still gone."""
+    e = engine(gpus=8)
+    e.set_inventory("n1", 7, 5.0)
+    got = sustained(e, lambda t: batch("n1", t, gpus=7), 6.0)
+    (out,) = [v for v in got if v.node == "n1" and v.gpu_index is None]
+    assert out.rule == "gpu-count-drop"
+    again = HealthEngine(config=CFG)
+    if inventory_first:
+        again.set_inventory("n1", 7, 20.0)
+        again.restore(out)
+    else:
+        again.restore(out)
+        again.set_inventory("n1", 7, 20.0)
+    later: list[GpuHealthVerdict] = []
+    for t in range(21, 21 + 3 * int(CFG.probation_s)):
+        later += again.observe(batch("n1", float(t), gpus=7), float(t)) + again.tick(t + 0.5)
+    assert [v.state for v in later if v.node == "n1" and v.gpu_index is None] == []
+    assert again.entities[("n1", None)].state == HealthState.QUARANTINED

@@ -115,6 +115,10 @@ class HealthEngine:
         """Physical GPUs in each node's latest inventory."""
         self.expected_gpus: dict[str, int] = {}
         """The most physical GPUs each node's inventory has had (reset by an operator's release of the node)."""
+        self.missing_before: dict[str, int] = {}
+        """GPUs a node was out for missing when this process started (`restore`): its first inventory after the
+        restart does not have them, and expected them too (found by review: a node quarantined for a lost GPU came
+        back healthy after a restart of the health service, the GPU still gone)."""
         self.parents: dict[str, Mapping[str, str]] = {}
         """Per node, MIG instance UUID -> its physical GPU's UUID, to count a batch's samples by physical GPU."""
         self.last_seen: dict[str, tuple[float, float]] = {}
@@ -143,7 +147,8 @@ class HealthEngine:
         The expected count only grows: an agent back from a reboot without a GPU reports the smaller inventory
         itself, and that is the fault gpu-count-drop is for. An operator's release accepts the readable ones."""
         self.node_gpus[node] = gpus
-        self.expected_gpus[node] = max(gpus + unreadable, self.expected_gpus.get(node, 0))
+        missing = self.missing_before.pop(node, 0)
+        self.expected_gpus[node] = max(gpus + unreadable + missing, self.expected_gpus.get(node, 0))
         self.parents[node] = dict(parents or {})
         self.last_seen.setdefault(node, (now, 0.0))
 
@@ -205,8 +210,10 @@ class HealthEngine:
 
     def command(self, cmd: HealthCommand, now: float) -> list[GpuHealthVerdict]:
         entity = self._entity(cmd.node, cmd.gpu_index)
-        if cmd.command == "release" and cmd.gpu_index is None and cmd.node in self.node_gpus:
-            self.expected_gpus[cmd.node] = self.node_gpus[cmd.node]  # re-provisioned with fewer GPUs on purpose
+        if cmd.command == "release" and cmd.gpu_index is None:
+            self.missing_before.pop(cmd.node, None)
+            if cmd.node in self.node_gpus:
+                self.expected_gpus[cmd.node] = self.node_gpus[cmd.node]  # re-provisioned with fewer GPUs on purpose
         if cmd.command == "cordon":
             entity.held = True
             finding = Finding(Severity.DEGRADED.value, "operator-cordon", cmd.reason or "cordoned by an operator")
@@ -413,6 +420,14 @@ class HealthEngine:
         entity.severity, entity.rule, entity.reason = verdict.severity, verdict.rule, verdict.reason
         entity.action, entity.held, entity.uuid = verdict.action, verdict.held, verdict.uuid
         entity.awaiting_reset, entity.boot_id = verdict.awaiting_reset, verdict.boot_id
+        if verdict.gpu_index is None and verdict.state in OUT and verdict.rule == "gpu-count-drop":
+            missing = int(verdict.evidence.get("gpu_count_drop", 0))
+            if verdict.node in self.node_gpus:  # its inventory came first
+                self.expected_gpus[verdict.node] = max(
+                    self.expected_gpus.get(verdict.node, 0), self.node_gpus[verdict.node] + missing
+                )
+            else:
+                self.missing_before[verdict.node] = missing
         if verdict.state in (HealthState.QUARANTINED, HealthState.SUSPECT):
             entity.last_bad = verdict.observed_at
         elif verdict.state == HealthState.RECOVERING:
