@@ -567,3 +567,19 @@ def test_a_node_out_for_a_lost_gpu_stays_out_across_a_restart(inventory_first: b
         later += again.observe(batch("n1", float(t), gpus=7), float(t)) + again.tick(t + 0.5)
     assert [v.state for v in later if v.node == "n1" and v.gpu_index is None] == []
     assert again.entities[("n1", None)].state == HealthState.QUARANTINED
+
+
+def test_a_gpu_that_keeps_coming_back_with_a_degraded_fault_is_held() -> None:
+    """Found by review: only fatal faults made repeat offenders; a correctable-ECC burst every 30 min made 47
+    quarantines (and 47 drains of its jobs) a day. The fifth degraded quarantine in 24 h holds it for an operator."""
+    e = engine()
+    got: list[GpuHealthVerdict] = []
+    sbe = 0
+    for t in range(6 * 1800):
+        burst = t % 1800 < 3
+        sbe += 1000 if burst else 0
+        got += e.observe(batch("n1", float(t), ecc_sbe_volatile=sbe), float(t)) + e.tick(t + 0.5)
+    quarantines = [v for v in got if v.gpu_index == 0 and v.state == HealthState.QUARANTINED]
+    assert len(quarantines) == 5, [(v.observed_at, v.state) for v in got if v.gpu_index == 0]
+    assert quarantines[-1].held
+    assert "5 quarantines in 24 h" in quarantines[-1].reason

@@ -90,6 +90,10 @@ class Entity:
     held: bool = False
     hits: dict[str, deque[float]] = field(default_factory=dict)
     fatal_events: deque[float] = field(default_factory=deque)
+    degraded_quarantines: deque[float] = field(default_factory=deque)
+    """When it was quarantined for a degraded fault, within the repeat window: a GPU that keeps coming back with
+    the same fault is held too (found by review: a correctable-ECC burst every 30 min made 47 quarantines, and
+    47 drains of its jobs, a day)."""
     streaks: dict[str, float] = field(default_factory=dict)
     breaker_alerted: float = float("-inf")
     """Sustained rule -> the sample time its signal started holding."""
@@ -221,6 +225,7 @@ class HealthEngine:
         entity.held = False
         entity.awaiting_reset = False
         entity.fatal_events.clear()
+        entity.degraded_quarantines.clear()
         entity.hits.clear()
         entity.last_bad = float("-inf")
         finding = Finding("", "operator-release", cmd.reason or "released by an operator")
@@ -338,9 +343,17 @@ class HealthEngine:
                 entity.fatal_events.popleft()
             if len(entity.fatal_events) >= self.config.repeat_count:
                 entity.held = True
+        elif rule.severity == Severity.DEGRADED and made and not escalation:
+            entity.degraded_quarantines.append(now)
+            while entity.degraded_quarantines and now - entity.degraded_quarantines[0] > self.config.repeat_window_s:
+                entity.degraded_quarantines.popleft()
+            if len(entity.degraded_quarantines) >= self.config.repeat_count:
+                entity.held = True
         reason = f"{rule.name}: {value:g}"
         if entity.held and rule.severity == Severity.FATAL:
             reason += f"; {len(entity.fatal_events)} fatal events in 24 h: out until an operator releases it"
+        elif entity.held:
+            reason += f"; {len(entity.degraded_quarantines)} quarantines in 24 h: out until an operator releases it"
         elif rule.needs_reset:
             reason += "; out until the node reboots or an operator releases it"
         action = "rma" if entity.held and rule.action else rule.action
