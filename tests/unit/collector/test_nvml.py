@@ -294,8 +294,12 @@ def test_a_transient_nvlink_failure_costs_one_sample_not_nvlink_monitoring() -> 
     dev["nvlink_down"] = set(range(18))
     assert reader.sample(0).nvlink_replay_errors is None, "every link down: nothing to sum this time"
     dev["nvlink_down"] = {17}
-    assert reader.sample(0).nvlink_replay_errors == 17
-    assert reader.sample(0).nvlink_crc_errors == 34
+    # A link that is down counts as last read (its counter only grows): the sum neither falls now nor jumps back
+    # when the link returns (found by review: summed over the links up, a flapping link made false bursts).
+    assert reader.sample(0).nvlink_replay_errors == 18
+    assert reader.sample(0).nvlink_crc_errors == 36
+    dev["nvlink_down"] = set()
+    assert reader.sample(0).nvlink_replay_errors == 18
 
 
 def test_a_gpu_without_nvlink_is_not_asked_again() -> None:
@@ -313,3 +317,51 @@ def test_a_gpu_without_nvlink_is_not_asked_again() -> None:
     fake.nvmlDeviceGetNvLinkState = counted  # type: ignore[method-assign]
     assert reader.sample(0).nvlink_replay_errors is None
     assert asked == []
+
+
+async def test_a_gpu_that_refuses_xid_events_leaves_the_others_watched() -> None:
+    """Found by review: the GPUs were registered in one try, so the first that refused (NOT_SUPPORTED, or lost
+    after the reader started) turned XID events off for the whole node: an XID 79 on another GPU went unseen."""
+
+    class Refusing(FakeNvml):
+        def nvmlDeviceRegisterEvents(self, handle: Any, types: int, event_set: Any) -> None:
+            if handle is self.handles[1]:
+                raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+            super().nvmlDeviceRegisterEvents(handle, types, event_set)
+
+    fake = Refusing([H100, H100, H100])
+    reader = NvmlReader(fake)
+    seen: list[tuple[int, int]] = []
+    watcher = XidWatcher(fake, reader.physical, lambda i, x: seen.append((i, x)), wait_ms=50)
+    assert watcher.start(asyncio.get_running_loop())
+    try:
+        fake.inject_xid(0, 79)
+        for _ in range(50):
+            if seen:
+                break
+            await asyncio.sleep(0.02)
+        assert seen == [(0, 79)]
+    finally:
+        watcher.stop()
+
+
+async def test_a_failing_event_wait_does_not_spin() -> None:
+    """Found by review: a wait that fails at once (GPU_IS_LOST, a GPU fallen off the bus) was tried again at once:
+    27,823 waits and as many warnings in half a second, a core pegged. It is logged once and waited out."""
+
+    class Lost(FakeNvml):
+        waits = 0
+
+        def nvmlEventSetWait_v2(self, event_set: Any, timeout_ms: int) -> Any:
+            Lost.waits += 1
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_GPU_IS_LOST)
+
+    fake = Lost([H100])
+    reader = NvmlReader(fake)
+    with capture_logs() as logs:
+        watcher = XidWatcher(fake, reader.physical, lambda i, x: None, wait_ms=500)
+        assert watcher.start(asyncio.get_running_loop())
+        await asyncio.sleep(0.5)
+        watcher.stop()
+    assert Lost.waits <= 5
+    assert sum(1 for entry in logs if entry["event"] == "nvml.xid_wait_failed") == 1

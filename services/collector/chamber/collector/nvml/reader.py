@@ -67,6 +67,8 @@ class NvmlReader:
         self.unsupported: set[tuple[int, str]] = set()
         self._links: dict[int, list[int]] = {}
         """Device index -> its physical GPU's NVLink links, learnt at the first read NVML answered for all links."""
+        self._link_counts: dict[tuple[int, int, int], int] = {}
+        """(device, link, counter) -> the link's error counter as last read (what a link that is down counts)."""
         self.entries = self._enumerate()
         self.handles = [e.handle for e in self.entries]
         self._gpm = [h is not None and self._gpm_supported(h) for h in self.physical]
@@ -354,8 +356,10 @@ class NvmlReader:
         return up or None
 
     def _nvlink(self, index: int, h: Any, links: list[int] | None, counter: int) -> int | None:
-        """Summed over the links that are up; None unless every one of them answered, since a sum with a link
-        missing would look like the counter falling, then jumping by that link's whole count."""
+        """Summed over every link the GPU has: those up as read now, those down as last read (a link's counter
+        only grows). None unless every link that is up answered, since a sum with a link missing would look like
+        the counter falling, then jumping by that link's whole count (found by review: summed over the links up
+        only, a link going down and back made a false burst of errors)."""
         if links is None:
             return None
         n = self.nvml
@@ -364,7 +368,9 @@ class NvmlReader:
             value = self._try(index, f"nvlink-{counter}", partial(n.nvmlDeviceGetNvLinkErrorCounter, h, link, counter))
             if value is None:
                 return None
-            total += int(value)
+            self._link_counts[(index, link, counter)] = int(value)
+        for link in self._links.get(index, links):
+            total += self._link_counts.get((index, link, counter), 0)
         return total
 
 
