@@ -74,6 +74,50 @@ async def test_admin_token_from_the_environment_replaces_the_bootstrap_one(setti
         assert gw.tokens.authenticate("first") is None
 
 
+async def test_the_last_admin_token_cannot_be_revoked(settings: Settings, cleanup: None) -> None:
+    """Found by review: the last admin revoked every admin token, its own included, and nobody could manage tokens,
+    teams or pools until the gateway restarted."""
+    from chamber.gateway.core.authz import Role
+    from chamber.gateway.tokens import LastAdmin
+
+    async with started(msgspec.structs.replace(settings, admin_token="first")) as gw:
+        with pytest.raises(LastAdmin):
+            await gw.tokens.revoke(BOOTSTRAP_ID)
+        assert gw.tokens.authenticate("first") is not None
+        record, token = await gw.tokens.create(name="second admin", role=Role.ADMIN, teams=(), created_by="t", now=0.0)
+        assert await gw.tokens.revoke(BOOTSTRAP_ID), "another admin is left"
+        with pytest.raises(LastAdmin):
+            await gw.tokens.revoke(record.id)
+        assert gw.tokens.authenticate(token) is not None
+
+
+async def test_a_revoked_bootstrap_token_is_not_brought_back_at_the_next_start(
+    settings: Settings, cleanup: None
+) -> None:
+    """Found by review: an admin who revoked a leaked bootstrap token (given in the environment or a file) got it
+    back, with full rights, at the next restart. A new one given is taken."""
+    from chamber.gateway.core.authz import Role
+
+    async with started(msgspec.structs.replace(settings, admin_token="leaked")) as gw:
+        await gw.tokens.create(name="other admin", role=Role.ADMIN, teams=(), created_by="t", now=0.0)
+        assert await gw.tokens.revoke(BOOTSTRAP_ID)
+    async with started(msgspec.structs.replace(settings, admin_token="leaked")) as gw:
+        assert gw.tokens.authenticate("leaked") is None
+    async with started(msgspec.structs.replace(settings, admin_token="rotated")) as gw:
+        assert gw.tokens.authenticate("rotated") is not None
+
+
+def test_a_token_file_is_private_even_where_it_was_not(tmp_path: Path) -> None:
+    """Found by review: the 0600 mode applied only to a file the gateway created; one there before kept its mode."""
+    from chamber.gateway.tokens import write_token_file
+
+    path = tmp_path / "dev-admin-token"
+    path.write_text("")
+    path.chmod(0o644)
+    write_token_file(str(path), "chm_x")
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+
+
 async def test_every_mutating_call_is_audited_with_who_what_and_the_result(
     settings: Settings, cleanup: None, capsys: pytest.CaptureFixture[str]
 ) -> None:

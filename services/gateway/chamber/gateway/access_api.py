@@ -11,11 +11,11 @@ from chamber.common.bus.errors import BusError
 from chamber.common.contracts import AuditRecord
 from chamber.gateway.core.authz import Permission, Principal, Role
 from chamber.gateway.core.requests import TokenRequest
-from chamber.gateway.errors import BadRequest, FieldProblem, NotFound, Unavailable
+from chamber.gateway.errors import BadRequest, Conflict, FieldProblem, NotFound, Unavailable
 from chamber.gateway.http_edge import body, principal
 from chamber.gateway.jobs_api import gateway
 from chamber.gateway.problems import note, responses
-from chamber.gateway.tokens import TokenRecord
+from chamber.gateway.tokens import LastAdmin, TokenRecord
 
 
 class TokenView(msgspec.Struct, kw_only=True):
@@ -72,7 +72,7 @@ async def create_token(request: Request[Any, Any, Any], data: JSONBody[TokenRequ
 
 
 @delete("/v1/tokens/{token_id:str}", status_code=HTTP_204_NO_CONTENT, summary="Revoke a token (admin)",
-        opt={"permission": Permission.TOKENS_MANAGE}, responses=responses(400, 401, 403, 404, 503))  # fmt: skip
+        opt={"permission": Permission.TOKENS_MANAGE}, responses=responses(400, 401, 403, 404, 409, 503))  # fmt: skip
 async def revoke_token(request: Request[Any, Any, Any], token_id: FromPath[str]) -> None:
     gw = gateway(request)
     if gw.tokens.get(token_id) is None:
@@ -80,6 +80,8 @@ async def revoke_token(request: Request[Any, Any, Any], token_id: FromPath[str])
     gw.require_bus()
     try:
         await gw.tokens.revoke(token_id)
+    except LastAdmin as exc:
+        raise Conflict(str(exc), code="last-admin") from exc
     except BusError as exc:
         raise Unavailable(str(exc)) from exc
 

@@ -31,6 +31,9 @@ from chamber.gateway.core.authz import Principal, Role
 log = get_logger(__name__)
 
 BOOTSTRAP_ID = "admin"
+REVOKED_BOOTSTRAP = "revoked-bootstrap"
+"""Key of the SHA-256 of the bootstrap admin token last revoked: bootstrap does not bring that token back (found
+by review: a leaked bootstrap token an admin revoked was written back, with full rights, at the next restart)."""
 TOKEN_PREFIX = "chm_"
 FILE_HEADER = (
     "# Chamber DEVELOPMENT admin token, written by the gateway at its first start (CHAMBER_ADMIN_TOKEN_FILE).\n"
@@ -76,8 +79,13 @@ def write_token_file(path: str, token: str) -> None:
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)  # the mode `os.open` gives applies only to a file it creates (found by review)
     with os.fdopen(fd, "w") as out:
         out.write(FILE_HEADER + token + "\n")
+
+
+class LastAdmin(Exception):
+    """Revoking this token would leave no admin token: nobody could manage tokens, teams or pools any more."""
 
 
 class TokenStore:
@@ -87,6 +95,8 @@ class TokenStore:
         self._by_id: dict[str, TokenRecord] = {}
         self._by_hash: dict[str, TokenRecord] = {}
         self._follow: KvFollow | None = None
+        self._revoked_bootstrap = ""
+        """The SHA-256 of the bootstrap admin token last revoked (`REVOKED_BOOTSTRAP`)."""
 
     @classmethod
     async def open(cls, bus: Bus) -> "TokenStore":
@@ -117,6 +127,9 @@ class TokenStore:
         a NATS restart too, so a revocation made then takes effect at once)."""
 
         def on_entry(entry: KvEntry) -> None:
+            if entry.key == REVOKED_BOOTSTRAP:
+                self._revoked_bootstrap = entry.value.decode(errors="replace") if entry.value else ""
+                return
             if not entry.value:
                 self._forget(entry.key)
                 return
@@ -144,9 +157,19 @@ class TokenStore:
         return record, token
 
     async def revoke(self, token_id: str) -> bool:
-        if token_id not in self._by_id:
+        """Revoke a token; `LastAdmin` for the last admin token (found by review: the last admin could revoke every
+        admin token, its own too, and nobody could manage anything until the gateway restarted)."""
+        record = self._by_id.get(token_id)
+        if record is None:
             return False
+        if record.role == Role.ADMIN and not any(
+            r.role == Role.ADMIN and r.id != token_id for r in self._by_id.values()
+        ):
+            raise LastAdmin(f"token {token_id} is the last admin token: mint another admin token first")
         try:
+            if token_id == BOOTSTRAP_ID:
+                await self.kv.put(REVOKED_BOOTSTRAP, record.secret_sha256.encode())
+                self._revoked_bootstrap = record.secret_sha256
             await self.kv.delete(token_id)
         except nats.errors.Error as exc:
             raise BusError(f"cannot revoke token {token_id}: {exc}") from exc
@@ -171,6 +194,10 @@ class TokenStore:
     async def bootstrap(self, admin_token: str, token_file: str, now: float) -> str | None:
         """Make sure an admin can get in (see the module docstring). Returns a freshly minted token to announce."""
         given = admin_token or (read_token_file(token_file) if token_file else "")
+        if given and digest(given) == self._revoked_bootstrap:
+            log.warning("tokens.bootstrap_revoked", detail="the bootstrap admin token given was revoked: not "
+                        "reinstated (give another one to make a new bootstrap admin)")  # fmt: skip
+            return None
         if given:
             existing = self._by_id.get(BOOTSTRAP_ID)
             if existing is None or existing.secret_sha256 != digest(given) or existing.role != Role.ADMIN:
