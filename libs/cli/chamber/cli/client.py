@@ -42,6 +42,7 @@ def write_config(url: str, token: str) -> Path:
     path = config_path()
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)  # it holds a token: private even where the file was there before, with another mode
     with os.fdopen(fd, "w") as out:
         json.dump({"url": url, "token": token}, out)
     return path
