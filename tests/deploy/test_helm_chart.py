@@ -245,8 +245,14 @@ def test_nats_and_valkey_ask_every_client_for_a_password_by_default() -> None:
         env = [e["name"] for e in container["env"]]
         refs = {e["name"]: e["valueFrom"].get("secretKeyRef") for e in container["env"] if "valueFrom" in e}
         assert refs["CHAMBER_NATS_PASSWORD"] == {"name": "chamber-nats", "key": "password"}, name
-        assert refs["VALKEY_PASSWORD"] == {"name": "chamber-valkey", "key": "password"}, name
         assert env.index("CHAMBER_NATS_PASSWORD") < env.index("CHAMBER_NATS_URL"), "defined before it is used"
+        if "node-agent" in name:
+            # Found by review: the agent never opens the ledger, and a pod on a GPU node, next to user workloads,
+            # that could write it could double-book GPUs: it gets neither the password nor the URL.
+            assert "VALKEY_PASSWORD" not in env, name
+            assert "CHAMBER_REDIS_URL" not in env, name
+            continue
+        assert refs["VALKEY_PASSWORD"] == {"name": "chamber-valkey", "key": "password"}, name
         assert env.index("VALKEY_PASSWORD") < env.index("CHAMBER_REDIS_URL"), "defined before it is used"
     given = render({"nats": {"auth": {"password": "n4ts.Pass"}}, "valkey": {"password": "v4lkey-Pass"}})
     secrets = {d["metadata"]["name"]: d for d in given if d["kind"] == "Secret"}
@@ -298,3 +304,17 @@ def test_a_configuration_change_restarts_what_reads_it_and_no_pod_carries_a_pass
     rules = annotations({"health": {"rules": "- {name: r, signal: xid, severity: fatal, xids: [13]}\n"}})
     health = "Deployment/chamber-health"
     assert rules[health]["checksum/config"] != before[health]["checksum/config"]
+
+
+def test_the_grpc_api_is_served_and_reachable() -> None:
+    """Found by review: the gateway listened for gRPC, but the chart declared no port for it, no Service port, and
+    the default-deny NetworkPolicy blocked it."""
+    docs = render({"networkPolicy": {"enabled": True}})
+    gateway = _containers(docs)["Deployment/chamber-gateway/gateway"]
+    env = {e["name"]: e.get("value") for e in gateway["env"]}
+    assert env["CHAMBER_GRPC_PORT"] == "50051"
+    assert {"name": "grpc", "containerPort": 50051} in gateway["ports"]
+    service = next(d for d in docs if d["kind"] == "Service" and d["metadata"]["name"] == "chamber-api")
+    assert {"name": "grpc", "port": 50051, "targetPort": "grpc"} in service["spec"]["ports"]
+    policy = next(d for d in docs if d["kind"] == "NetworkPolicy" and d["metadata"]["name"] == "chamber-gateway")
+    assert {"port": "grpc"} in policy["spec"]["ingress"][0]["ports"]

@@ -53,21 +53,13 @@ checksum/config: {{ toJson (list .Values.health.rules .Values.quota.config) | sh
 
 {{/* The environment every Chamber container shares: where the bus and the ledger are, and how to log. */}}
 {{- define "chamber.env" -}}
-{{- if and (not .Values.nats.enabled) .Values.nats.existingSecret }}
-- name: CHAMBER_NATS_URL
-  valueFrom: {secretKeyRef: {name: {{ .Values.nats.existingSecret }}, key: url}}
-{{- else }}
-{{- if and .Values.nats.enabled .Values.nats.auth.enabled }}
-- name: CHAMBER_NATS_PASSWORD
-  valueFrom: {secretKeyRef: {name: {{ include "chamber.fullname" . }}-nats, key: password}}
-{{- end }}
-- name: CHAMBER_NATS_URL
-  value: {{ include "chamber.natsUrl" . | quote }}
-{{- end }}
-{{- if .Values.nats.enabled }}
-- name: CHAMBER_NATS_REPLICAS
-  value: {{ min 3 (int .Values.nats.replicas) | quote }}
-{{- end }}
+{{ include "chamber.busEnv" . }}
+{{ include "chamber.ledgerEnv" . }}
+{{- end -}}
+
+{{/* Where the ledger is (Valkey/Redis): not for the node agent, which never opens it (a pod on a GPU node, next to
+user workloads, that could write the ledger could double-book GPUs: found by review). */}}
+{{- define "chamber.ledgerEnv" -}}
 {{- if .Values.valkey.enabled }}
 {{- if .Values.valkey.auth.enabled }}
 - name: VALKEY_PASSWORD
@@ -84,6 +76,25 @@ checksum/config: {{ toJson (list .Values.health.rules .Values.quota.config) | sh
 {{- else }}
 - name: CHAMBER_REDIS_URL
   value: {{ .Values.valkey.url | quote }}
+{{- end }}
+{{- end -}}
+
+{{/* Where the bus is, and how to log. */}}
+{{- define "chamber.busEnv" -}}
+{{- if and (not .Values.nats.enabled) .Values.nats.existingSecret }}
+- name: CHAMBER_NATS_URL
+  valueFrom: {secretKeyRef: {name: {{ .Values.nats.existingSecret }}, key: url}}
+{{- else }}
+{{- if and .Values.nats.enabled .Values.nats.auth.enabled }}
+- name: CHAMBER_NATS_PASSWORD
+  valueFrom: {secretKeyRef: {name: {{ include "chamber.fullname" . }}-nats, key: password}}
+{{- end }}
+- name: CHAMBER_NATS_URL
+  value: {{ include "chamber.natsUrl" . | quote }}
+{{- end }}
+{{- if .Values.nats.enabled }}
+- name: CHAMBER_NATS_REPLICAS
+  value: {{ min 3 (int .Values.nats.replicas) | quote }}
 {{- end }}
 - name: CHAMBER_NAMESPACE
   value: {{ .Values.busNamespace | quote }}
