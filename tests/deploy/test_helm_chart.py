@@ -299,7 +299,9 @@ def test_a_configuration_change_restarts_what_reads_it_and_no_pod_carries_a_pass
         }
 
     before = annotations({"nats": {"auth": {"password": "hunter2"}}})
-    assert {k for k, a in before.items() if a} == {"Deployment/chamber-health", "Deployment/chamber-quota"}
+    assert {k for k, a in before.items() if a} == {
+        "Deployment/chamber-health", "Deployment/chamber-quota", "StatefulSet/chamber-nats"
+    }  # fmt: skip
     assert annotations({"nats": {"auth": {"password": "other"}}}) == before
     rules = annotations({"health": {"rules": "- {name: r, signal: xid, severity: fatal, xids: [13]}\n"}})
     health = "Deployment/chamber-health"
@@ -318,3 +320,18 @@ def test_the_grpc_api_is_served_and_reachable() -> None:
     assert {"name": "grpc", "port": 50051, "targetPort": "grpc"} in service["spec"]["ports"]
     policy = next(d for d in docs if d["kind"] == "NetworkPolicy" and d["metadata"]["name"] == "chamber-gateway")
     assert {"port": "grpc"} in policy["spec"]["ingress"][0]["ports"]
+
+
+def test_a_change_to_the_nats_configuration_restarts_the_nats_servers() -> None:
+    """Found by review: going from 1 NATS server to 3 changed only `replicas`; nats-0 kept its standalone
+    configuration beside the new cluster, and JetStream split in two. The pod template carries a checksum of what
+    shapes the configuration (not the password)."""
+
+    def checksum(values: dict[str, Any]) -> str:
+        nats = next(d for d in render(values) if d["kind"] == "StatefulSet" and d["metadata"]["name"] == "chamber-nats")
+        annotations: dict[str, str] = nats["spec"]["template"]["metadata"]["annotations"]
+        return annotations["checksum/config"]
+
+    one = checksum({})
+    assert checksum({"nats": {"replicas": 3}}) != one
+    assert checksum({"nats": {"auth": {"password": "another-Pass1"}}}) == one, "no verifier of the password"
