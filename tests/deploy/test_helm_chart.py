@@ -335,3 +335,17 @@ def test_a_change_to_the_nats_configuration_restarts_the_nats_servers() -> None:
     one = checksum({})
     assert checksum({"nats": {"replicas": 3}}) != one
     assert checksum({"nats": {"auth": {"password": "another-Pass1"}}}) == one, "no verifier of the password"
+
+
+def test_streams_on_an_existing_clustered_nats_can_be_replicated() -> None:
+    """Found by review: with the chart's NATS off, CHAMBER_NATS_REPLICAS was never set, and no value set it: every
+    stream and bucket on an existing NATS cluster kept one copy."""
+
+    def replicas(values: dict[str, Any]) -> str | None:
+        gateway = _containers(render(values))["Deployment/chamber-gateway/gateway"]
+        return {e["name"]: e.get("value") for e in gateway["env"]}.get("CHAMBER_NATS_REPLICAS")
+
+    external = {"nats": {"enabled": False, "url": "nats://nats.messaging:4222"}}
+    assert replicas(external) is None
+    assert replicas({"nats": {**external["nats"], "streamReplicas": 3}}) == "3"
+    assert replicas({"nats": {"replicas": 3}}) == "3"

@@ -92,7 +92,10 @@ user workloads, that could write the ledger could double-book GPUs: found by rev
 - name: CHAMBER_NATS_URL
   value: {{ include "chamber.natsUrl" . | quote }}
 {{- end }}
-{{- if .Values.nats.enabled }}
+{{- if .Values.nats.streamReplicas }}
+- name: CHAMBER_NATS_REPLICAS
+  value: {{ min 3 (int .Values.nats.streamReplicas) | quote }}
+{{- else if .Values.nats.enabled }}
 - name: CHAMBER_NATS_REPLICAS
   value: {{ min 3 (int .Values.nats.replicas) | quote }}
 {{- end }}
