@@ -129,6 +129,20 @@ def test_allocated_but_idle_gpu_hours_accumulate_per_team_and_job() -> None:
     assert snap.allocated_idle_gpu_hours_by_job["notebook"] == pytest.approx(1.0)
 
 
+def test_a_write_of_a_running_jobs_record_keeps_its_idle_hours() -> None:
+    """Found by review: every write of a record (a reason, a counter) reset the job's idle hours to zero."""
+    m = fleet({"n1": ("h100", 1)})
+    record = holding("notebook", "lab", ("n1", 0))
+    m.on_record(record)
+    for t in range(0, 1801, 60):
+        m.ingest(batch("n1", [0.0], at=float(t)))
+        m.snapshot(float(t))
+    m.on_record(msgspec.structs.replace(record, updated_at=1800.0, run_s=5.0))
+    m.ingest(batch("n1", [0.0], at=1860.0))
+    snap = m.snapshot(1860.0)
+    assert snap.allocated_idle_gpu_hours_by_job["notebook"] == pytest.approx(31 / 60, abs=1e-3)  # (rounded)
+
+
 def test_the_per_job_idle_hours_stay_bounded() -> None:
     """Only jobs holding GPUs now are listed, at most JOBS_REPORTED of them, the idlest first."""
     gpus = JOBS_REPORTED + 50

@@ -239,10 +239,14 @@ class FleetMetrics:
     def on_record(self, record: JobRecord) -> None:
         """A job record changed: who holds which GPU, and who waits."""
         job = record.id
-        self._release(job)
+        slots = []
         if holds_gpus(record):
             assert record.placement is not None
             slots = [self.slots.slot(g.node, g.index) for g in record.placement.gpus]
+        if slots and self.job_slots.get(job) == slots:
+            pass  # the same GPUs: its idle time goes on (found by review: every write of the record reset it)
+        elif slots:
+            self._release(job)
             jid = self.jobs.id(job)
             if jid >= len(self.job_idle_s):
                 self.job_idle_s = np.concatenate([self.job_idle_s, np.zeros(max(64, len(self.job_idle_s)))])
@@ -252,6 +256,8 @@ class FleetMetrics:
                 cols.job[slot] = jid
                 cols.team[slot] = tid
             self.job_slots[job] = slots
+        else:
+            self._release(job)
         waits = record.state in WAITING and record.placement is None
         known = self.waiting.pop(job, None)
         if known is not None:
