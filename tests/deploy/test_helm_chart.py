@@ -38,6 +38,21 @@ VARIANTS: dict[str, dict[str, Any]] = {
         "health": {"rules": "[]\n"},
         "gateway": {"adminTokenSecret": {"name": "chamber-admin"}},
     },
+    "system-pool": {
+        "controlPlane": {
+            "nodeSelector": {"pool": "system"},
+            "priorityClassName": "system-cluster-critical",
+            "tolerations": [{"key": "system", "operator": "Exists", "effect": "NoSchedule"}],
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": [
+                        {"matchExpressions": [{"key": "nvidia.com/gpu.present", "operator": "DoesNotExist"}]}
+                    ]
+                }
+            },
+        },
+        "nats": {"replicas": 3, "streamReplicas": 3},
+    },
 }
 
 
@@ -349,3 +364,30 @@ def test_streams_on_an_existing_clustered_nats_can_be_replicated() -> None:
     assert replicas(external) is None
     assert replicas({"nats": {**external["nats"], "streamReplicas": 3}}) == "3"
     assert replicas({"nats": {"replicas": 3}}) == "3"
+
+
+def test_chambers_own_pods_can_be_placed_off_the_gpu_nodes() -> None:
+    """Found by review: the schema refused nodeSelector, tolerations and affinity for every component, so the
+    services, NATS and Valkey could not be kept off GPU nodes (where a quarantine drains every pod but DaemonSets')
+    nor put on a tainted system pool. `controlPlane` places them all (not the node agent); the scheduler keeps its
+    pod anti-affinity beside a node affinity."""
+    affinity = {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchExpressions": [{"key": "nvidia.com/gpu.present", "operator": "DoesNotExist"}]}]}}  # fmt: skip
+    values = {"controlPlane": {"nodeSelector": {"pool": "system"}, "priorityClassName": "system-cluster-critical",
+                               "tolerations": [{"key": "system", "operator": "Exists", "effect": "NoSchedule"}],
+                               "nodeAffinity": affinity}}  # fmt: skip
+    docs = render(values)
+    pods = {f"{d['kind']}/{d['metadata']['name']}": d["spec"]["template"]["spec"]
+            for d in docs if d["kind"] in ("Deployment", "StatefulSet", "DaemonSet")}  # fmt: skip
+    for name, pod in pods.items():
+        if name == "DaemonSet/chamber-node-agent":
+            assert "nodeSelector" not in pod or pod["nodeSelector"] != {"pool": "system"}, name
+            continue
+        assert pod["nodeSelector"] == {"pool": "system"}, name
+        assert pod["tolerations"] == values["controlPlane"]["tolerations"], name
+        assert pod["priorityClassName"] == "system-cluster-critical", name
+        assert pod["affinity"]["nodeAffinity"] == affinity, name
+    assert "podAntiAffinity" in pods["Deployment/chamber-scheduler"]["affinity"]
+    plain = render({})
+    scheduler = next(d for d in plain if d["metadata"]["name"] == "chamber-scheduler" and d["kind"] == "Deployment")
+    assert set(scheduler["spec"]["template"]["spec"]["affinity"]) == {"podAntiAffinity"}

@@ -169,3 +169,24 @@ volumes:
   {{- toYaml . | nindent 2 }}
   {{- end }}
 {{- end -}}
+
+{{/* Where Chamber's own pods run (`controlPlane`): node selector, tolerations, priority class, and (with `extra`, an
+affinity of the pod's own) the affinity. Goes in a pod spec. */}}
+{{- define "chamber.placement" -}}
+{{- $cp := .root.Values.controlPlane -}}
+{{- with $cp.nodeSelector }}
+nodeSelector: {{ toYaml . | nindent 2 }}
+{{- end }}
+{{- with $cp.tolerations }}
+tolerations: {{ toYaml . | nindent 2 }}
+{{- end }}
+{{- with $cp.priorityClassName }}
+priorityClassName: {{ . | quote }}
+{{- end }}
+{{- $affinity := dict -}}
+{{- with $cp.nodeAffinity }}{{- $_ := set $affinity "nodeAffinity" . -}}{{- end }}
+{{- with .extra }}{{- $affinity = merge $affinity . -}}{{- end }}
+{{- with $affinity }}
+affinity: {{ toYaml . | nindent 2 }}
+{{- end }}
+{{- end -}}
