@@ -414,9 +414,10 @@ class HealthEngine:
         while the service was down is found lost once its silence limit passes, not forgotten."""
         if batch.interval_s <= 0 or self.last_seen.get(batch.node, (0.0, 0.0))[1]:
             return  # not a sample of its series, or heard from in this process already
-        self.last_seen[batch.node] = (batch.sampled_at, batch.interval_s)
+        sampled = min(batch.sampled_at, now)  # (a sample time ahead of ours counts as now, as in `_heard`)
+        self.last_seen[batch.node] = (sampled, batch.interval_s)
         self.arrived[batch.node] = now
-        self.watermark = max(self.watermark, batch.sampled_at)
+        self.watermark = max(self.watermark, sampled)
         if batch.boot_id:
             self.boots[batch.node] = batch.boot_id  # its boot when the service stopped: no reboot evidence by itself
 
