@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from chamber.collector.agent.runner import RunnerConfig
+from chamber.collector.agent.runner import Replica, RunnerConfig
 from chamber.collector.agent.server import AgentServer
 from chamber.common.clock import SystemClock
 from chamber.common.contracts import GpuDevice, LaunchReplicas, ReplicaAssignment
@@ -59,20 +59,31 @@ class SilentJetStream:
         self.heartbeats += 1
 
 
-async def test_heartbeats_and_leases_go_on_while_jetstream_does_not_acknowledge(tmp_path: Path) -> None:
-    bus = SilentJetStream()
+async def _serving(bus: object, tmp_path: Path) -> AgentServer:
+    """An agent for one GPU, with a 2 s agent timeout (its shims fence after 1 s without a lease touch)."""
     config = RunnerConfig(
         node="n1", gpus=[GpuDevice(index=0, uuid="GPU-a", model="H100")], root=tmp_path / "agent",
         checkpoint_root=tmp_path / "ck", address="127.0.0.1", timeout_s=2.0, heartbeat_s=0.1,
     )  # fmt: skip
     server = AgentServer(bus, SystemClock(), config)  # type: ignore[arg-type]
     await server.start()
+    return server
+
+
+def _sleeper(server: AgentServer) -> Replica:
+    """A replica that sleeps, launched on the agent."""
+    req = LaunchReplicas(job_id="j1", attempt=1, replicas=1, command=["sleep", "1000"],
+                         assignments=[ReplicaAssignment(replica=0, gpus=[0])])  # fmt: skip
+    assert server.runner.launch(req).ok
+    return server.runner.replicas[("j1", 1, 0)]
+
+
+async def test_heartbeats_and_leases_go_on_while_jetstream_does_not_acknowledge(tmp_path: Path) -> None:
+    bus = SilentJetStream()
+    server = await _serving(bus, tmp_path)
     replica = None
     try:
-        req = LaunchReplicas(job_id="j1", attempt=1, replicas=1, command=["sleep", "1000"],
-                             assignments=[ReplicaAssignment(replica=0, gpus=[0])])  # fmt: skip
-        assert server.runner.launch(req).ok
-        replica = server.runner.replicas[("j1", 1, 0)]
+        replica = _sleeper(server)
         await asyncio.sleep(2.5)  # past the shims' fence (half the 2 s agent timeout), twice over
         assert bus.reports_waiting >= 1, "a report is stuck in JetStream"
         assert bus.heartbeats >= 15, bus.heartbeats
@@ -91,18 +102,10 @@ async def test_a_silently_cut_off_agent_lets_its_replicas_fence_themselves(tmp_p
     heartbeats stopped reaching it. A lease is touched only after the server answered a round trip."""
     bus = SilentJetStream()
     bus.nc = _Blackholed()
-    config = RunnerConfig(
-        node="n1", gpus=[GpuDevice(index=0, uuid="GPU-a", model="H100")], root=tmp_path / "agent",
-        checkpoint_root=tmp_path / "ck", address="127.0.0.1", timeout_s=2.0, heartbeat_s=0.1,
-    )  # fmt: skip
-    server = AgentServer(bus, SystemClock(), config)  # type: ignore[arg-type]
-    await server.start()
+    server = await _serving(bus, tmp_path)
     replica = None
     try:
-        req = LaunchReplicas(job_id="j1", attempt=1, replicas=1, command=["sleep", "1000"],
-                             assignments=[ReplicaAssignment(replica=0, gpus=[0])])  # fmt: skip
-        assert server.runner.launch(req).ok
-        replica = server.runner.replicas[("j1", 1, 0)]
+        replica = _sleeper(server)
         for _ in range(100):  # the fence: half the agent timeout without a touch, then its grace
             if replica.state.ending is not None:
                 break
