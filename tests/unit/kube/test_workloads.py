@@ -122,6 +122,20 @@ def test_outcomes_and_pod_readings() -> None:
     assert pod_disrupted(pod) == "EvictionByEvictionAPI"
 
 
+def test_odd_index_readings_neither_raise_nor_override_the_controllers() -> None:
+    """Found by review: "²" is a digit to `str.isdigit` and raised in `int`, in the executor's progress and resync;
+    a template's annotation of the replica-index key overrode the operator's label."""
+    from chamber.common.kube.workloads import pod_attempt
+
+    odd = {"metadata": {"annotations": {"batch.kubernetes.io/job-completion-index": "²", "chamber.io/attempt": "٣"}}}
+    assert replica_of(odd) == 0
+    assert pod_attempt(odd) is None
+    key = "training.kubeflow.org/replica-index"
+    both = {"metadata": {"labels": {"training.kubeflow.org/replica-type": "worker", key: "2"},
+                         "annotations": {key: "0"}}}  # fmt: skip
+    assert replica_of(both, {"worker": (1, 3)}) == 3
+
+
 def jobset(*groups: tuple[str, int, int, int]) -> dict[str, Any]:
     """A JobSet of replicated Jobs (name, child Jobs, pods per child, GPUs per pod)."""
     rjobs = [

@@ -485,8 +485,10 @@ def replica_of(pod: Obj, layout: dict[str, tuple[int, int]] | None = None) -> in
     lab = labels_of(pod)
 
     def number(key: str) -> int:
-        raw = annotations_of(pod).get(key) or lab.get(key) or "0"
-        return int(raw) if raw.isdigit() else 0
+        # The controller's label first (a template's annotation of the same key would otherwise override it), and
+        # ASCII digits only: "²" is a digit to `isdigit` and raised in `int` (found by review).
+        raw = lab.get(key) or annotations_of(pod).get(key) or "0"
+        return int(raw) if raw.isascii() and raw.isdigit() else 0
 
     rtype = lab.get(L.REPLICA_TYPE)
     if layout is not None and rtype in layout:
@@ -506,7 +508,7 @@ def pod_owner_uid(pod: Obj) -> str:
 
 def pod_attempt(pod: Obj) -> int | None:
     raw = annotations_of(pod).get(L.ATTEMPT)
-    return int(raw) if raw is not None and raw.isdigit() else None
+    return int(raw) if raw is not None and raw.isascii() and raw.isdigit() else None
 
 
 def pod_exit(pod: Obj) -> tuple[int | None, str]:
