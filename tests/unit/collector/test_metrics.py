@@ -280,3 +280,14 @@ def test_a_column_absent_on_every_gpu_counts_as_none() -> None:
     raw = encode(to_columns(batch("n1", [80, 30], power=[500, 10])))
     m.ingest_many([(msgspec.json.decode(raw, type=NodeColumnsActivityView), raw)])
     assert np.allclose(floats(m.slots.cols.activity)[:2], [0.8, 0.0])
+
+
+def test_every_fleet_figure_the_docs_define_is_exported() -> None:
+    """Found by review: `gpus_reporting`, defined in docs/metrics.md and in the fleet snapshot, was not exported."""
+    from chamber.collector.prometheus import FLEET_GAUGES
+    from chamber.common.contracts import FleetSnapshot
+
+    exported = {f for f, _ in FLEET_GAUGES}
+    numbers = {name for name, kind in FleetSnapshot.__annotations__.items() if kind in (int, float, "int", "float")}
+    assert {"gpus_total", "gpus_reporting", "gpus_healthy", "gpus_allocated"} <= exported
+    assert {"gpus_reporting"} <= numbers

@@ -365,3 +365,17 @@ async def test_a_failing_event_wait_does_not_spin() -> None:
         watcher.stop()
     assert Lost.waits <= 5
     assert sum(1 for entry in logs if entry["event"] == "nvml.xid_wait_failed") == 1
+
+
+def test_a_gpu_that_cannot_tell_pending_retirement_keeps_its_retired_page_counts() -> None:
+    """Found by review: the pending status shared its 'unsupported' key with the retired-page counts, so a device
+    that answered NOT_SUPPORTED for it lost its counts from its second sample on."""
+
+    class NoPending(FakeNvml):
+        def nvmlDeviceGetRetiredPagesPendingStatus(self, handle: Any) -> int:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+
+    reader = NvmlReader(NoPending([H100 | {"procs": [], "retired": {0: [1, 2], 1: [7]}}]))
+    for _ in range(2):
+        s = reader.sample(0)
+        assert (s.retired_pages_dbe, s.retired_pages_sbe, s.retired_pages_pending) == (1, 2, None)

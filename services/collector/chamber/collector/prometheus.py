@@ -54,6 +54,7 @@ Chamber job whose pod holds the GPU; the last three are empty where the agent do
 
 FLEET_GAUGES: list[tuple[str, str]] = [
     ("gpus_total", "GPUs in the inventory."),
+    ("gpus_reporting", "GPUs whose last sample is younger than 3 telemetry intervals."),
     ("gpus_healthy", "GPUs reporting and schedulable."),
     ("gpus_allocated", "Healthy GPUs held by a job."),
     ("utilization", "Mean activity over healthy GPUs (0-1)."),

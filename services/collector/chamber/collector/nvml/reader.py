@@ -256,7 +256,9 @@ class NvmlReader:
             lambda: n.nvmlDeviceGetRetiredPages(g, n.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS),
         )
         procs = t("processes", lambda: n.nvmlDeviceGetComputeRunningProcesses(h))
-        pending_pages = t("retired_pages", lambda: n.nvmlDeviceGetRetiredPagesPendingStatus(g))
+        # Its own key (found by review: shared with the counts above, a device that cannot tell pending retirement
+        # lost its retired-page counts from its second sample on).
+        pending_pages = t("retired_pages_pending", lambda: n.nvmlDeviceGetRetiredPagesPendingStatus(g))
         sm, tensor, dram = self._gpm_activity(index)
         power_w = None if power is None else power / 1000
         limit_w = None if limit is None else limit / 1000
