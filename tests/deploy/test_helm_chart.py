@@ -391,3 +391,28 @@ def test_chambers_own_pods_can_be_placed_off_the_gpu_nodes() -> None:
     plain = render({})
     scheduler = next(d for d in plain if d["metadata"]["name"] == "chamber-scheduler" and d["kind"] == "Deployment")
     assert set(scheduler["spec"]["template"]["spec"]["affinity"]) == {"podAntiAffinity"}
+
+
+@pytest.mark.parametrize("release", ["chamber-gpu-scheduler-production-eu1", "x" * 53])
+def test_a_long_release_name_gives_names_every_kind_takes(release: str) -> None:
+    """Found by review: from a 34-character release name on, the CronJob's name passed the 52 characters the API
+    server takes, the NATS headless Service's the 63 of a DNS label, and the StatefulSets' the 52 that leave room
+    for their pods' revision label: the install failed."""
+    chart = helm_python.Chart.load(CHART)
+    out = chart.render({"nats": {"replicas": 3}}, name=release, namespace="chamber", is_install=True)
+    docs = [d for path, text in out.items() if not path.endswith("NOTES.txt") for d in yaml.safe_load_all(text) if d]
+    limits = {"CronJob": 52, "StatefulSet": 52, "Service": 63, "Deployment": 63, "DaemonSet": 63}
+    for doc in docs:
+        limit = limits.get(doc["kind"])
+        if limit is not None:
+            assert len(doc["metadata"]["name"]) <= limit, (doc["kind"], doc["metadata"]["name"])
+    services = {d["metadata"]["name"] for d in docs if d["kind"] == "Service"}
+    nats = next(
+        d
+        for d in docs
+        if d["kind"] == "StatefulSet" and d["metadata"]["labels"]["app.kubernetes.io/component"] == "nats"
+    )
+    assert nats["spec"]["serviceName"] in services
+    gateway = _containers(docs)[next(k for k in _containers(docs) if k.endswith("gateway/gateway"))]
+    url = next(e["value"] for e in gateway["env"] if e["name"] == "CHAMBER_NATS_URL")
+    assert url.rsplit("@", 1)[-1].split(":")[0] in services, "clients reach the NATS Service by its name"

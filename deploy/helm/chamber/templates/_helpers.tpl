@@ -3,6 +3,13 @@
 {{- if contains .Chart.Name .Release.Name -}}{{ .Release.Name | trunc 50 | trimSuffix "-" }}{{- else -}}{{ printf "%s-%s" .Release.Name .Chart.Name | trunc 50 | trimSuffix "-" }}{{- end -}}
 {{- end -}}
 
+{{/* Names with a suffix, each within its kind's limit (found by review: from a 34-character release name on, the
+CronJob's name passed 52 characters, and the NATS headless Service's 63, and the install failed). A StatefulSet's
+name is kept to 52 (its pods' controller-revision-hash label adds 11). Names that fit are as they were. */}}
+{{- define "chamber.natsName" -}}{{ printf "%s-nats" (include "chamber.fullname" .) | trunc 52 | trimSuffix "-" }}{{- end -}}
+{{- define "chamber.valkeyName" -}}{{ printf "%s-valkey" (include "chamber.fullname" .) | trunc 52 | trimSuffix "-" }}{{- end -}}
+{{- define "chamber.certRenewName" -}}{{ printf "%s-webhook-cert-renew" (include "chamber.fullname" .) | trunc 52 | trimSuffix "-" }}{{- end -}}
+
 {{- define "chamber.labels" -}}
 app.kubernetes.io/name: chamber
 app.kubernetes.io/instance: {{ .Release.Name }}
@@ -23,7 +30,7 @@ app.kubernetes.io/component: {{ .component }}
 
 {{- define "chamber.natsUrl" -}}
 {{- if .Values.nats.enabled -}}
-nats://{{ if .Values.nats.auth.enabled }}chamber:$(CHAMBER_NATS_PASSWORD)@{{ end }}{{ include "chamber.fullname" . }}-nats:4222
+nats://{{ if .Values.nats.auth.enabled }}chamber:$(CHAMBER_NATS_PASSWORD)@{{ end }}{{ include "chamber.natsName" . }}:4222
 {{- else -}}{{ .Values.nats.url }}{{- end -}}
 {{- end -}}
 
@@ -63,12 +70,12 @@ user workloads, that could write the ledger could double-book GPUs: found by rev
 {{- if .Values.valkey.enabled }}
 {{- if .Values.valkey.auth.enabled }}
 - name: VALKEY_PASSWORD
-  valueFrom: {secretKeyRef: {name: {{ include "chamber.fullname" . }}-valkey, key: password}}
+  valueFrom: {secretKeyRef: {name: {{ include "chamber.valkeyName" . }}, key: password}}
 - name: CHAMBER_REDIS_URL
-  value: "redis://:$(VALKEY_PASSWORD)@{{ include "chamber.fullname" . }}-valkey:6379/0"
+  value: "redis://:$(VALKEY_PASSWORD)@{{ include "chamber.valkeyName" . }}:6379/0"
 {{- else }}
 - name: CHAMBER_REDIS_URL
-  value: "redis://{{ include "chamber.fullname" . }}-valkey:6379/0"
+  value: "redis://{{ include "chamber.valkeyName" . }}:6379/0"
 {{- end }}
 {{- else if .Values.valkey.existingSecret }}
 - name: CHAMBER_REDIS_URL
@@ -87,7 +94,7 @@ user workloads, that could write the ledger could double-book GPUs: found by rev
 {{- else }}
 {{- if and .Values.nats.enabled .Values.nats.auth.enabled }}
 - name: CHAMBER_NATS_PASSWORD
-  valueFrom: {secretKeyRef: {name: {{ include "chamber.fullname" . }}-nats, key: password}}
+  valueFrom: {secretKeyRef: {name: {{ include "chamber.natsName" . }}, key: password}}
 {{- end }}
 - name: CHAMBER_NATS_URL
   value: {{ include "chamber.natsUrl" . | quote }}
