@@ -53,23 +53,32 @@ async def test_a_trainjobs_runtime_is_read_apart_from_the_watch() -> None:
     assert list(intake.waiting) == ["k8s-u-kept"]
 
 
+class _FlakyRuntime:
+    """A runtime read that fails its first three calls (the API unavailable: one whole read), then answers."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def __call__(self, tj: dict[str, Any]) -> dict[str, Any]:
+        self.calls += 1
+        if self.calls <= 3:
+            raise KubeUnavailable("GET clustertrainingruntimes/torch-chamber: connection refused")
+        return training_runtime()
+
+
+def _nlp_trainjob() -> dict[str, Any]:
+    tj = trainjob("t")
+    tj["metadata"] |= {"namespace": "nlp", "uid": "u-t", "resourceVersion": "1"}
+    return tj
+
+
 async def test_a_trainjob_changed_during_a_failing_runtime_read_is_read_again() -> None:
     """The API errs for a whole read (its three tries); the TrainJob's status changed meanwhile (the trainer updates
     it right after creation). That event is not lost: the read is made again, and the submit queues (found by
     review: the event was dropped, and a suspended TrainJob may see no other for a long time)."""
     intake = watcher_only()
-    calls = 0
-
-    async def flaky_runtime(tj: dict[str, Any]) -> dict[str, Any]:
-        nonlocal calls
-        calls += 1
-        if calls <= 3:
-            raise KubeUnavailable("GET clustertrainingruntimes/torch-chamber: connection refused")
-        return training_runtime()
-
-    intake.runtimes = flaky_runtime
-    tj = trainjob("t")
-    tj["metadata"] |= {"namespace": "nlp", "uid": "u-t", "resourceVersion": "1"}
+    runtime = intake.runtimes = _FlakyRuntime()
+    tj = _nlp_trainjob()
     await intake.on_job("ADDED", tj)
     await asyncio.sleep(0.1)  # the first try failed; the read pauses before its second
     modified = dict(tj, metadata=dict(tj["metadata"], resourceVersion="2"), status={"conditions": []})
@@ -78,7 +87,7 @@ async def test_a_trainjob_changed_during_a_failing_runtime_read_is_read_again() 
         if intake.waiting:
             break
         await asyncio.sleep(0.01)
-    assert list(intake.waiting) == ["k8s-u-t"], f"runtime read {calls} times"
+    assert list(intake.waiting) == ["k8s-u-t"], f"runtime read {runtime.calls} times"
 
 
 async def test_a_trainjob_whose_runtime_could_not_be_read_is_read_again() -> None:
@@ -86,22 +95,11 @@ async def test_a_trainjob_whose_runtime_could_not_be_read_is_read_again() -> Non
     and a suspended TrainJob that changes no more was never taken. It is read again after a back-off, until it is
     taken (or its Job is gone)."""
     intake = watcher_only()
-    calls = 0
-
-    async def flaky_runtime(tj: dict[str, Any]) -> dict[str, Any]:
-        nonlocal calls
-        calls += 1
-        if calls <= 3:
-            raise KubeUnavailable("GET clustertrainingruntimes/torch-chamber: 503")
-        return training_runtime()
-
-    intake.runtimes = flaky_runtime
-    tj = trainjob("t")
-    tj["metadata"] |= {"namespace": "nlp", "uid": "u-t", "resourceVersion": "1"}
-    await intake.on_job("ADDED", tj)
+    runtime = intake.runtimes = _FlakyRuntime()
+    await intake.on_job("ADDED", _nlp_trainjob())
     for _ in range(80):  # the three tries take 1.5 s, the first back-off 2 s
         if intake.waiting:
             break
         await asyncio.sleep(0.1)
     assert list(intake.waiting) == ["k8s-u-t"]
-    assert calls == 4
+    assert runtime.calls == 4

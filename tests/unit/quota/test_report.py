@@ -1,6 +1,7 @@
 """The quota service's accounting, from job records: GPU-hours and cost by pool and priority, budgets, org sums."""
 
 import math
+from datetime import UTC, datetime
 
 import pytest
 
@@ -8,9 +9,13 @@ from chamber.common.contracts import (
     TERMINAL_STATES,
     BudgetSpec,
     GpuRef,
+    JobCancelRequested,
     JobRecord,
     JobSpec,
+    JobStarted,
     JobState,
+    JobStopped,
+    JobSubmitted,
     OrgConfig,
     Placement,
     PoolConfig,
@@ -18,8 +23,10 @@ from chamber.common.contracts import (
     TeamConfig,
     TeamQuota,
 )
-from chamber.common.quota import QuotaBook
+from chamber.common.quota import QuotaBook, validate
+from chamber.quota.core.accounting import Accounting
 from chamber.quota.core.report import compute, org_totals, recent_gpus
+from chamber.scheduler.core.lifecycle import apply_event, place
 from tests.support.builders import make_job
 
 NOW = 1_800_000_000.0
@@ -115,26 +122,6 @@ def test_a_job_cancelled_while_it_waited_is_charged_to_when_it_last_ran() -> Non
     """Found by review: a job ran 8 GPUs from 20:00 to 23:00 on day 1 and was preempted; cancelled while it waited
     on day 2, its cancel time (`finished_at`) was taken as when it last ran, and its 24 GPU-hours moved into day 2's
     budget (blocking the team, and resetting its decayed recent usage)."""
-    from datetime import UTC, datetime
-
-    from chamber.common.contracts import (
-        BudgetSpec,
-        GpuRef,
-        JobCancelRequested,
-        JobSpec,
-        JobStarted,
-        JobStopped,
-        JobSubmitted,
-        OrgConfig,
-        Placement,
-        PoolConfig,
-        QuotaConfig,
-        TeamConfig,
-        TeamQuota,
-    )  # fmt: skip
-    from chamber.common.quota import validate
-    from chamber.quota.core.accounting import Accounting
-    from chamber.scheduler.core.lifecycle import apply_event, place
 
     def at(iso: str) -> float:
         return datetime.fromisoformat(iso).replace(tzinfo=UTC).timestamp()
