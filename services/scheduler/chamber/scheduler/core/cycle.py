@@ -731,7 +731,7 @@ class _Cycle:
         passing = ctx.reclaimable and self.config.reclaim_past_guarantee
         smallest = ctx.smallest_waiting(state) if passing else {}
 
-        def may_move(group: ParkGroup) -> bool:
+        def may_move(group: ParkGroup, parking: Parking) -> bool:
             """Whether the first pass might wake a sub-queue of this parked group of a team below its guarantee
             (or holding lower-priority work to displace), or hand the group to the second pass (`_wake`): its
             smallest head is within what is left of the guarantee, or the team may displace, or reclaim past its
@@ -740,9 +740,6 @@ class _Cycle:
             groups were of non-preemptible jobs of a team at its guarantee, looked at only to find that its
             lower-priority work is too little to make room for their smallest head by displacing it)."""
             team, pool, preemptible, priority = group
-            parking = queue.parked.get(group)
-            if parking is None:
-                return True  # not current: the walk passes it by
             gpus = parking.min_gpus
             key = (team, pool)
             left = left_of.get(key)
@@ -762,42 +759,64 @@ class _Cycle:
                 lends = lends_of[key] = state.usage.borrowable(team, pool)
             return gpus - max(left, 0) <= lends
 
-        # ~6,000 items a cycle with a thousand teams: the loop is kept lean (a shape's pools looked up once).
+        index = state.index
+        if state.split_index is not index or state.split_partitions != index.partition_count():
+            state.split_index, state.split_partitions = index, index.partition_count()
+            state.new_floor_base()  # the pools a shape may use changed: every sub-queue's side is worked out again
+        versions, base, parked_groups = state.floor_versions, state.floor_base, queue.parked
+        # ~6,000 items a cycle with a thousand teams: the loop is kept lean. An item no longer current is left out
+        # (the walk would pass it by: `JobQueue.current`); a current one's side is kept from the last cycle while
+        # its team's floors are the same (`SchedulingState.floor_versions`).
         pools_of: dict[Shape, list[str]] = {}
         first: list[Entry] = []
         lanes: dict[Lane, list[Entry]] = {}
-        parked: list[Entry] = []
+        parked: list[tuple[Entry, Parking]] = []
         for item in items:
             what = item[-1]
             if what.__class__ is SubQueue:
-                priority, _, team, shape, _ = what.key
-                pools = pools_of.get(shape)
-                if pools is None:
-                    pools = pools_of[shape] = ctx.pools_of(state, shape)
-                guaranteed = not pools
-                for pool in pools:
-                    f = floor.get((team, pool))
-                    if (floor_of(team, pool) if f is None else f) < priority:
-                        guaranteed = True
-                        break
+                if what.entry is not item:
+                    continue
+                sq_key = what.key
+                version = versions.get(sq_key[2], base)
+                if what.split_version == version:
+                    guaranteed = what.split_first
+                else:
+                    priority, _, team, shape, _ = sq_key
+                    pools = pools_of.get(shape)
+                    if pools is None:
+                        pools = pools_of[shape] = ctx.pools_of(state, shape)
+                    guaranteed = not pools
+                    for pool in pools:
+                        f = floor.get((team, pool))
+                        if (floor_of(team, pool) if f is None else f) < priority:
+                            guaranteed = True
+                            break
+                    what.split_version, what.split_first = version, guaranteed
                 if guaranteed:
                     first.append(item)
-                elif what.entry is item:  # current (see `JobQueue.current`)
+                else:
+                    shape = sq_key[3]
                     lane = lanes.get(shape)
                     if lane is None:
                         lane = lanes[shape] = []
                     lane.append(item)  # `items` is in queue order: so is each lane
             else:
-                f = floor.get((what[0], what[1]))
-                if (floor_of(what[0], what[1]) if f is None else f) >= what[3]:
-                    parked.append(item)
-                elif may_move(what):
+                parking = parked_groups.get(what)
+                if parking is None or parking.entry is not item:
+                    continue
+                version = versions.get(what[0], base)
+                if parking.split_version != version:
+                    f = floor.get((what[0], what[1]))
+                    parking.split_version = version
+                    parking.split_parked = (floor_of(what[0], what[1]) if f is None else f) >= what[3]
+                if parking.split_parked:
+                    if what[2]:  # a team at its guarantee borrows only with preemptible jobs: else it never wakes
+                        parked.append((item, parking))
+                elif may_move(what, parking):
                     first.append(item)
         standing, totals = state.standing, state.usage
-        for item in parked:
-            if not item[-1][2]:
-                continue  # a team at its guarantee borrows only with preemptible jobs: such a group never wakes
-            if (found := queue.lane_item(item, standing, totals)) is not None:
+        for item, parking in parked:
+            if (found := queue.lane_item_of(item, parking, standing, totals)) is not None:
                 lane = lanes.get(found[0])
                 if lane is None:
                     lane = lanes[found[0]] = []

@@ -119,6 +119,16 @@ class SchedulingState:
         is below its guarantee; `_Cycle._split_by_guarantee`), kept from cycle to cycle and forgotten when the team's
         usage or preemptible usage there changes, or the quota book does: with a thousand teams, working each out
         again in every cycle was an eighth of the split, and most teams' are as they were."""
+        self.floor_versions: dict[str, int] = {}
+        """team -> a number that changes whenever one of its `floors` is forgotten (`floor_base` for a team whose
+        floors have not changed since the quota book did): what the split keeps each item's side by
+        (`SubQueue.split`, `Parking.split`)."""
+        self.floor_base = 0
+        self._floor_clock = 0
+        self.split_index: FleetIndex | None = None
+        self.split_partitions = 0
+        """The fleet index, and how many partitions it had, when the split last worked out sides: a shape may use
+        other pools once either changes."""
         self.ctx: CycleContext | None = None
         """What the last cycle concluded, while nothing has invalidated it."""
         self.arrivals: list[str] = []
@@ -366,6 +376,7 @@ class SchedulingState:
             usage[(nominee.team, pool)] = usage.get((nominee.team, pool), 0) + len(nominee.nominated)
         self.usage = QuotaUsage(book or QuotaBook(QuotaConfig()), usage)
         self.floors = {}
+        self.new_floor_base()
         self.queue.wake_all()
         self.mark_borrowed()
         self.invalidate()
@@ -440,14 +451,26 @@ class SchedulingState:
     def _use(self, team: str, pool: str, gpus: int) -> None:
         """The team's quota usage in `pool` changes by `gpus`."""
         self.usage.add(team, pool, gpus)
-        self.floors.pop((team, pool), None)
+        self._forget_floor(team, pool)
 
     def count_preemptible(self, job: RunningJob, sign: int) -> None:
         if not job.preemptible:
             return
-        self.floors.pop((job.team, job.pool), None)
+        self._forget_floor(job.team, job.pool)
         counts = self.preemptible_usage.setdefault((job.team, job.pool), {})
         counts[job.priority] = counts.get(job.priority, 0) + sign * len(job.gpus)
+
+    def _forget_floor(self, team: str, pool: str) -> None:
+        self.floors.pop((team, pool), None)
+        self._floor_clock += 1
+        self.floor_versions[team] = self._floor_clock
+
+    def new_floor_base(self) -> None:
+        """Every team's floors are to be worked out again (the quota book changed, or the pools a shape may use):
+        no item's kept side holds."""
+        self._floor_clock += 1
+        self.floor_base = self._floor_clock
+        self.floor_versions = {}
 
     def preemptible_below(self, team: str, pool: str, priority: int) -> int:
         """GPUs the team holds in `pool` with preemptible jobs of lower priority than `priority`."""
