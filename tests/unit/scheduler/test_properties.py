@@ -250,6 +250,8 @@ def test_every_job_runs_to_completion_and_no_gpu_is_ever_shared(world: World, du
         state.release(job_id)
         for slot in [s for s, j in holder.items() if j == job_id]:
             del holder[slot]
+        index = state.index  # its running count of free GPUs is what its nodes say
+        assert index.free_total() == sum(len(node.free) for node in index.nodes.values())
         if kind == "finish":
             done.add(job_id)
         else:

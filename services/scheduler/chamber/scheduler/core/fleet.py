@@ -38,6 +38,8 @@ class FleetIndex:
         self.nodes: dict[str, NodeSlots] = {}
         self._buckets: dict[Partition, list[dict[str, None]]] = {}
         self._free: dict[Partition, int] = {}
+        self._free_total = 0
+        """Free GPUs in all partitions (asked before each queue head a cycle looks at)."""
         self._parts_cache: dict[tuple[str | None, str | None], tuple[Partition, ...]] = {}
         self._nodes_cache: dict[tuple[Partition, ...], frozenset[str]] = {}
         self._capacity_cache: dict[tuple[tuple[Partition, ...], int], tuple[int, int]] = {}
@@ -57,6 +59,7 @@ class FleetIndex:
             self._free[part] = 0
         self._bucket(part, len(node.free))[name] = None
         self._free[part] += len(node.free)
+        self._free_total += len(node.free)
 
     def _bucket(self, part: Partition, count: int) -> dict[str, None]:
         buckets = self._buckets[part]
@@ -87,6 +90,7 @@ class FleetIndex:
         del self._buckets[part][before][node.name]
         self._bucket(part, after)[node.name] = None
         self._free[part] += after - before
+        self._free_total += after - before
 
     def partitions_for(self, shape: Shape) -> tuple[Partition, ...]:
         key = (shape.pool, shape.gpu_model)
@@ -132,7 +136,7 @@ class FleetIndex:
         return sum(self._free[p] for p in parts)
 
     def free_total(self) -> int:
-        return sum(self._free.values())
+        return self._free_total
 
     def best_fit(self, parts: tuple[Partition, ...], need: int) -> str | None:
         """The node with the fewest free GPUs that still has `need` (first in its bucket on ties)."""

@@ -218,6 +218,8 @@ class JobQueue:
         self.aging = aging
         self._waiting: dict[str, dict[int, int]] = {}
         """team -> GPUs a job asks for -> how many such jobs of the team wait (`smallest_by_team`)."""
+        self._smallest: dict[str, int] = {}
+        """team -> the fewest GPUs any of its waiting jobs asks for (the least key of its `_waiting`)."""
         self._by_age: list[tuple[float, str]] = []
         """(submitted at, job id) of every job pushed and not yet aged (lazily cleaned): who ages next. Kept only
         when aging is on (with it off nothing would ever take entries out)."""
@@ -256,8 +258,12 @@ class JobQueue:
         self._enter(sq, rank, job)
         self.jobs[job.id] = job
         self._where[job.id] = sq
-        counts = self._waiting.setdefault(key[2], {})
-        counts[key[3].gpus] = counts.get(key[3].gpus, 0) + 1
+        team, gpus = key[2], key[3].gpus
+        counts = self._waiting.setdefault(team, {})
+        counts[gpus] = counts.get(gpus, 0) + 1
+        least = self._smallest.get(team)
+        if least is None or gpus < least:
+            self._smallest[team] = gpus
         if self.aging and not job.aged:
             heapq.heappush(self._by_age, (job.submitted_at, job.id))
 
@@ -268,12 +274,16 @@ class JobQueue:
             sq.head = sq.head_order = None
             self._changed.add(sq)
             self._head_moved(sq, entered=False)
-            counts, gpus = self._waiting[sq.key[2]], sq.key[3].gpus
+            team, gpus = sq.key[2], sq.key[3].gpus
+            counts = self._waiting[team]
             counts[gpus] -= 1
             if not counts[gpus]:
                 del counts[gpus]
                 if not counts:
-                    del self._waiting[sq.key[2]]
+                    del self._waiting[team]
+                    del self._smallest[team]
+                elif self._smallest[team] == gpus:
+                    self._smallest[team] = min(counts)
         self._rank_of.pop(job_id, None)
         self._entry.pop(job_id, None)
         return self.jobs.pop(job_id, None)
@@ -354,7 +364,7 @@ class JobQueue:
 
     def smallest_by_team(self) -> dict[str, int]:
         """Per team with jobs waiting, the fewest GPUs any of them asks for (O(teams))."""
-        return {team: min(counts) for team, counts in self._waiting.items()}
+        return dict(self._smallest)
 
     def lane_item(self, item: Entry, standing: dict[str, float], usage: QuotaUsage) -> tuple[Any, Entry] | None:
         """For an item of `heads` standing for a parked group while it is `current`: (its cohort lane,
