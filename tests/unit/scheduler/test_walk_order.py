@@ -11,7 +11,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from chamber.scheduler.core.model import PendingJob, Shape
-from chamber.scheduler.core.queue import WOKEN, Entry, JobQueue, ParkGroup, SubQueue, Walk, entry
+from chamber.scheduler.core.queue import WOKEN, Entry, JobQueue, ParkGroup, Parking, SubQueue, Walk, entry
 from tests.support.core import pure_core_only
 
 TEAMS = ["a", "b", "c"]
@@ -72,6 +72,8 @@ def _walk(queue: JobQueue, standing: dict[str, float], seed: int, *, kept: bool)
     met: list[object] = []
     while (popped := pop()) is not None and len(met) < 200:
         kind, number, item = popped[-3:]
+        if isinstance(item, Parking):
+            item = item.group  # a parked group's item in the kept order holds its parking (see `queue.Entry`)
         step = seed + len(met)
         if not isinstance(item, SubQueue):
             met.append(item)

@@ -510,6 +510,8 @@ class _Cycle:
             if (popped := heads.pop()) is None:
                 break
             item = popped[-1]
+            if item.__class__ is Parking:
+                item = item.group  # a parked group's item in the kept order (see `queue.Entry`)
             if self._watching and mark is not None:
                 self._watch(mark)
             if mark is None or mark < popped:
@@ -763,7 +765,7 @@ class _Cycle:
         if state.split_index is not index or state.split_partitions != index.partition_count():
             state.split_index, state.split_partitions = index, index.partition_count()
             state.new_floor_base()  # the pools a shape may use changed: every sub-queue's side is worked out again
-        versions, base, parked_groups = state.floor_versions, state.floor_base, queue.parked
+        versions, base = state.floor_versions, state.floor_base
         # ~6,000 items a cycle with a thousand teams: the loop is kept lean. An item no longer current is left out
         # (the walk would pass it by: `JobQueue.current`); a current one's side is kept from the last cycle while
         # its team's floors are the same (`SchedulingState.floor_versions`).
@@ -801,18 +803,19 @@ class _Cycle:
                         lane = lanes[shape] = []
                     lane.append(item)  # `items` is in queue order: so is each lane
             else:
-                parking = parked_groups.get(what)
-                if parking is None or parking.entry is not item:
+                parking = what
+                if parking.entry is not item:
                     continue
-                version = versions.get(what[0], base)
+                group = parking.group
+                version = versions.get(group[0], base)
                 if parking.split_version != version:
-                    f = floor.get((what[0], what[1]))
+                    f = floor.get((group[0], group[1]))
                     parking.split_version = version
-                    parking.split_parked = (floor_of(what[0], what[1]) if f is None else f) >= what[3]
+                    parking.split_parked = (floor_of(group[0], group[1]) if f is None else f) >= group[3]
                 if parking.split_parked:
-                    if what[2]:  # a team at its guarantee borrows only with preemptible jobs: else it never wakes
+                    if group[2]:  # a team at its guarantee borrows only with preemptible jobs: else it never wakes
                         parked.append((item, parking))
-                elif may_move(what, parking):
+                elif may_move(group, parking):
                     first.append(item)
         standing, totals = state.standing, state.usage
         for item, parking in parked:

@@ -42,11 +42,14 @@ ParkGroup = tuple[str, str, bool, int]
 Entry = tuple[Any, ...]
 """(*queue order, kind, number, a sub-queue or a parked group): one item of a cycle's walk, flat (one tuple
 comparison, not two nested ones: ~20,000 are ordered). Items of equal order come sub-queues first (in the order
-they were made), then parked groups (same), then sub-queues woken in the cycle (in the order they woke)."""
+they were made), then parked groups (same), then sub-queues woken in the cycle (in the order they woke). A parked
+group's item in the kept order (`JobQueue.heads`, kind GROUP) holds its `Parking`, which names the group: the
+split looks at ~4,000 of them a cycle with a thousand teams, and finding each by its group in `JobQueue.parked`
+(a hash of four fields, a probe) was a third of its time; items made during a cycle (WOKEN) hold the group."""
 SUBQUEUE, GROUP, WOKEN = 0, 1, 2
 
 
-def entry(order: Order, kind: int, number: int, item: "SubQueue | ParkGroup") -> Entry:
+def entry(order: Order, kind: int, number: int, item: "SubQueue | ParkGroup | Parking") -> Entry:
     return (*order, kind, number, item)
 
 
@@ -83,8 +86,9 @@ class Parking:
     """The queue order of its first head when parked: where the group comes up for a look in a cycle."""
     number: int
     """When it was made, among parked groups (ties in queue order go to the older)."""
+    group: ParkGroup
     entry: Entry | None = None
-    """Its item in the queue's kept walk order (`JobQueue.heads`)."""
+    """Its item in the queue's kept walk order (`JobQueue.heads`); None once the group is woken whole."""
     entry_order: Order | None = None
     subqueues: list[tuple[int, int, SubQueue]] = field(default_factory=list)
     """(GPUs its head asked for, tie-break, sub-queue), smallest first."""
@@ -371,17 +375,16 @@ class JobQueue:
         `usage.cohort_of`, the group's item there: `first_order`, WOKEN, a number of `seq`); else None. The same
         item as in the last cycle while the group's first order and the quota usage are the same (a cycle asks
         this of ~2,000 groups with a thousand teams, most of them as they were)."""
-        group = item[-1]
-        parking = self.parked.get(group)
-        if parking is None or parking.entry is not item:
+        parking = item[-1]
+        if parking.__class__ is not Parking or parking.entry is not item:
             return None
         return self.lane_item_of(item, parking, standing, usage)
 
     def lane_item_of(
         self, item: Entry, parking: Parking, standing: dict[str, float], usage: QuotaUsage
     ) -> tuple[Any, Entry] | None:
-        """`lane_item` for a current item and its group's `parking`, looked up already."""
-        group = item[-1]
+        """`lane_item` for a current item of `parking`."""
+        group = parking.group
         cached = parking.first
         if cached is None or cached[0] is not standing or cached[1] is not self._reserved:
             self.first_order(group, standing)
@@ -465,7 +468,7 @@ class JobQueue:
                 continue
             if changed.entry is not None:
                 self._stale += 1
-            changed.entry_order, changed.entry = changed.order, entry(changed.order, GROUP, changed.number, group)
+            changed.entry_order, changed.entry = changed.order, entry(changed.order, GROUP, changed.number, changed)
             new.append(changed.entry)
         self._changed_groups.clear()
         kept = self._walk
@@ -492,8 +495,8 @@ class JobQueue:
     def current(self, entry: Entry) -> bool:
         """Whether an item of `heads` still stands for its sub-queue (same head, not parked) or parked group."""
         item = entry[-1]
-        if isinstance(item, SubQueue):
-            return item.entry is entry
+        if item.__class__ is SubQueue or item.__class__ is Parking:
+            return item.entry is entry  # (a group's Parking forgets its item once it is woken whole)
         parking = self.parked.get(item)
         return parking is not None and parking.entry is entry
 
@@ -511,7 +514,7 @@ class JobQueue:
         self._drop(sq)
         parking = self.parked.get(group)
         if parking is None:
-            parking = self.parked[group] = Parking(order, next(self._numbers))
+            parking = self.parked[group] = Parking(order, next(self._numbers), group)
         parking.order = min(parking.order, order)
         cached = parking.first
         if cached is not None and self.head_of(sq) is job:  # `order` is its head's, as the queue is now
@@ -540,6 +543,7 @@ class JobQueue:
         if not parking.subqueues:
             del self.parked[group]
             if parking.entry is not None:
+                parking.entry = None
                 self._stale += 1
         return woken
 
@@ -556,6 +560,7 @@ class JobQueue:
         if not parking.subqueues:
             del self.parked[group]
             if parking.entry is not None:
+                parking.entry = None
                 self._stale += 1
 
     def wake_all(self) -> None:
