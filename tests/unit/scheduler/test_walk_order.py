@@ -142,7 +142,7 @@ def _change(queue: JobQueue, standing: dict[str, float], step: tuple[str, int, i
 @given(ops)
 def test_what_the_queue_keeps_for_a_cycle_is_never_stale(steps: list[tuple[str, int, int, int]]) -> None:
     """After every step (cycles included), each parked group's first order (cached between its changes) is the
-    least order of its sub-queues' heads, and each team's smallest waiting job (counted on push and remove) is
+    least order of its sub-queues' heads, its smallest head's GPUs are its smallest sub-queue's, and each team's smallest waiting job (counted on push and remove) is
     the smallest of its jobs in the queue, both found from scratch."""
     queue = JobQueue()
     standing: dict[str, float] = {}
@@ -151,7 +151,8 @@ def test_what_the_queue_keeps_for_a_cycle_is_never_stale(steps: list[tuple[str, 
             _walk(queue, standing, t, kept=True)
         else:
             standing = _change(queue, standing, (op, n, t, r))
-        for group in queue.parked:
+        for group, parking in queue.parked.items():
+            assert parking.min_gpus == parking.subqueues[0][0]  # kept as sub-queues are parked into it and woken
             heads = [
                 head for sq in list(queue._subqueues.values()) if sq.parked == group and (head := queue.head_of(sq))
             ]

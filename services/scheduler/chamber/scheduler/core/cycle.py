@@ -764,26 +764,24 @@ class _Cycle:
         index = state.index
         if state.split_index is not index or state.split_partitions != index.partition_count():
             state.split_index, state.split_partitions = index, index.partition_count()
-            state.new_floor_base()  # the pools a shape may use changed: every sub-queue's side is worked out again
-        versions, base = state.floor_versions, state.floor_base
+            state.forget_sides()  # the pools a shape may use changed: every sub-queue's side is worked out again
         # ~6,000 items a cycle with a thousand teams: the loop is kept lean. An item no longer current is left out
         # (the walk would pass it by: `JobQueue.current`); a current one's side is kept from the last cycle while
-        # its team's floors are the same (`SchedulingState.floor_versions`).
+        # its team's floors are the same (`SchedulingState.floor_clocks`).
         pools_of: dict[Shape, list[str]] = {}
         first: list[Entry] = []
         lanes: dict[Lane, list[Entry]] = {}
         parked: list[tuple[Entry, Parking]] = []
         for item in items:
             what = item[-1]
-            if what.__class__ is SubQueue:
+            if isinstance(what, SubQueue):
                 if what.entry is not item:
                     continue
-                sq_key = what.key
-                version = versions.get(sq_key[2], base)
-                if what.split_version == version:
+                clock = what.split_clock
+                if clock is not None and what.split_version == clock.changes:
                     guaranteed = what.split_first
                 else:
-                    priority, _, team, shape, _ = sq_key
+                    priority, _, team, shape, _ = what.key
                     pools = pools_of.get(shape)
                     if pools is None:
                         pools = pools_of[shape] = ctx.pools_of(state, shape)
@@ -793,11 +791,12 @@ class _Cycle:
                         if (floor_of(team, pool) if f is None else f) < priority:
                             guaranteed = True
                             break
-                    what.split_version, what.split_first = version, guaranteed
+                    clock = what.split_clock = state.floor_clock(team)
+                    what.split_version, what.split_first = clock.changes, guaranteed
                 if guaranteed:
                     first.append(item)
                 else:
-                    shape = sq_key[3]
+                    shape = what.key[3]
                     lane = lanes.get(shape)
                     if lane is None:
                         lane = lanes[shape] = []
@@ -807,10 +806,11 @@ class _Cycle:
                 if parking.entry is not item:
                     continue
                 group = parking.group
-                version = versions.get(group[0], base)
-                if parking.split_version != version:
+                clock = parking.split_clock
+                if clock is None or parking.split_version != clock.changes:
                     f = floor.get((group[0], group[1]))
-                    parking.split_version = version
+                    clock = parking.split_clock = state.floor_clock(group[0])
+                    parking.split_version = clock.changes
                     parking.split_parked = (floor_of(group[0], group[1]) if f is None else f) >= group[3]
                 if parking.split_parked:
                     if group[2]:  # a team at its guarantee borrows only with preemptible jobs: else it never wakes

@@ -49,6 +49,16 @@ split looks at ~4,000 of them a cycle with a thousand teams, and finding each by
 SUBQUEUE, GROUP, WOKEN = 0, 1, 2
 
 
+@dataclass(eq=False)
+class FloorClock:
+    """Counts the changes to one team's guarantee floors (`SchedulingState.floors`): a sub-queue or parked group
+    keeps the side of the split it was put on (`_Cycle._split_by_guarantee`) while its team's count is the one it
+    was put there at. One object per team, held by its sub-queues and groups: the split reads ~5,000 of them a
+    cycle, and finding each team's count by name cost a look at its name and its key tuple, cold in memory."""
+
+    changes: int = 0
+
+
 def entry(order: Order, kind: int, number: int, item: "SubQueue | ParkGroup | Parking") -> Entry:
     return (*order, kind, number, item)
 
@@ -73,8 +83,10 @@ class SubQueue:
     and reservations are the same (`JobQueue.order_of`: asked ~1,500 times a cycle, mostly of heads it was asked of
     in earlier cycles; a head's order changes only when it ages, re-entering its sub-queue). An epoch, not the
     mappings themselves: a sub-queue not asked for a while would keep an old standings mapping alive."""
+    split_clock: FloorClock | None = None
+    """Its team's floor clock, once the split looked at it."""
     split_version: int = -1
-    """The team's floor version (`SchedulingState.floor_versions`) `split_first` was worked out with."""
+    """The clock's count `split_first` was worked out at."""
     split_first: bool = False
     """Whether its team's guarantee might admit its head (`_Cycle._split_by_guarantee`): kept while the team's
     floors are (with a thousand teams, ~85% of the split's items are as they were in the last cycle)."""
@@ -92,6 +104,9 @@ class Parking:
     entry_order: Order | None = None
     subqueues: list[tuple[int, int, SubQueue]] = field(default_factory=list)
     """(GPUs its head asked for, tie-break, sub-queue), smallest first."""
+    min_gpus: int = 0
+    """The GPUs of its smallest head (0: none), kept as `subqueues` changes (the split asks it of ~900 groups a
+    cycle with a thousand teams: reading it from the list was a miss into the list and its first item)."""
     first: tuple[dict[str, float], dict[str, tuple[GpuRef, ...]], Order | None, SubQueue | None] | None = None
     """(the standings and reservations it was computed with, the least queue order among its heads now, the
     sub-queue of that head), kept while it stays true (`JobQueue.first_order`): a sub-queue parked into the group
@@ -99,14 +114,11 @@ class Parking:
     lane: "tuple[object, QuotaUsage, tuple[str, str], Entry] | None" = None
     """(the `first` it was made from, the quota usage, the group's cohort lane, its item there): `JobQueue.lane_item`,
     kept while both are the same."""
+    split_clock: FloorClock | None = None
     split_version: int = -1
-    """The team's floor version `split_parked` was worked out with (see `SubQueue.split_version`)."""
+    """Its team's floor clock and the count `split_parked` was worked out at (see `SubQueue.split_version`)."""
     split_parked: bool = False
     """Whether its team is at or above its guarantee in the pool for its priority (`_Cycle._split_by_guarantee`)."""
-
-    @property
-    def min_gpus(self) -> int:
-        return self.subqueues[0][0] if self.subqueues else 0
 
 
 class Walk:
@@ -524,6 +536,7 @@ class JobQueue:
             parking.first = None
         self._changed_groups.add(group)
         bisect.insort(parking.subqueues, (job.shape.gpus, id(sq), sq))  # ids differ: a sub-queue is never compared
+        parking.min_gpus = parking.subqueues[0][0]
 
     def wake(self, group: ParkGroup, up_to_gpus: int | None = None) -> list[SubQueue]:
         """Back into the cycle: the group's sub-queues whose heads asked for at most `up_to_gpus` (all: None)."""
@@ -538,6 +551,7 @@ class JobQueue:
             sq.parked = None
             self._changed.add(sq)
         del parking.subqueues[:n]
+        parking.min_gpus = parking.subqueues[0][0] if parking.subqueues else 0
         if parking.first is not None and any(sq is parking.first[3] for sq in woken):
             parking.first = None
         if not parking.subqueues:
@@ -555,6 +569,7 @@ class JobQueue:
         sq.parked = None
         self._changed.add(sq)
         parking.subqueues = [item for item in parking.subqueues if item[2] is not sq]
+        parking.min_gpus = parking.subqueues[0][0] if parking.subqueues else 0
         if parking.first is not None and parking.first[3] is sq:
             parking.first = None
         if not parking.subqueues:

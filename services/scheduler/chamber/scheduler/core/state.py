@@ -22,7 +22,7 @@ from chamber.scheduler.core.estimates import RuntimePredictor
 from chamber.scheduler.core.fill_order import FillOrder
 from chamber.scheduler.core.fleet import FleetIndex
 from chamber.scheduler.core.model import PendingJob, RunningJob
-from chamber.scheduler.core.queue import JobQueue
+from chamber.scheduler.core.queue import FloorClock, JobQueue
 
 if TYPE_CHECKING:
     from chamber.scheduler.core.cycle import CycleContext
@@ -119,12 +119,9 @@ class SchedulingState:
         is below its guarantee; `_Cycle._split_by_guarantee`), kept from cycle to cycle and forgotten when the team's
         usage or preemptible usage there changes, or the quota book does: with a thousand teams, working each out
         again in every cycle was an eighth of the split, and most teams' are as they were."""
-        self.floor_versions: dict[str, int] = {}
-        """team -> a number that changes whenever one of its `floors` is forgotten (`floor_base` for a team whose
-        floors have not changed since the quota book did): what the split keeps each item's side by
-        (`SubQueue.split`, `Parking.split`)."""
-        self.floor_base = 0
-        self._floor_clock = 0
+        self.floor_clocks: dict[str, FloorClock] = {}
+        """team -> the count of changes to its `floors` (every team's counts move on when the quota book does): what
+        the split keeps each item's side by (`SubQueue.split_clock`, `Parking.split_clock`)."""
         self.split_index: FleetIndex | None = None
         self.split_partitions = 0
         """The fleet index, and how many partitions it had, when the split last worked out sides: a shape may use
@@ -376,7 +373,7 @@ class SchedulingState:
             usage[(nominee.team, pool)] = usage.get((nominee.team, pool), 0) + len(nominee.nominated)
         self.usage = QuotaUsage(book or QuotaBook(QuotaConfig()), usage)
         self.floors = {}
-        self.new_floor_base()
+        self.forget_sides()
         self.queue.wake_all()
         self.mark_borrowed()
         self.invalidate()
@@ -462,15 +459,20 @@ class SchedulingState:
 
     def _forget_floor(self, team: str, pool: str) -> None:
         self.floors.pop((team, pool), None)
-        self._floor_clock += 1
-        self.floor_versions[team] = self._floor_clock
+        clock = self.floor_clocks.get(team)
+        if clock is not None:
+            clock.changes += 1
 
-    def new_floor_base(self) -> None:
-        """Every team's floors are to be worked out again (the quota book changed, or the pools a shape may use):
-        no item's kept side holds."""
-        self._floor_clock += 1
-        self.floor_base = self._floor_clock
-        self.floor_versions = {}
+    def floor_clock(self, team: str) -> FloorClock:
+        clock = self.floor_clocks.get(team)
+        if clock is None:
+            clock = self.floor_clocks[team] = FloorClock()
+        return clock
+
+    def forget_sides(self) -> None:
+        """No item's kept side of the split holds (the quota book changed, or the pools a shape may use)."""
+        for clock in self.floor_clocks.values():
+            clock.changes += 1
 
     def preemptible_below(self, team: str, pool: str, priority: int) -> int:
         """GPUs the team holds in `pool` with preemptible jobs of lower priority than `priority`."""
