@@ -142,8 +142,9 @@ def _change(queue: JobQueue, standing: dict[str, float], step: tuple[str, int, i
 @given(ops)
 def test_what_the_queue_keeps_for_a_cycle_is_never_stale(steps: list[tuple[str, int, int, int]]) -> None:
     """After every step (cycles included), each parked group's first order (cached between its changes) is the
-    least order of its sub-queues' heads, its smallest head's GPUs are its smallest sub-queue's, and each team's smallest waiting job (counted on push and remove) is
-    the smallest of its jobs in the queue, both found from scratch."""
+    least order of its sub-queues' heads, its smallest head's GPUs (kept as it changes) are its smallest
+    sub-queue's, and each team's smallest waiting job (counted on push and remove) is the smallest of its jobs in
+    the queue, all found from scratch."""
     queue = JobQueue()
     standing: dict[str, float] = {}
     for op, n, t, r in steps:
