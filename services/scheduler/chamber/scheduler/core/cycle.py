@@ -49,7 +49,20 @@ from chamber.scheduler.core.preemption import (
     plan_preemption,
     victim_cost,
 )
-from chamber.scheduler.core.queue import WOKEN, Entry, Order, ParkGroup, Parking, QueueKey, SubQueue, Walk, entry
+from chamber.scheduler.core.queue import (
+    BORROWS,
+    IDLE,
+    MAY_MOVE,
+    WOKEN,
+    Entry,
+    Order,
+    ParkGroup,
+    Parking,
+    QueueKey,
+    SubQueue,
+    Walk,
+    entry,
+)
 from chamber.scheduler.core.reasons import Reason, WaitKind, placed_on
 from chamber.scheduler.core.state import SchedulingState
 
@@ -779,24 +792,24 @@ class _Cycle:
                     continue
                 clock = what.split_clock
                 if clock is not None and what.split_version == clock.changes:
-                    guaranteed = what.split_first
+                    side = what.split_lane
                 else:
                     priority, _, team, shape, _ = what.key
                     pools = pools_of.get(shape)
                     if pools is None:
                         pools = pools_of[shape] = ctx.pools_of(state, shape)
-                    guaranteed = not pools
+                    side = None if not pools else shape
                     for pool in pools:
                         f = floor.get((team, pool))
                         if (floor_of(team, pool) if f is None else f) < priority:
-                            guaranteed = True
+                            side = None
                             break
                     clock = what.split_clock = state.floor_clock(team)
-                    what.split_version, what.split_first = clock.changes, guaranteed
-                if guaranteed:
+                    what.split_version, what.split_lane = clock.changes, side
+                if side is None:
                     first.append(item)
                 else:
-                    shape = what.key[3]
+                    shape = side
                     lane = lanes.get(shape)
                     if lane is None:
                         lane = lanes[shape] = []
@@ -805,17 +818,20 @@ class _Cycle:
                 parking = what
                 if parking.entry is not item:
                     continue
-                group = parking.group
                 clock = parking.split_clock
                 if clock is None or parking.split_version != clock.changes:
+                    group = parking.group
                     f = floor.get((group[0], group[1]))
                     clock = parking.split_clock = state.floor_clock(group[0])
                     parking.split_version = clock.changes
-                    parking.split_parked = (floor_of(group[0], group[1]) if f is None else f) >= group[3]
-                if parking.split_parked:
-                    if group[2]:  # a team at its guarantee borrows only with preemptible jobs: else it never wakes
-                        parked.append((item, parking))
-                elif may_move(group, parking):
+                    if (floor_of(group[0], group[1]) if f is None else f) < group[3]:
+                        parking.split_side = MAY_MOVE
+                    else:  # a team at its guarantee borrows only with preemptible jobs: else the group never wakes
+                        parking.split_side = BORROWS if group[2] else IDLE
+                group_side = parking.split_side
+                if group_side == BORROWS:
+                    parked.append((item, parking))
+                elif group_side == MAY_MOVE and may_move(parking.group, parking):
                     first.append(item)
         standing, totals = state.standing, state.usage
         for item, parking in parked:

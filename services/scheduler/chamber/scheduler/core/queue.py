@@ -47,6 +47,8 @@ group's item in the kept order (`JobQueue.heads`, kind GROUP) holds its `Parking
 split looks at ~4,000 of them a cycle with a thousand teams, and finding each by its group in `JobQueue.parked`
 (a hash of four fields, a probe) was a third of its time; items made during a cycle (WOKEN) hold the group."""
 SUBQUEUE, GROUP, WOKEN = 0, 1, 2
+MAY_MOVE, BORROWS, IDLE = 0, 1, 2
+"""A parked group's side of the split (`Parking.split_side`)."""
 
 
 @dataclass(eq=False)
@@ -86,10 +88,11 @@ class SubQueue:
     split_clock: FloorClock | None = None
     """Its team's floor clock, once the split looked at it."""
     split_version: int = -1
-    """The clock's count `split_first` was worked out at."""
-    split_first: bool = False
-    """Whether its team's guarantee might admit its head (`_Cycle._split_by_guarantee`): kept while the team's
-    floors are (with a thousand teams, ~85% of the split's items are as they were in the last cycle)."""
+    """The clock's count `split_lane` was worked out at."""
+    split_lane: Shape | None = None
+    """Its side of the split (`_Cycle._split_by_guarantee`): None when its team's guarantee might admit its head,
+    else its shape (its lane in the second pass). Kept while the team's floors are (with a thousand teams, ~85% of
+    the split's items are as they were in the last cycle)."""
 
 
 @dataclass
@@ -111,14 +114,22 @@ class Parking:
     """(the standings and reservations it was computed with, the least queue order among its heads now, the
     sub-queue of that head), kept while it stays true (`JobQueue.first_order`): a sub-queue parked into the group
     lowers it at most, and only a change to the first head's sub-queue, or a job entering one, makes it unknown."""
-    lane: "tuple[object, QuotaUsage, tuple[str, str], Entry] | None" = None
-    """(the `first` it was made from, the quota usage, the group's cohort lane, its item there): `JobQueue.lane_item`,
-    kept while both are the same."""
+    lane_first: Any = None
+    lane_standing: dict[str, float] | None = None
+    lane_reserved: dict[str, tuple[GpuRef, ...]] | None = None
+    lane_usage: QuotaUsage | None = None
+    lane_cohort: tuple[str, str] = ("", "")
+    lane_made: Entry | None = None
+    """(the `first` it was made from, with its standings and reservations, the quota usage, the group's cohort lane,
+    its item there): `JobQueue.lane_item`, kept while they are the same. Fields, not one tuple: the split asks this
+    of ~1,700 groups a cycle, and each tuple it reads is a miss."""
     split_clock: FloorClock | None = None
     split_version: int = -1
-    """Its team's floor clock and the count `split_parked` was worked out at (see `SubQueue.split_version`)."""
-    split_parked: bool = False
-    """Whether its team is at or above its guarantee in the pool for its priority (`_Cycle._split_by_guarantee`)."""
+    """Its team's floor clock and the count `split_side` was worked out at (see `SubQueue.split_version`)."""
+    split_side: int = 0
+    """Its side of the split (`_Cycle._split_by_guarantee`): MAY_MOVE (its team is below its guarantee in the pool,
+    or holds lower-priority work there), BORROWS (at or above it: its preemptible heads may only borrow) or IDLE (at
+    or above it, with heads that do not borrow: nothing of the group moves)."""
 
 
 class Walk:
@@ -396,6 +407,15 @@ class JobQueue:
         self, item: Entry, parking: Parking, standing: dict[str, float], usage: QuotaUsage
     ) -> tuple[Any, Entry] | None:
         """`lane_item` for a current item of `parking`."""
+        made = parking.lane_made
+        if (  # the common case, from the parking's own fields: as in the last cycle
+            made is not None
+            and parking.lane_standing is standing
+            and parking.lane_reserved is self._reserved
+            and parking.lane_usage is usage
+            and parking.lane_first is parking.first
+        ):
+            return parking.lane_cohort, made
         group = parking.group
         cached = parking.first
         if cached is None or cached[0] is not standing or cached[1] is not self._reserved:
@@ -408,12 +428,13 @@ class JobQueue:
         # The stored tuple itself, as an object: compiled (mypyc), a local of a fixed-length tuple type may hold a
         # copy of it, and `is` would never find the one the lane item was made from.
         first: object = parking.first
-        lane = parking.lane
-        if lane is not None and lane[0] is first and lane[1] is usage:
-            return lane[2], lane[3]
+        made = parking.lane_made
+        if made is not None and parking.lane_first is first and parking.lane_usage is usage:
+            return parking.lane_cohort, made
         made = (*order, WOKEN, next(self.seq), group)
         cohort = usage.cohort_of(group[0], group[1])
-        parking.lane = (first, usage, cohort, made)
+        parking.lane_first, parking.lane_standing, parking.lane_reserved = first, standing, self._reserved
+        parking.lane_usage, parking.lane_cohort, parking.lane_made = usage, cohort, made
         return cohort, made
 
     def first_order(self, group: ParkGroup, standing: dict[str, float]) -> Order | None:
