@@ -42,9 +42,9 @@ PROTOS = [
 """(source root, path below it): each is imported as the module its path names (`chamber.gateway.rpc.chamber_pb2`)."""
 CORE = "services/scheduler/chamber/scheduler/core"
 COMPILED = [
-    *(f"{CORE}/{name}.py" for name in ("cycle", "queue", "state", "admission", "placement", "fleet", "backfill",
-                                       "consolidation", "preemption", "whatif", "capacity", "model", "reasons",
-                                       "decisions")),
+    *(f"{CORE}/{name}.py" for name in ("cycle", "split", "queue", "state", "admission", "placement", "fleet",
+                                       "backfill", "consolidation", "preemption", "whatif", "capacity", "model",
+                                       "reasons", "decisions")),
     "libs/common/chamber/common/quota/admission.py",
     "libs/common/chamber/common/quota/book.py",
 ]  # fmt: skip

@@ -24,11 +24,12 @@ from hypothesis import strategies as st
 
 from chamber.common.contracts import OrgConfig, PoolConfig, QuotaConfig, TeamConfig, TeamQuota
 from chamber.common.quota import QuotaBook, validate
-from chamber.scheduler.core.cycle import Lane, _Cycle
+from chamber.scheduler.core.cycle import _Cycle
 from chamber.scheduler.core.decisions import Decision, Nominate, Place, Preempt, Wait
 from chamber.scheduler.core.model import PendingJob, pending_from
 from chamber.scheduler.core.placement import find_placement
 from chamber.scheduler.core.queue import Entry, ParkGroup, SubQueue, Walk
+from chamber.scheduler.core.split import Lane
 from chamber.scheduler.core.state import SchedulerConfig, SchedulingState
 from tests.support.builders import make_job, pool_quota
 from tests.support.core import pure_core_only

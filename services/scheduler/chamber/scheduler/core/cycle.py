@@ -50,9 +50,6 @@ from chamber.scheduler.core.preemption import (
     victim_cost,
 )
 from chamber.scheduler.core.queue import (
-    BORROWS,
-    IDLE,
-    MAY_MOVE,
     WOKEN,
     Entry,
     Order,
@@ -64,12 +61,10 @@ from chamber.scheduler.core.queue import (
     entry,
 )
 from chamber.scheduler.core.reasons import Reason, WaitKind, placed_on
+from chamber.scheduler.core.split import Lane, Split
 from chamber.scheduler.core.state import SchedulingState
 
 NO_PRIORITY = -(10**9)
-Lane = tuple[str, str] | Shape
-"""A lane of the second pass (see `_Cycle._split_by_guarantee`): parked groups by (pool, cohort), or sub-queues by
-shape."""
 Turn = tuple[int, Entry]
 """(pass, mark): when in the walk something was decided, as its first (0) or second (1) pass and the greatest item
 that pass had taken by then. Turns order as the walk went, also where it takes an item out of queue order (one
@@ -695,155 +690,8 @@ class _Cycle:
     # ---- shortcuts that keep a cycle O(sub-queues that can move) ---------------------------------------------
 
     def _split_by_guarantee(self, items: list[Entry]) -> tuple[list[Entry], dict[Lane, list[Entry]]]:
-        """The walk's items split, before the first pass, into those whose team's guarantee might admit a head now (the
-        first pass's) and the rest, straight to the second pass in lanes: its sub-queues at their turn, and its
-        parked groups at their first head's turn (as `_walk` hands a group on). A team at or above its guarantee in
-        every pool the head may use, with no lower-priority preemptible work there to displace, can only borrow: the
-        first pass would only set such a head aside for the second (or, when its quota refuses even that, park it,
-        which the second pass does as well, its usage having only grown), and would only decide to hand such a
-        parked group to the second pass (`_wake`). With a thousand teams at their quota that look was most of the
-        first pass. Both only grow harder within a cycle (usage only grows, and a team's lower-priority work placed
-        in the first pass comes after its higher-priority heads), so nothing of the second pass's could have moved
-        in the first. Nor does the split move where the backfill budget goes: a head refused outright gets no
-        look-ahead in either pass.
-
-        The second pass's items come in lanes, each in queue order (`Walk` merges them), which `_walk` closes once
-        none of their items left could do anything in the cycle:
-        - a parked group's lane is its (pool, cohort): its team borrows for it or not at all, and what a cohort may
-          lend only shrinks within the cycle, so once one of a lane's groups finds it lends nothing, its other
-          groups would wake nothing (with a thousand teams at their quota, most of the second pass's groups were
-          looked at only for that). A group of non-preemptible jobs of such a team is left out at once: only
-          preemptible jobs borrow;
-        - a sub-queue's lane is its shape: such a team may neither displace nor reclaim, so its head starts only on
-          free GPUs (or backfilled, or on room opened for it), and once a head of the shape finds none of those
-          (`_shape_hopeless`), or too few GPUs are left free for the shape (`_no_room_left`), no later head of it
-          would start (most of the second pass's heads, on a full fleet).
-        Such a team stays such for the whole cycle: the first pass does not borrow, and where a team is at its
-        guarantee it gives the team only work above the team's lowest preemptible work there (by displacing it),
-        so above the lane's heads. Before the first pass stopped borrowing, a job that may use several pools could
-        borrow in one in the first pass, and its team's groups had to leave their lanes for the second."""
-        state, ctx, queue = self.state, self.ctx, self.state.queue
-        book = state.quota
-        assert book is not None
-        floor = state.floors
-        """(team, pool) -> the priority a head must exceed for the guarantee to admit it (-inf: below it), kept
-        across cycles (`SchedulingState.floors`)."""
-        usage, quota, preemptible_usage = state.usage.used, book.quota, state.preemptible_usage
-
-        def floor_of(team: str, pool: str) -> float:
-            if usage.get((team, pool), 0) < quota(team, pool).nominal:
-                found = float("-inf")
-            else:
-                held = preemptible_usage.get((team, pool))
-                found = min((p for p, n in held.items() if n > 0), default=float("inf")) if held else float("inf")
-            floor[(team, pool)] = found
-            return found
-
-        left_of: dict[tuple[str, str], int] = {}
-        """(team, pool) -> GPUs left of its guarantee, as the cycle starts."""
-        lends_of: dict[tuple[str, str], int] = {}
-        """(team, pool) -> GPUs its cohort could lend it, as the cycle starts (asked only for preemptible groups)."""
-        passing = ctx.reclaimable and self.config.reclaim_past_guarantee
-        smallest = ctx.smallest_waiting(state) if passing else {}
-
-        def may_move(group: ParkGroup, parking: Parking) -> bool:
-            """Whether the first pass might wake a sub-queue of this parked group of a team below its guarantee
-            (or holding lower-priority work to displace), or hand the group to the second pass (`_wake`): its
-            smallest head is within what is left of the guarantee, or the team may displace, or reclaim past its
-            guarantee for it, or the cohort may lend for it, all as the cycle starts (they only get harder within
-            it). When not, the group is left out of the cycle (with a thousand teams, most of the first pass's
-            groups were of non-preemptible jobs of a team at its guarantee, looked at only to find that its
-            lower-priority work is too little to make room for their smallest head by displacing it)."""
-            team, pool, preemptible, priority = group
-            gpus = parking.min_gpus
-            key = (team, pool)
-            left = left_of.get(key)
-            if left is None:
-                left = left_of[key] = quota(team, pool).nominal - usage.get(key, 0)
-            if gpus <= left:
-                return True
-            lower = state.preemptible_below(team, pool, priority)
-            if not preemptible:  # it neither borrows nor goes past a guarantee: it may only displace all it lacks
-                return gpus - left <= lower
-            if lower > 0:
-                return True
-            if passing and left > 0 and gpus <= smallest.get(team, gpus):
-                return True
-            lends = lends_of.get(key)
-            if lends is None:
-                lends = lends_of[key] = state.usage.borrowable(team, pool)
-            return gpus - max(left, 0) <= lends
-
-        index = state.index
-        if state.split_index is not index or state.split_partitions != index.partition_count():
-            state.split_index, state.split_partitions = index, index.partition_count()
-            state.forget_sides()  # the pools a shape may use changed: every sub-queue's side is worked out again
-        # ~6,000 items a cycle with a thousand teams: the loop is kept lean. An item no longer current is left out
-        # (the walk would pass it by: `JobQueue.current`); a current one's side is kept from the last cycle while
-        # its team's floors are the same (`SchedulingState.floor_clocks`).
-        pools_of: dict[Shape, list[str]] = {}
-        first: list[Entry] = []
-        lanes: dict[Lane, list[Entry]] = {}
-        parked: list[tuple[Entry, Parking]] = []
-        for item in items:
-            what = item[-1]
-            if isinstance(what, SubQueue):
-                if what.entry is not item:
-                    continue
-                clock = what.split_clock
-                if clock is not None and what.split_version == clock.changes:
-                    side = what.split_lane
-                else:
-                    priority, _, team, shape, _ = what.key
-                    pools = pools_of.get(shape)
-                    if pools is None:
-                        pools = pools_of[shape] = ctx.pools_of(state, shape)
-                    side = None if not pools else shape
-                    for pool in pools:
-                        f = floor.get((team, pool))
-                        if (floor_of(team, pool) if f is None else f) < priority:
-                            side = None
-                            break
-                    clock = what.split_clock = state.floor_clock(team)
-                    what.split_version, what.split_lane = clock.changes, side
-                if side is None:
-                    first.append(item)
-                else:
-                    shape = side
-                    lane = lanes.get(shape)
-                    if lane is None:
-                        lane = lanes[shape] = []
-                    lane.append(item)  # `items` is in queue order: so is each lane
-            else:
-                parking = what
-                if parking.entry is not item:
-                    continue
-                clock = parking.split_clock
-                if clock is None or parking.split_version != clock.changes:
-                    group = parking.group
-                    f = floor.get((group[0], group[1]))
-                    clock = parking.split_clock = state.floor_clock(group[0])
-                    parking.split_version = clock.changes
-                    if (floor_of(group[0], group[1]) if f is None else f) < group[3]:
-                        parking.split_side = MAY_MOVE
-                    else:  # a team at its guarantee borrows only with preemptible jobs: else the group never wakes
-                        parking.split_side = BORROWS if group[2] else IDLE
-                group_side = parking.split_side
-                if group_side == BORROWS:
-                    parked.append((item, parking))
-                elif group_side == MAY_MOVE and may_move(parking.group, parking):
-                    first.append(item)
-        standing, totals = state.standing, state.usage
-        for item, parking in parked:
-            if (found := queue.lane_item_of(item, parking, standing, totals)) is not None:
-                lane = lanes.get(found[0])
-                if lane is None:
-                    lane = lanes[found[0]] = []
-                lane.append(found[1])
-        for key, lane in lanes.items():
-            if not isinstance(key, Shape):
-                lane.sort()
-        return first, lanes
+        """The walk's items split by guarantee before the first pass (see `split`)."""
+        return Split(self.state, self.ctx, self.config.reclaim_past_guarantee).run(items)
 
     def _shape_hopeless(self, shape: Shape) -> Literal["", "close", "consolidate"]:
         """In the second pass, a head of `shape` from its lane was just found hopeless (`_hopeless`): whether every

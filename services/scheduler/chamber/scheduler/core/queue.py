@@ -147,7 +147,7 @@ class Walk:
         pushed: list[Entry] | None = None,
         lanes: dict[Any, list[Entry]] | None = None,
     ) -> None:
-        self._current = queue.current
+        self._queue = queue
         self._ordered = ordered
         self._next = 0
         self._pushed = pushed or []
@@ -164,9 +164,9 @@ class Walk:
 
     def pop(self) -> Entry | None:
         """The next item, or None when there are no more."""
-        ordered, current, i, pushed, fronts = self._ordered, self._current, self._next, self._pushed, self._fronts
+        ordered, queue, i, pushed, fronts = self._ordered, self._queue, self._next, self._pushed, self._fronts
         n = len(ordered)
-        while i < n and not current(ordered[i]):
+        while i < n and not queue.current(ordered[i]):
             i += 1
         self._next = i
         while fronts and fronts[0][1] in self._closed:
@@ -528,8 +528,12 @@ class JobQueue:
     def current(self, entry: Entry) -> bool:
         """Whether an item of `heads` still stands for its sub-queue (same head, not parked) or parked group."""
         item = entry[-1]
-        if item.__class__ is SubQueue or item.__class__ is Parking:
-            return item.entry is entry  # (a group's Parking forgets its item once it is woken whole)
+        if isinstance(item, SubQueue):
+            sq: SubQueue = item  # (typed: reached through `Any`, each field was a generic look-up, compiled)
+            return sq.entry is entry
+        if isinstance(item, Parking):
+            kept: Parking = item  # (a group's Parking forgets its item once it is woken whole)
+            return kept.entry is entry
         parking = self.parked.get(item)
         return parking is not None and parking.entry is entry
 
