@@ -11,7 +11,14 @@ classes are native ones, which differ from Python's in ways to keep in mind when
 - frozen dataclasses (`Shape`, the decisions) cannot be copied or pickled;
 - a fixed-length tuple read into a local of its type may be a copy: `is` against the stored one fails (a cache
   keyed by a tuple's identity never hits), so such a cache compares the stored object, read as `object`
-  (`JobQueue.lane_item`).
+  (`JobQueue.lane_item`);
+- the `__init__` that `dataclass` writes runs as interpreted Python (~10x the time of a compiled one: a
+  cycle spent an eighth of its time constructing decisions, reasons and admissions), so the classes a cycle makes
+  by the thousand have their own `__init__`, taking their fields in order with the same defaults
+  (`tests/unit/scheduler/test_own_inits.py`); a frozen one sets them with `object.__setattr__`, which compiles to
+  a plain store;
+- a value reached through `Any` (an item of a walk's `Entry` tuple, say) is looked up generically, attribute by
+  attribute: read it into a local of its class first (`split`, `JobQueue.current`).
 The tests that rely on Python's behaviour run on the pure-Python core only (`tests.support.core`).
 """
 

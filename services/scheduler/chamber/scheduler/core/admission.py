@@ -37,6 +37,12 @@ class Option:
     """GPUs the job would take its team past its guarantee though the team is below it now (`reclaim_past`):
     it may reclaim from teams that borrow more than that, when it is the team's smallest waiting job."""
 
+    def __init__(self, shape: Shape, borrowing: bool, reclaim: bool, past: int = 0) -> None:
+        object.__setattr__(self, "shape", shape)  # (its own `__init__`: see `decisions`)
+        object.__setattr__(self, "borrowing", borrowing)
+        object.__setattr__(self, "reclaim", reclaim)
+        object.__setattr__(self, "past", past)
+
 
 @dataclass(frozen=True, slots=True)
 class QuotaNeed:
@@ -45,6 +51,11 @@ class QuotaNeed:
     team: str
     pool: str
     gpus: int
+
+    def __init__(self, team: str, pool: str, gpus: int) -> None:
+        object.__setattr__(self, "team", team)
+        object.__setattr__(self, "pool", pool)
+        object.__setattr__(self, "gpus", gpus)
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +71,20 @@ class Admissions:
     reclaim_only: list[Option] = field(default_factory=list)
     """Pools the quota refuses (the cohort has nothing to lend) where the job could still start by reclaiming
     past its team's guarantee (`Option.past`); never placed on free GPUs directly."""
+
+    def __init__(
+        self,
+        options: list[Option],
+        refusal: str,
+        displace: list[tuple[Option, QuotaNeed]],
+        pools: list[str],
+        reclaim_only: list[Option] | None = None,
+    ) -> None:
+        object.__setattr__(self, "options", options)  # (its own `__init__`: see `decisions`)
+        object.__setattr__(self, "refusal", refusal)
+        object.__setattr__(self, "displace", displace)
+        object.__setattr__(self, "pools", pools)
+        object.__setattr__(self, "reclaim_only", [] if reclaim_only is None else reclaim_only)
 
 
 def budget_refusal(state: SchedulingState, job: PendingJob) -> str:

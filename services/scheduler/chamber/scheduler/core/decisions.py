@@ -1,4 +1,7 @@
-"""What a scheduling cycle decides. Every decision says why: placements in words, waits as data (`Reason`)."""
+"""What a scheduling cycle decides. Every decision says why: placements in words, waits as data (`Reason`).
+
+The classes a cycle makes thousands of have their own `__init__` (see `chamber.scheduler.core`: compiled, the one
+`dataclass` writes runs as interpreted Python, ten times slower than the class's own)."""
 
 from dataclasses import dataclass
 
@@ -12,6 +15,12 @@ class Place:
     attempt: int
     gpus: tuple[GpuRef, ...]
     reason: str
+
+    def __init__(self, job_id: str, attempt: int, gpus: tuple[GpuRef, ...], reason: str) -> None:
+        object.__setattr__(self, "job_id", job_id)
+        object.__setattr__(self, "attempt", attempt)
+        object.__setattr__(self, "gpus", gpus)
+        object.__setattr__(self, "reason", reason)
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +60,10 @@ class Nominate:
 class Wait:
     job_id: str
     why: Reason
+
+    def __init__(self, job_id: str, why: Reason) -> None:
+        object.__setattr__(self, "job_id", job_id)
+        object.__setattr__(self, "why", why)
 
     @property
     def reason(self) -> str:

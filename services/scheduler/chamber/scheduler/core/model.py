@@ -77,14 +77,49 @@ class RunningJob:
     attempt: int = 0
     pool: str = ""
     spread: tuple[tuple[str, int], ...] = ()
-    """(node, GPUs held there) for every node it holds GPUs on: what stopping it frees, where."""
+    """(node, GPUs held there) for every node it holds GPUs on: what stopping it frees, where (worked out from
+    `gpus` when not given)."""
 
-    def __post_init__(self) -> None:
-        if not self.spread:
+    def __init__(  # noqa: PLR0917 (the fields, positional as the dataclass's own `__init__` takes them)
+        self,
+        id: str,
+        team: str,
+        priority: int,
+        preemptible: bool,
+        gpus: tuple[GpuRef, ...],
+        started_at: float,
+        min_runtime_s: float,
+        checkpoint_interval_s: float | None,
+        checkpoint_grace_s: float,
+        est_end: float | None,
+        borrowed: bool = False,
+        stopping: bool = False,
+        attempt: int = 0,
+        pool: str = "",
+        spread: tuple[tuple[str, int], ...] = (),
+    ) -> None:
+        # Its own `__init__`, not the one `dataclass` writes: compiled, that one runs as interpreted Python, ten
+        # times slower (a cycle places ~200 jobs; see `chamber.scheduler.core`).
+        self.id = id
+        self.team = team
+        self.priority = priority
+        self.preemptible = preemptible
+        self.gpus = gpus
+        self.started_at = started_at
+        self.min_runtime_s = min_runtime_s
+        self.checkpoint_interval_s = checkpoint_interval_s
+        self.checkpoint_grace_s = checkpoint_grace_s
+        self.est_end = est_end
+        self.borrowed = borrowed
+        self.stopping = stopping
+        self.attempt = attempt
+        self.pool = pool
+        if not spread:
             counts: dict[str, int] = {}
-            for ref in self.gpus:
+            for ref in gpus:
                 counts[ref.node] = counts.get(ref.node, 0) + 1
-            self.spread = tuple(counts.items())
+            spread = tuple(counts.items())
+        self.spread = spread
 
     def work_lost_if_stopped(self, now: float) -> float:
         ran = max(0.0, now - self.started_at)

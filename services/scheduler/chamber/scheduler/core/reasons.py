@@ -37,6 +37,12 @@ class Reason:
     start_in_s: float | None = None
     """For a reservation: the earliest start from running jobs' estimates, seconds from the decision (live)."""
 
+    def __init__(self, kind: WaitKind, text: str, free: int | None = None, start_in_s: float | None = None) -> None:
+        object.__setattr__(self, "kind", kind)  # (its own `__init__`: see `decisions`)
+        object.__setattr__(self, "text", text)
+        object.__setattr__(self, "free", free)
+        object.__setattr__(self, "start_in_s", start_in_s)
+
     def render(self) -> str:
         text = self.text
         if self.free is not None:
