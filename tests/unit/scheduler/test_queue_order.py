@@ -8,7 +8,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from chamber.scheduler.core.model import PendingJob, Shape
-from chamber.scheduler.core.queue import AGED, JobQueue, smallest
+from chamber.scheduler.core.queue import AGED, JobQueue, order_key, smallest
 
 SHAPE = Shape(per_replica=1, replicas=1)
 
@@ -118,3 +118,39 @@ def test_a_reserved_job_that_becomes_its_sub_queues_head_can_be_the_groups_first
     assert queue.first_order(group, standing) == queue.order_of(queue.jobs["a1"], standing)
     queue.remove("b1")
     assert queue.first_order(group, standing) == queue.order_of(queue.jobs["b2"], standing)
+
+
+job_fields = st.tuples(
+    st.integers(-(10**6), 10**6),  # priority
+    st.booleans(),  # aged
+    st.booleans(),  # reserved
+    st.integers(0, 8),  # preemptions
+    st.sampled_from([0.0, 0.5, 2.0]),  # fair-share standing
+    st.sampled_from([0.0, 1.0, 5.0]),  # rank
+    st.sampled_from([0.0, 10.0]),  # submitted at
+    st.sampled_from(["a", "b"]),  # id
+)
+
+
+@settings(max_examples=500, deadline=None)
+@given(job_fields, job_fields, st.integers(0, 5))
+def test_the_packed_queue_order_orders_as_its_parts_would(
+    one: tuple[int, bool, bool, int, float, float, float, str],
+    two: tuple[int, bool, bool, int, float, float, float, str],
+    cap: int,
+) -> None:
+    """`order_key` packs (-priority, not aged, not reserved, -preemption standing) into one integer: two jobs
+    order by it exactly as by those parts and then the rest, one element at a time."""
+
+    def both(fields: tuple[int, bool, bool, int, float, float, float, str]) -> tuple[tuple[object, ...], object]:
+        priority, aged, reserved, preemptions, standing, rank, submitted, job_id = fields
+        job = PendingJob(id=job_id, team="t", priority=priority, shape=SHAPE, submitted_at=submitted,
+                         preemptions=preemptions, attempt=0, est_runtime_s=None, aged=aged)  # fmt: skip
+        parts = (-priority, not aged, not reserved, -min(preemptions, cap), -standing, AGED if aged else rank,
+                 submitted, job_id)  # fmt: skip
+        return parts, order_key(job, {"t": standing}, cap, rank, reserved)
+
+    parts_one, packed_one = both(one)
+    parts_two, packed_two = both(two)
+    assert (packed_one < packed_two) == (parts_one < parts_two)  # type: ignore[operator]
+    assert (packed_one == packed_two) == (parts_one == parts_two)

@@ -32,9 +32,11 @@ from chamber.scheduler.core.model import PendingJob, Shape
 
 QueueKey = tuple[int, int, str, Shape, bool]
 """(priority, preemption standing, team, shape, preemptible): what a sub-queue's jobs share."""
-Order = tuple[int, bool, bool, int, float, float, float, str]
-"""(-priority, not aged, not reserved, -preemption standing, -fair-share standing, rank, submitted at, id):
-smaller first."""
+Order = tuple[int, float, float, float, str]
+"""(class, -fair-share standing, rank, submitted at, id): smaller first. `class` packs (-priority, not aged, not
+reserved, -preemption standing) into one integer that orders as the four would (`order_key`): a cycle compares
+~100,000 of these (in heaps, sorts and bisections), mostly of jobs alike in all four, and each element compared is
+a call; packed, such a comparison looks at four elements, not seven."""
 Rank = Callable[[PendingJob], float]
 AGED = float("-inf")
 ParkGroup = tuple[str, str, bool, int]
@@ -384,7 +386,7 @@ class JobQueue:
             sq = None
         key = order_key(job, standing, self.standing_cap, self._rank_of.get(job.id, 0.0), job.id in self.reserved)
         if self.rank_first:
-            key = (key[0], key[1], key[2], key[3], key[5], key[4], key[6], key[7])
+            key = (key[0], key[2], key[1], key[3], key[4])
         if sq is not None:
             sq.head_order = (self._order_epoch, key)
         return key
@@ -648,8 +650,9 @@ def smallest(heap: list[Any], k: int) -> list[Any]:
 def order_key(
     job: PendingJob, standing: dict[str, float], cap: int, rank: float = 0.0, reserved: bool = False
 ) -> Order:
-    """Smaller comes first; `rank` is the head's rank in its sub-queue (see `JobQueue.rank_of`)."""
-    return (
-        -job.priority, not job.aged, not reserved, -min(job.preemptions, cap), -standing.get(job.team, 0.0),
-        AGED if job.aged else rank, job.submitted_at, job.id,
-    )  # fmt: skip
+    """Smaller comes first; `rank` is the head's rank in its sub-queue (see `JobQueue.rank_of`). The class is
+    (-priority, not aged, not reserved, -min(preemptions, cap)) in mixed radix: the last three are digits of 2, 2 and
+    cap + 1 values (the standing as cap - min(preemptions, cap), which orders as its negation does)."""
+    standing_digit = cap - min(job.preemptions, cap)
+    cls = ((-job.priority * 2 + (not job.aged)) * 2 + (not reserved)) * (cap + 1) + standing_digit
+    return (cls, -standing.get(job.team, 0.0), AGED if job.aged else rank, job.submitted_at, job.id)
