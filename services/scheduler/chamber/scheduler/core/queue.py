@@ -56,7 +56,7 @@ MAY_MOVE, BORROWS, IDLE = 0, 1, 2
 @dataclass(eq=False)
 class FloorClock:
     """Counts the changes to one team's guarantee floors (`SchedulingState.floors`): a sub-queue or parked group
-    keeps the side of the split it was put on (`_Cycle._split_by_guarantee`) while its team's count is the one it
+    keeps the side of the split it was put on (`split`) while its team's count is the one it
     was put there at. One object per team, held by its sub-queues and groups: the split reads ~5,000 of them a
     cycle, and finding each team's count by name cost a look at its name and its key tuple, cold in memory."""
 
@@ -92,7 +92,7 @@ class SubQueue:
     split_version: int = -1
     """The clock's count `split_lane` was worked out at."""
     split_lane: Shape | None = None
-    """Its side of the split (`_Cycle._split_by_guarantee`): None when its team's guarantee might admit its head,
+    """Its side of the split (`split`): None when its team's guarantee might admit its head,
     else its shape (its lane in the second pass). Kept while the team's floors are (with a thousand teams, ~85% of
     the split's items are as they were in the last cycle)."""
 
@@ -129,7 +129,7 @@ class Parking:
     split_version: int = -1
     """Its team's floor clock and the count `split_side` was worked out at (see `SubQueue.split_version`)."""
     split_side: int = 0
-    """Its side of the split (`_Cycle._split_by_guarantee`): MAY_MOVE (its team is below its guarantee in the pool,
+    """Its side of the split (`split`): MAY_MOVE (its team is below its guarantee in the pool,
     or holds lower-priority work there), BORROWS (at or above it: its preemptible heads may only borrow) or IDLE (at
     or above it, with heads that do not borrow: nothing of the group moves)."""
 
@@ -430,9 +430,6 @@ class JobQueue:
         # The stored tuple itself, as an object: compiled (mypyc), a local of a fixed-length tuple type may hold a
         # copy of it, and `is` would never find the one the lane item was made from.
         first: object = parking.first
-        made = parking.lane_made
-        if made is not None and parking.lane_first is first and parking.lane_usage is usage:
-            return parking.lane_cohort, made
         made = (*order, WOKEN, next(self.seq), group)
         cohort = usage.cohort_of(group[0], group[1])
         parking.lane_first, parking.lane_standing, parking.lane_reserved = first, standing, self._reserved

@@ -116,7 +116,7 @@ class SchedulingState:
         """(team, pool) -> priority -> GPUs held by preemptible jobs: what a team's higher-priority job may displace."""
         self.floors: dict[tuple[str, str], float] = {}
         """(team, pool) -> the priority a head must exceed for the team's guarantee there to admit it (-inf: the team
-        is below its guarantee; `_Cycle._split_by_guarantee`), kept from cycle to cycle and forgotten when the team's
+        is below its guarantee; `split`), kept from cycle to cycle and forgotten when the team's
         usage or preemptible usage there changes, or the quota book does: with a thousand teams, working each out
         again in every cycle was an eighth of the split, and most teams' are as they were."""
         self.floor_clocks: dict[str, FloorClock] = {}
