@@ -7,6 +7,7 @@ claimed, cordoned, nominated to a preemptor or reserved for a blocked job are si
 
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from sys import intern
 
 from chamber.scheduler.core.model import Shape
 
@@ -48,7 +49,7 @@ class FleetIndex:
         self, name: str, *, pool: str, model: str, rack: str, zone: str, capacity: int, free: Iterable[int]
     ) -> None:
         assert name not in self.nodes, f"node {name} added twice"
-        node = NodeSlots(name, pool, model, rack, zone, capacity, sorted(free))
+        node = NodeSlots(name, intern(pool), intern(model), rack, zone, capacity, sorted(free))  # (see `JobQueue.push`)
         self.nodes[name] = node
         part = node.partition
         self._nodes_cache.clear()

@@ -24,6 +24,7 @@ import heapq
 import itertools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from sys import intern
 from typing import Any
 
 from chamber.common.contracts import GpuRef
@@ -279,6 +280,7 @@ class JobQueue:
             self._shapes[job.shape] = job.shape
         elif canonical is not job.shape:
             job.shape = canonical  # one object per shape: the cycle's dict and set lookups then match by identity
+        job.team = intern(job.team)  # one string per team: a (team, pool) key then matches its own by identity
         key = self.key_of(job)
         sq = self._subqueues.get(key)
         if sq is None:

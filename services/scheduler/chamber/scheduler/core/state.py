@@ -12,6 +12,7 @@ cycle's context, so the next decision runs a full cycle; an arrival with the con
 
 from collections.abc import Container, Mapping
 from dataclasses import dataclass, field
+from sys import intern
 from typing import TYPE_CHECKING, Literal
 
 from chamber.common.contracts import Cordon, GpuRef, QuotaConfig
@@ -246,6 +247,7 @@ class SchedulingState:
     def add_running(self, job: RunningJob, *, yields: Container[str] = ()) -> None:
         """A job that already holds its GPUs (re-read from the store); on the slots in `yields` (where it did not
         hold the GPU before) a job that holds it keeps it (see `contested`)."""
+        job.team, job.pool = intern(job.team), intern(job.pool)  # as `JobQueue.push` does
         self.running[job.id] = job
         self.track(job)
         self.count_preemptible(job, +1)
