@@ -44,7 +44,7 @@ CORE = "services/scheduler/chamber/scheduler/core"
 COMPILED = [
     *(f"{CORE}/{name}.py" for name in ("cycle", "split", "queue", "state", "admission", "placement", "fleet",
                                        "backfill", "consolidation", "preemption", "whatif", "capacity", "model",
-                                       "reasons", "decisions")),
+                                       "fill_order", "reasons", "decisions")),
     "libs/common/chamber/common/quota/admission.py",
     "libs/common/chamber/common/quota/book.py",
 ]  # fmt: skip
