@@ -1,12 +1,21 @@
-"""The names the scheduling core keys its look-ups by: team and pool names interned as they enter the core (so
-equal (team, pool) keys match by identity, not by content)."""
+"""The names the scheduling core keys its look-ups by: a GPU's slot as the contract spells it, and team and pool
+names interned as they enter the core (so equal (team, pool) keys match by identity, not by content)."""
 
 import sys
 
-from chamber.common.contracts import OrgConfig, PoolConfig, QuotaConfig, TeamConfig, TeamQuota
+from hypothesis import given
+from hypothesis import strategies as st
+
+from chamber.common.contracts import GpuRef, OrgConfig, PoolConfig, QuotaConfig, TeamConfig, TeamQuota
 from chamber.common.quota import QuotaBook
-from chamber.scheduler.core.model import PendingJob, Shape
+from chamber.scheduler.core.model import PendingJob, Shape, slot_of
 from chamber.scheduler.core.queue import JobQueue
+
+
+@given(st.text(min_size=1, max_size=40), st.integers(0, 1024))
+def test_slot_of_is_the_contracts_slot(node: str, index: int) -> None:
+    ref = GpuRef(node=node, index=index)
+    assert slot_of(ref) == ref.slot
 
 
 def _fresh(text: str) -> str:

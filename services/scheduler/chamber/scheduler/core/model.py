@@ -43,6 +43,12 @@ class Shape:
         return f"{self.gpus} GPUs{constraint} ({self.replicas} x {self.per_replica}){where}"
 
 
+def slot_of(ref: GpuRef) -> str:
+    """`ref.slot`, compiled: the contract's property runs as interpreted Python, and a cycle asks it for every GPU
+    it places."""
+    return f"{ref.node}/{ref.index}"
+
+
 def shape_of(record: JobRecord) -> Shape:
     s = record.spec
     topo = s.topology

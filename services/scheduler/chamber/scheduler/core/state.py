@@ -22,7 +22,7 @@ from chamber.scheduler.core.decisions import Decision, Place
 from chamber.scheduler.core.estimates import RuntimePredictor
 from chamber.scheduler.core.fill_order import FillOrder
 from chamber.scheduler.core.fleet import FleetIndex
-from chamber.scheduler.core.model import PendingJob, RunningJob
+from chamber.scheduler.core.model import PendingJob, RunningJob, slot_of
 from chamber.scheduler.core.queue import FloorClock, JobQueue
 
 if TYPE_CHECKING:
@@ -207,7 +207,7 @@ class SchedulingState:
             self._use(job.team, job.pool, -len(job.gpus))
         self.count_preemptible(job, -1)
         for ref in job.gpus:
-            slot = ref.slot
+            slot = slot_of(ref)
             if slot in self.contested and self._uncontest(slot, job_id):
                 continue  # another running job is on it still: not free
             if self.holder.get(slot) != job_id:
@@ -418,7 +418,7 @@ class SchedulingState:
         by_node: dict[str, list[int]] = {}
         for ref in gpus:
             by_node.setdefault(ref.node, []).append(ref.index)
-            self.holder[ref.slot] = job.id
+            self.holder[slot_of(ref)] = job.id
         for node, indices in by_node.items():
             self.index.take(node, indices)
         self.queue.remove(job.id)
