@@ -19,11 +19,11 @@ team may be admitted for such a head again (Kueue keeps inadmissible workloads a
 thousand teams at their quota, a cycle then walks the sub-queues that can move, not every one of them.
 """
 
-import bisect
-import heapq
 import itertools
+from bisect import bisect_left, bisect_right, insort
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from heapq import heapify, heappop, heappush
 from sys import intern
 from typing import Any
 
@@ -154,11 +154,18 @@ class Walk:
         self._ordered = ordered
         self._next = 0
         self._pushed = pushed or []
-        heapq.heapify(self._pushed)
+        heapify(self._pushed)
         self._lanes = lanes or {}
-        self._fronts: list[tuple[Entry, Any, int]] = [(lane[0], key, 0) for key, lane in self._lanes.items() if lane]
-        """(the next item of a lane, the lane, its index there): a heap of the lanes' fronts."""
-        heapq.heapify(self._fronts)
+        self._fronts: list[Entry] = []
+        """The next item of each lane: a heap of the lanes' fronts (items, not tuples holding one: comparing a tuple
+        that holds an item compares the two items twice, once for equality and once for order)."""
+        self._lane_of: dict[int, tuple[Any, int]] = {}
+        """id of a front -> (its lane, its index there). An item is in one lane only (`split`)."""
+        for key, lane in self._lanes.items():
+            if lane:
+                self._fronts.append(lane[0])
+                self._lane_of[id(lane[0])] = (key, 0)
+        heapify(self._fronts)
         self._closed: set[Any] = set()
         self.lane: Any = None
         """The lane the item last popped came from (None: not from a lane)."""
@@ -172,16 +179,20 @@ class Walk:
         while i < n and not queue.current(ordered[i]):
             i += 1
         self._next = i
-        while fronts and fronts[0][1] in self._closed:
-            heapq.heappop(fronts)
+        lane_of = self._lane_of
+        while fronts and lane_of[id(fronts[0])][0] in self._closed:
+            del lane_of[id(heappop(fronts))]
         best = ordered[i] if i < n else None
         if pushed and (best is None or pushed[0] < best):
             best = pushed[0]
-        if fronts and (best is None or fronts[0][0] < best):
-            item, key, at = heapq.heappop(fronts)
+        if fronts and (best is None or fronts[0] < best):
+            item = heappop(fronts)
+            key, at = lane_of.pop(id(item))
             lane = self._lanes[key]
             if at + 1 < len(lane):
-                heapq.heappush(fronts, (lane[at + 1], key, at + 1))
+                after = lane[at + 1]
+                heappush(fronts, after)
+                lane_of[id(after)] = (key, at + 1)
             self.lane, self._lane_next = key, at + 1
             return item
         self.lane = None
@@ -190,10 +201,10 @@ class Walk:
         if i < n and best is ordered[i]:
             self._next = i + 1
             return best
-        return heapq.heappop(pushed)
+        return heappop(pushed)
 
     def push(self, item: Entry) -> None:
-        heapq.heappush(self._pushed, item)
+        heappush(self._pushed, item)
 
     def close(self, lane: Any) -> None:
         """No more items from `lane`."""
@@ -296,7 +307,7 @@ class JobQueue:
         if least is None or gpus < least:
             self._smallest[team] = gpus
         if self.aging and not job.aged:
-            heapq.heappush(self._by_age, (job.submitted_at, job.id))
+            heappush(self._by_age, (job.submitted_at, job.id))
 
     def remove(self, job_id: str) -> PendingJob | None:
         """Remove a job (lazily: its heap entry is skipped when it reaches the top)."""
@@ -326,7 +337,7 @@ class JobQueue:
         self._entries += 1
         self._entry[job.id] = self._entries
         self._rank_of[job.id] = rank
-        heapq.heappush(sq.heap, (rank, job.submitted_at, job.id, self._entries))
+        heappush(sq.heap, (rank, job.submitted_at, job.id, self._entries))
 
     def _head_moved(self, sq: SubQueue, *, entered: bool) -> None:
         """A job entered or left `sq`: if it is parked, its group's first order is computed again, unless a job
@@ -342,7 +353,7 @@ class JobQueue:
         by_age, jobs = self._by_age, self.jobs
         aged = 0
         while by_age and by_age[0][0] <= now - max_wait_s:
-            _, job_id = heapq.heappop(by_age)
+            _, job_id = heappop(by_age)
             job = jobs.get(job_id)
             sq = self._where.get(job_id)
             if job is None or sq is None or job.aged:
@@ -366,7 +377,7 @@ class JobQueue:
             if where.get(job_id) is sq and entry.get(job_id) == n:
                 head = sq.head = self.jobs[job_id]
                 return head
-            heapq.heappop(heap)
+            heappop(heap)
         if self._subqueues.get(sq.key) is sq:
             del self._subqueues[sq.key]
         self._drop(sq)
@@ -517,7 +528,7 @@ class JobQueue:
             merged: list[Entry] = []
             at = 0
             for item in new:
-                to = bisect.bisect_left(kept, item, at)
+                to = bisect_left(kept, item, at)
                 merged += kept[at:to]
                 merged.append(item)
                 at = to
@@ -561,7 +572,7 @@ class JobQueue:
         else:
             parking.first = None
         self._changed_groups.add(group)
-        bisect.insort(parking.subqueues, (job.shape.gpus, id(sq), sq))  # ids differ: a sub-queue is never compared
+        insort(parking.subqueues, (job.shape.gpus, id(sq), sq))  # ids differ: a sub-queue is never compared
         parking.min_gpus = parking.subqueues[0][0]
 
     def wake(self, group: ParkGroup, up_to_gpus: int | None = None) -> list[SubQueue]:
@@ -571,7 +582,7 @@ class JobQueue:
             return []
         n = len(parking.subqueues)
         if up_to_gpus is not None:
-            n = bisect.bisect_right(parking.subqueues, up_to_gpus, key=lambda item: item[0])
+            n = bisect_right(parking.subqueues, up_to_gpus, key=lambda item: item[0])
         woken = [sq for _, _, sq in parking.subqueues[:n]]
         for sq in woken:
             sq.parked = None
@@ -638,11 +649,11 @@ def smallest(heap: list[Any], k: int) -> list[Any]:
     frontier = [(heap[0], 0)]
     n = len(heap)
     while frontier and len(out) < k:
-        item, i = heapq.heappop(frontier)
+        item, i = heappop(frontier)
         out.append(item)
         for child in (2 * i + 1, 2 * i + 2):
             if child < n:
-                heapq.heappush(frontier, (heap[child], child))
+                heappush(frontier, (heap[child], child))
     return out
 
 
