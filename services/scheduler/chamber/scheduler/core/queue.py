@@ -31,17 +31,22 @@ from chamber.common.contracts import GpuRef
 from chamber.common.quota import QuotaUsage
 from chamber.scheduler.core.model import PendingJob, Shape
 
-QueueKey = tuple[int, int, str, Shape, bool]
-"""(priority, preemption standing, team, shape, preemptible): what a sub-queue's jobs share."""
-Order = tuple[int, float, float, float, str]
-"""(class, -fair-share standing, rank, submitted at, id): smaller first. `class` packs (-priority, not aged, not
-reserved, -preemption standing) into one integer that orders as the four would (`order_key`): a cycle compares
-~100,000 of these (in heaps, sorts and bisections), mostly of jobs alike in all four, and each element compared is
-a call; packed, such a comparison looks at four elements, not seven."""
+QueueKey = tuple[Any, ...]
+"""(priority, preemption standing, team, shape, preemptible): what a sub-queue's jobs share. Typed as a tuple of
+`Any`, as `Order` and `ParkGroup` are, for the compiled core: mypyc keeps a tuple of fixed types as a C struct,
+and made a new tuple object of it (with new floats) each time one went into a dict, a list, a heap or a comparison,
+so a look-up never found its key by identity (6.5% of the `--quota` cycle's instructions went to building,
+hashing, comparing and freeing such tuples); a tuple of `Any` stays the object it is."""
+Order = tuple[Any, ...]
+"""(class: int, -fair-share standing: float, rank: float, submitted at: float, id: str): smaller first. `class`
+packs (-priority, not aged, not reserved, -preemption standing) into one integer that orders as the four would
+(`order_key`): a cycle compares ~100,000 of these (in heaps, sorts and bisections), mostly of jobs alike in all
+four, and each element compared is a call; packed, such a comparison looks at four elements, not seven."""
 Rank = Callable[[PendingJob], float]
 AGED = float("-inf")
-ParkGroup = tuple[str, str, bool, int]
-"""(team, pool, preemptible, priority): sub-queues whose heads the team's quota in that pool refuses."""
+ParkGroup = tuple[Any, ...]
+"""(team: str, pool: str, preemptible: bool, priority: int): sub-queues whose heads the team's quota in that pool
+refuses (a tuple of `Any`: see `QueueKey`)."""
 Entry = tuple[Any, ...]
 """(*queue order, kind, number, a sub-queue or a parked group): one item of a cycle's walk, flat (one tuple
 comparison, not two nested ones: ~20,000 are ordered). Items of equal order come sub-queues first (in the order
@@ -65,7 +70,7 @@ class FloorClock:
 
 
 def entry(order: Order, kind: int, number: int, item: "SubQueue | ParkGroup | Parking") -> Entry:
-    return (*order, kind, number, item)
+    return order + (kind, number, item)  # noqa: RUF005 (compiled, `(*order, ...)` builds a list first)
 
 
 @dataclass(eq=False)
@@ -443,7 +448,7 @@ class JobQueue:
         # The stored tuple itself, as an object: compiled (mypyc), a local of a fixed-length tuple type may hold a
         # copy of it, and `is` would never find the one the lane item was made from.
         first: object = parking.first
-        made = (*order, WOKEN, next(self.seq), group)
+        made = order + (WOKEN, next(self.seq), group)  # noqa: RUF005 (see `entry`)
         cohort = usage.cohort_of(group[0], group[1])
         parking.lane_first, parking.lane_standing, parking.lane_reserved = first, standing, self._reserved
         parking.lane_usage, parking.lane_cohort, parking.lane_made = usage, cohort, made
