@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from heapq import heapify, heappop, heappush
 from sys import intern
-from typing import Any
+from typing import Any, Final
 
 from chamber.common.contracts import GpuRef
 from chamber.common.quota import QuotaUsage
@@ -54,8 +54,14 @@ they were made), then parked groups (same), then sub-queues woken in the cycle (
 group's item in the kept order (`JobQueue.heads`, kind GROUP) holds its `Parking`, which names the group: the
 split looks at ~4,000 of them a cycle with a thousand teams, and finding each by its group in `JobQueue.parked`
 (a hash of four fields, a probe) was a third of its time; items made during a cycle (WOKEN) hold the group."""
-SUBQUEUE, GROUP, WOKEN = 0, 1, 2
-MAY_MOVE, BORROWS, IDLE = 0, 1, 2
+SUBQUEUE: Final = 0
+GROUP: Final = 1
+WOKEN: Final = 2
+"""An item's kind (see `Entry`). `Final`, as the sides below: compiled, a constant imported from another module is
+otherwise looked up by its name at each use."""
+MAY_MOVE: Final = 0
+BORROWS: Final = 1
+IDLE: Final = 2
 """A parked group's side of the split (`Parking.split_side`)."""
 
 
