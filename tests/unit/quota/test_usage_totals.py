@@ -62,6 +62,7 @@ def test_incremental_totals_match_a_full_recompute(
         for t in TEAMS:
             for p in POOLS:
                 assert totals.borrowable(t, p) == reference(book, plain, t, p)
+                assert totals.used_in(t, p) == totals.get((t, p)) == plain.get((t, p), 0)
 
 
 @settings(max_examples=300, deadline=None)

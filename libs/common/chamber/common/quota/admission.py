@@ -25,11 +25,13 @@ class QuotaUsage:
     def __init__(self, book: QuotaBook, usage: Usage | None = None) -> None:
         self.book = book
         self.used: dict[tuple[str, str], int] = {}
+        self._used_in: dict[str, dict[str, int]] = {}
+        """team -> pool -> GPUs in use: `used` by name, then by name (`used_in`, see `QuotaBook.quota`)."""
         self.idle: dict[tuple[str, str], int] = {}
         self.borrowed: dict[tuple[str, str], int] = {}
         self.excess: dict[str, int] = {}
-        self._of: dict[tuple[str, str], tuple[tuple[str, str], TeamQuota]] = {}
-        """(team, pool) -> its (pool, cohort) and quota: the book does not change under a `QuotaUsage`, and the
+        self._of: dict[str, dict[str, tuple[tuple[str, str], TeamQuota]]] = {}
+        """team -> pool -> its (pool, cohort) and quota: the book does not change under a `QuotaUsage`, and the
         scheduler asks `borrowable` a million times a contended minute."""
         self._unassigned: dict[str, int] = {}
         self.changes = 0
@@ -43,6 +45,11 @@ class QuotaUsage:
 
     def get(self, key: tuple[str, str], default: int = 0) -> int:
         return self.used.get(key, default)
+
+    def used_in(self, team: str, pool: str) -> int:
+        """GPUs `team` uses in `pool` (`get((team, pool))`, without making, hashing and comparing a key tuple)."""
+        pools = self._used_in.get(team)
+        return pools.get(pool, 0) if pools is not None else 0
 
     def items(self) -> "Iterable[tuple[tuple[str, str], int]]":
         return self.used.items()
@@ -64,9 +71,12 @@ class QuotaUsage:
         return self._cohort_and_quota(team, pool)[0]
 
     def _cohort_and_quota(self, team: str, pool: str) -> tuple[tuple[str, str], TeamQuota]:
-        found = self._of.get((team, pool))
+        pools = self._of.get(team)
+        if pools is None:
+            pools = self._of[team] = {}
+        found = pools.get(pool)
         if found is None:
-            found = self._of[(team, pool)] = ((pool, self.book.cohort_of(team)), self.book.quota(team, pool))
+            found = pools[pool] = ((pool, self.book.cohort_of(team)), self.book.quota(team, pool))
         return found
 
     def _contribute(self, team: str, pool: str, used: int, sign: int) -> None:
@@ -97,6 +107,10 @@ class QuotaUsage:
         self.idle[cohort], self.borrowed[cohort] = idle, borrowed
         self.excess[pool] = self.excess.get(pool, 0) + max(0, borrowed - idle) - before
         self.used[key] = after
+        pools = self._used_in.get(team)
+        if pools is None:
+            pools = self._used_in[team] = {}
+        pools[pool] = after
 
     def borrowable(self, team: str, pool: str) -> int:
         """GPUs `team` could borrow in `pool` now: what the rest of its cohort lends (idle nominal up to each
@@ -106,14 +120,17 @@ class QuotaUsage:
         The team's own idle nominal is not in it: a job's first GPUs fill that idle part (they are not borrowed),
         so counting it again here would lend the team its own guarantee a second time, taking the GPUs from
         another cohort's guarantee or from a cohort-mate beyond its lending limit."""
-        found = self._of.get((team, pool))  # (`_cohort_and_quota` and `lendable` inlined: asked ~4,000 times a cycle)
+        of = self._of.get(team)  # (`_cohort_and_quota`, `used_in` and `lendable` inlined: asked ~4,000 times a cycle)
+        found = of.get(pool) if of is not None else None
         cohort, q = found if found is not None else self._cohort_and_quota(team, pool)
         idle, borrowed = self.idle.get(cohort, 0), self.borrowed.get(cohort, 0)
         spill = self.excess.get(pool, 0) - (borrowed - idle if borrowed > idle else 0)  # other cohorts' past lenders
         unassigned = self._unassigned.get(pool)
         if unassigned is None:
             unassigned = self._unassigned[pool] = self.book.unassigned(pool)
-        own = q.nominal - self.used.get((team, pool), 0)  # `lendable`: its own idle nominal, up to its lending limit
+        # `lendable`: its own idle nominal, up to its lending limit
+        pools = self._used_in.get(team)
+        own = q.nominal - (pools.get(pool, 0) if pools is not None else 0)
         own = max(0, min(q.nominal if q.lending_limit is None else q.lending_limit, own))
         room = idle - own + unassigned - borrowed - spill
         return room if room > 0 else 0
@@ -138,7 +155,7 @@ def admits(
     if not book.enabled:
         return True, False
     q = book.quota(team, pool)
-    used = usage.used.get((team, pool), 0)
+    used = usage.used_in(team, pool)
     after = used + gpus
     if after <= q.nominal:
         return True, False

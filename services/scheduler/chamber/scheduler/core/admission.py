@@ -140,13 +140,13 @@ def _why(state: SchedulingState, job: PendingJob, pool: str) -> str:
     book = state.quota
     assert book is not None
     q = book.quota(job.team, pool)
-    if state.usage.get((job.team, pool)) + job.shape.gpus <= q.nominal:
+    if state.usage.used_in(job.team, pool) + job.shape.gpus <= q.nominal:
         return f"team {job.team} may not borrow more in {pool}"
     if not job.preemptible:
         return f"team {job.team} is at its nominal quota in {pool} (only preemptible jobs borrow)"
     if (
         q.borrowing_limit is not None
-        and state.usage.get((job.team, pool)) + job.shape.gpus > q.nominal + q.borrowing_limit
+        and state.usage.used_in(job.team, pool) + job.shape.gpus > q.nominal + q.borrowing_limit
     ):
         return f"team {job.team} is at its borrowing limit in {pool}"
     return f"team {job.team}'s cohort has no idle GPUs to lend in {pool}"
@@ -162,7 +162,7 @@ def displacement(
     book = state.quota
     assert book is not None
     q = book.quota(team, pool)
-    used = state.usage.get((team, pool))
+    used = state.usage.used_in(team, pool)
     over = used + gpus - q.nominal
     lower = state.preemptible_below(team, pool, priority)
     if over <= 0 or lower <= 0 or (not preemptible and over > lower):

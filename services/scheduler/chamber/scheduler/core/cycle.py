@@ -887,7 +887,7 @@ class _Cycle:
         book = state.quota
         assert book is not None
         q = book.quota(team, pool)
-        used = state.usage.get((team, pool))
+        used = state.usage.used_in(team, pool)
         if used < q.nominal or state.preemptible_below(team, pool, priority) > 0:
             return None
         if not preemptible:

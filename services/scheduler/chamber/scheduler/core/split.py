@@ -70,7 +70,7 @@ class Split:
         state = self.state
         book = state.quota
         assert book is not None
-        if state.usage.used.get((team, pool), 0) < book.quota(team, pool).nominal:
+        if state.usage.used_in(team, pool) < book.quota(team, pool).nominal:
             found = float("-inf")
         else:
             held = state.preemptible_usage.get((team, pool))
@@ -98,7 +98,7 @@ class Split:
         key = (team, pool)
         left = self.left_of.get(key)
         if left is None:
-            left = self.left_of[key] = book.quota(team, pool).nominal - state.usage.used.get(key, 0)
+            left = self.left_of[key] = book.quota(team, pool).nominal - state.usage.used_in(team, pool)
         if gpus <= left:
             return True
         lower = state.preemptible_below(team, pool, priority)

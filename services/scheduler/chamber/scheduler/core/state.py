@@ -427,7 +427,7 @@ class SchedulingState:
         self.track(run)
         self.count_preemptible(run, +1)
         if self.quota_on:
-            beyond = self.usage.get((job.team, pool)) + len(gpus) > self.quota_nominal(job.team, pool)
+            beyond = self.usage.used_in(job.team, pool) + len(gpus) > self.quota_nominal(job.team, pool)
             self._use(job.team, pool, len(gpus))
             if beyond and not borrowing:
                 self.mark_borrowed(job.team, pool)  # admitted by counting the team's lower work as borrowing
