@@ -25,7 +25,7 @@ def situations(draw: st.DrawFn) -> tuple[SchedulingState, CycleContext, tuple[st
     for team in TEAMS:
         state.usage.add(team, "default", draw(st.integers(0, 24)))
         for priority in draw(st.lists(st.sampled_from([100, 200, 300]), max_size=3)):
-            state.preemptible_usage.setdefault((team, "default"), {})[priority] = draw(st.integers(0, 4))
+            state.preemptible_usage.setdefault(team, {}).setdefault("default", {})[priority] = draw(st.integers(0, 4))
     ctx = CycleContext(0.0, borrowing=draw(st.booleans()), reclaimable=draw(st.booleans()))
     group = (draw(st.sampled_from(TEAMS)), "default", draw(st.booleans()), draw(st.sampled_from([100, 200, 300])))
     return state, ctx, group

@@ -73,7 +73,7 @@ class Split:
         if state.usage.used_in(team, pool) < book.quota(team, pool).nominal:
             found = float("-inf")
         else:
-            held = state.preemptible_usage.get((team, pool))
+            held = state.preemptible_held(team, pool)
             found = float("inf")
             if held:
                 for p, n in held.items():

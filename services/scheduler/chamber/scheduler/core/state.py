@@ -113,8 +113,10 @@ class SchedulingState:
         """team -> budget mode in force ("block-preemptible" or "block-all")."""
         self.by_team: dict[tuple[str, str], FillOrder] = {}
         """(team, pool) -> its running jobs there, in the order they fill its quota."""
-        self.preemptible_usage: dict[tuple[str, str], dict[int, int]] = {}
-        """(team, pool) -> priority -> GPUs held by preemptible jobs: what a team's higher-priority job may displace."""
+        self.preemptible_usage: dict[str, dict[str, dict[int, int]]] = {}
+        """team -> pool -> priority -> GPUs held by preemptible jobs: what a team's higher-priority job may displace
+        (by team, then pool: asked ~2,000 times a cycle, and a (team, pool) key was a tuple to make, hash and compare
+        each time)."""
         self.floors: dict[tuple[str, str], float] = {}
         """(team, pool) -> the priority a head must exceed for the team's guarantee there to admit it (-inf: the team
         is below its guarantee; `split`), kept from cycle to cycle and forgotten when the team's
@@ -456,7 +458,12 @@ class SchedulingState:
         if not job.preemptible:
             return
         self._forget_floor(job.team, job.pool)
-        counts = self.preemptible_usage.setdefault((job.team, job.pool), {})
+        pools = self.preemptible_usage.get(job.team)
+        if pools is None:
+            pools = self.preemptible_usage[job.team] = {}
+        counts = pools.get(job.pool)
+        if counts is None:
+            counts = pools[job.pool] = {}
         counts[job.priority] = counts.get(job.priority, 0) + sign * len(job.gpus)
 
     def _forget_floor(self, team: str, pool: str) -> None:
@@ -476,9 +483,14 @@ class SchedulingState:
         for clock in self.floor_clocks.values():
             clock.changes += 1
 
+    def preemptible_held(self, team: str, pool: str) -> dict[int, int] | None:
+        """Priority -> GPUs the team holds in `pool` with preemptible jobs (None: none ever)."""
+        pools = self.preemptible_usage.get(team)
+        return pools.get(pool) if pools is not None else None
+
     def preemptible_below(self, team: str, pool: str, priority: int) -> int:
         """GPUs the team holds in `pool` with preemptible jobs of lower priority than `priority`."""
-        counts = self.preemptible_usage.get((team, pool))
+        counts = self.preemptible_held(team, pool)
         total = 0
         if counts:
             for p, n in counts.items():  # a handful of priorities: a plain loop, not sum() over a generator
