@@ -23,13 +23,14 @@ class _Server(uvicorn.Server):
         yield
 
 
-def _http_impl() -> str:
-    """httptools (C parser) when installed: a large share of a cached read's cost is parsing."""
+def _http_impl() -> "type[asyncio.Protocol] | str":
+    """httptools (C parser) when installed: a large share of a cached read's cost is parsing; with it, one write a
+    response (`http_protocol`)."""
     try:
-        import httptools  # noqa: F401
+        from chamber.gateway.http_protocol import OneWritePerTurn
     except ImportError:
         return "h11"
-    return "httptools"
+    return OneWritePerTurn
 
 
 async def main(ctx: Context, stop: asyncio.Event) -> None:
