@@ -8,6 +8,7 @@ import pytest
 from chamber.common.contracts import Cordon, JobRecord, Node
 from chamber.scheduler.core.decisions import Nominate, Place, Preempt, Wait
 from chamber.scheduler.core.estimates import RuntimePredictor
+from chamber.scheduler.core.reasons import Reason, WaitKind
 from chamber.scheduler.core.state import SchedulerConfig, SchedulingState
 from tests.support.builders import degraded, fatal, make_job, make_node
 
@@ -198,7 +199,7 @@ SCENARIOS = [
             J("short").gpus(4).estimate(600).at(2).build(),
         ],
         placed={"short": {"b"}},
-        waiting={"head": "reserved", "long": "reserved for head"},
+        waiting={"head": "reserved", "long": "reserved for jobs ahead (head"},
         config=EASY,
     ),
     Scenario(
@@ -211,7 +212,7 @@ SCENARIOS = [
             J("open2").gpus(4).at(2).build(),
         ],
         placed={"open": {"c"}},
-        waiting={"head": "reserved", "open2": "reserved for head"},
+        waiting={"head": "reserved", "open2": "reserved for jobs ahead (head"},
         config=EASY,
     ),
     Scenario(
@@ -293,7 +294,7 @@ SCENARIOS = [
             J("head").gpus(8, replicas=2).at(0).build(),
             J("quick").named("eval").gpus(4).at(1).build(),
         ],
-        waiting={"head": "reserved", "quick": "reserved for head"},
+        waiting={"head": "reserved", "quick": "reserved for jobs ahead (head"},
         history=[("team-a", "eval", 4, 300.0)],
         config=SchedulerConfig(order="fifo", backfill_on_predictions=False),
     ),
@@ -305,7 +306,7 @@ SCENARIOS = [
             J("head").gpus(8, replicas=2).at(0).build(),
             J("small").gpus(1).estimate(10).at(1).build(),
         ],
-        waiting={"head": "earliest start unknown", "small": "reserved for head"},
+        waiting={"head": "earliest start unknown", "small": "reserved for jobs ahead (head"},
         config=EASY,
     ),
     # ---- consolidation
@@ -569,3 +570,27 @@ def test_scenario(sc: Scenario) -> None:
     for job_id, phrase in sc.waiting.items():
         assert job_id in waits, decisions
         assert phrase in waits[job_id], waits[job_id]
+
+
+def test_the_stored_words_of_a_wait_do_not_name_the_jobs_capacity_is_reserved_for() -> None:
+    """The same wait behind a reservation held for another job stores the same words (the record is not written
+    again when the reservation passes to another job); the jobs it is held for are live, in the rendering only."""
+
+    def reason_of_long(head: str) -> Reason:
+        running = J("r").running_on(*holding("r", "a", 8)).estimate(3600).started_at(NOW - 1200).build()
+        assert running.placement is not None
+        jobs = [running, J(head).gpus(8, replicas=2).at(0).build(), J("long").gpus(4).estimate(7200).at(1).build()]
+        owners = {g.slot: "r/1" for g in running.placement.gpus}
+        state = SchedulingState.from_snapshot([n8("a"), n8("b")], owners, {}, jobs, config=EASY)
+        (wait,) = [d for d in state.cycle(NOW) if isinstance(d, Wait) and d.job_id == "long"]
+        return wait.why
+
+    first, second = reason_of_long("gang-1"), reason_of_long("gang-2")
+    assert (first.kind, first.text) == (second.kind, second.text)
+    assert "gang" not in first.text
+    assert first.reserved_for == ("gang-1",)
+    assert "(gang-1)" in first.render()
+    many = Reason(
+        WaitKind.CAPACITY, "waiting; capacity reserved for jobs ahead", reserved_for=("a", "b", "c", "d", "e")
+    )
+    assert many.render() == "waiting; capacity reserved for jobs ahead (a, b, c and 2 more)"

@@ -1578,11 +1578,10 @@ class _Cycle:
         index, ctx = self.state.index, self.ctx
         free = index.free_in(index.partitions_for(job.shape))
         text = f"waiting for {job.shape.describe()}"
-        if ctx.reservations:
-            text += f"; capacity reserved for {', '.join(r.job_id for r in ctx.reservations[:3])}"
-            if len(ctx.reservations) > 3:
-                text += f" and {len(ctx.reservations) - 3} more"
-        return Reason(WaitKind.CAPACITY, text, free)
+        if not ctx.reservations:
+            return Reason(WaitKind.CAPACITY, text, free)
+        held = tuple(r.job_id for r in ctx.reservations)
+        return Reason(WaitKind.CAPACITY, text + "; capacity reserved for jobs ahead", free, reserved_for=held)
 
 
 def returning(state: SchedulingState, job: RunningJob) -> bool:

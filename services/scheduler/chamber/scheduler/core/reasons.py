@@ -1,9 +1,11 @@
 """Why a job waits, as data: a kind, the stable words, and the live numbers kept apart.
 
 A waiting job's reason is re-decided every cycle, but only its kind and its stable words are worth storing: the
-numbers in it (GPUs free now, the reserved start) change all the time, and writing every waiting record each cycle
-to refresh them would cost more than the scheduling itself. The service stores `text` when `(kind, text)` changes;
-`render()` adds the numbers for whoever shows the reason now (the simulator's log, a test, the API).
+numbers in it (GPUs free now, the reserved start) and the jobs capacity is reserved for change all the time, and
+writing every waiting record each cycle to refresh them would cost more than the scheduling itself. The service
+stores `text` when `(kind, text)` changes; `render()` adds the live part for whoever shows the reason now (the
+simulator's log, a test). (Naming the reserved-for jobs in the stored words rewrote every blocked gang's record
+each time the reservation passed to another job: 190 versions of one record in a `make chaos` run.)
 """
 
 from dataclasses import dataclass
@@ -36,15 +38,28 @@ class Reason:
     """GPUs free now in the partitions the job may use (live)."""
     start_in_s: float | None = None
     """For a reservation: the earliest start from running jobs' estimates, seconds from the decision (live)."""
+    reserved_for: tuple[str, ...] = ()
+    """The jobs capacity is reserved for, which keep this one waiting (live)."""
 
-    def __init__(self, kind: WaitKind, text: str, free: int | None = None, start_in_s: float | None = None) -> None:
+    def __init__(
+        self,
+        kind: WaitKind,
+        text: str,
+        free: int | None = None,
+        start_in_s: float | None = None,
+        reserved_for: tuple[str, ...] = (),
+    ) -> None:
         object.__setattr__(self, "kind", kind)  # (its own `__init__`: see `decisions`)
         object.__setattr__(self, "text", text)
         object.__setattr__(self, "free", free)
         object.__setattr__(self, "start_in_s", start_in_s)
+        object.__setattr__(self, "reserved_for", reserved_for)
 
     def render(self) -> str:
         text = self.text
+        if self.reserved_for:
+            more = len(self.reserved_for) - 3
+            text += f" ({', '.join(self.reserved_for[:3])}{f' and {more} more' if more > 0 else ''})"
         if self.free is not None:
             text += f"; {self.free} free"
         if self.kind == WaitKind.RESERVED:
