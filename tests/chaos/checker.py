@@ -1,12 +1,16 @@
 """An independent checker of a run's invariants, from what the system recorded (no access to its code).
 
-Evidence: the JOBS stream (submits and the executor's reports), the DECISIONS stream (placements and every state
-change with the new record), the last record of every job (the jobs KV bucket's own stream), the dead letters,
-the GPUs still allocated at the end, the ids the API accepted and the faults with their times.
+Evidence: the JOBS stream (submits and the executor's reports), the DECISIONS stream (placements), every version of
+every job's record (the jobs KV bucket keeps them: each is a state change, with the state before it) and the last
+one, the dead letters, the GPUs still allocated at the end, the ids the API accepted and the faults with their
+times.
 
 Times come from the scheduler's clock (`JobPlaced.decided_at`, `JobStateChanged.at`, the records' `updated_at`),
 all on one machine. An attempt holds its GPUs from its placement until its release: the first state change
-after which the record no longer holds that attempt (terminal, requeued, or another attempt). An executor's
+after which the record no longer holds that attempt (terminal, requeued, or another attempt). Only a placement
+the scheduler announced (`JobPlaced`, published once it proved its lead, before any launch) holds anything: a
+leader deposed between its claim and its record write leaves a version placing the job on GPUs whose claim the new
+leader released, and that placement, never announced or launched, is given back. An executor's
 `finished_at` is *not* a release time: after a restart it reports the finish it had scheduled, which may lie
 in the past.
 
@@ -38,6 +42,8 @@ RECOVERY_BOUND_S = 10.0
 SEEN_BOUND_S = 10.0
 """A submitted job gets its record (the scheduler saw it) within this, faults or not."""
 RUN_TOLERANCE_S = 0.01
+HISTORY_KEPT = 64
+"""Versions of a record the jobs bucket keeps (`JOB_HISTORY`): a job with that many may have lost its first."""
 
 
 @dataclass(frozen=True)
@@ -143,6 +149,7 @@ class Checker:
             "faults": _counts(f"{f.kind} {f.target}" if f.kind == "kill" else f.kind for f in self.ev.faults),
             "invariants": {inv.name: inv.report() for inv in invariants},
         }
+        report["history_truncated"] = sorted(job for job, c in self.changes.items() if len(c) >= HISTORY_KEPT)[:10]
         report["recovery"] = recovery
         report["latency"] = self.latencies()
         return report
@@ -186,8 +193,8 @@ class Checker:
     def finished_exactly_once(self) -> Invariant:
         inv = Invariant(
             "finished_exactly_once",
-            "each job has exactly one terminal transition in DECISIONS, matching its stored record, and no change "
-            "after it",
+            "each job has exactly one terminal transition in its record's history, matching its stored record, and "
+            "no change after it",
         )
         for job in sorted(self.jobs):
             changes = self.changes.get(job, [])
@@ -199,7 +206,7 @@ class Checker:
                 if record is not None and record.state in TERMINAL_STATES:
                     inv.violated(
                         job=job,
-                        problem="ended in the KV but no terminal decision was published",
+                        problem="ended in the KV but no terminal version is in its history",
                         state=record.state.value,
                         version=record.version,
                     )
@@ -244,7 +251,8 @@ class Checker:
             for c in changes:
                 if c.record.placement is not None and c.record.state not in TERMINAL_STATES:
                     key = (job, c.record.placement.attempt)
-                    attempts[key] = min(attempts.get(key, math.inf), c.at)
+                    if key in attempts:
+                        attempts[key] = min(attempts[key], c.at)
         for (job, attempt), start in attempts.items():
             end, how = self._release(job, attempt)
             if how != "decision":
@@ -346,14 +354,16 @@ class Checker:
         )
         for job, submitted in sorted(self.submitted.items()):
             changes = self.changes.get(job)
-            if not changes:
-                continue
+            if not changes or len(changes) >= HISTORY_KEPT:
+                continue  # (the bucket keeps a record's last 64 versions: when it first was is not known)
             seen = min(c.at for c in changes)
             took = seen - submitted.submitted_at
             if took > SEEN_BOUND_S:
                 inv.violated(
                     job=job,
                     seen_after_s=_r(took),
+                    versions_kept=len(changes),
+                    first_version_kept=min(c.record.version for c in changes),
                     submitted_t=_r(submitted.submitted_at - self.ev.started_at),
                     **self._nearest_fault(submitted.submitted_at),
                 )

@@ -1,4 +1,5 @@
-"""Reading a run's evidence back from NATS: every message of a stream, the last record of every job, dead letters."""
+"""Reading a run's evidence back from NATS: every message of a stream, every stored version of every job's record
+(the bucket's history: the log of the job's changes), dead letters."""
 
 from typing import Any
 
@@ -9,7 +10,7 @@ from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from chamber.common.codec import DecodeError, Decoder
-from chamber.common.contracts import Decision, JobEvent, JobRecord
+from chamber.common.contracts import Decision, JobEvent, JobRecord, JobStateChanged
 from chamber.common.subjects import DEADLETTER, DECISIONS, JOBS, JOBS_BUCKET, Names
 from tests.chaos.checker import Evidence, Fault
 
@@ -69,15 +70,18 @@ async def collect(
             await read_stream(js, names.stream(DECISIONS), names.subject("decisions.>")), Decoder(Decision), "decision"
         )
         bucket = names.bucket(JOBS_BUCKET)
-        last: dict[str, Msg] = {}
-        for msg in await read_stream(js, f"KV_{bucket}", f"$KV.{bucket}.>"):
+        record_decoder = Decoder(JobRecord)
+        records: dict[str, JobRecord] = {}
+        for msg in await read_stream(js, f"KV_{bucket}", f"$KV.{bucket}.>"):  # every version, in the order written
             key = msg.subject.removeprefix(f"$KV.{bucket}.")
             if (msg.headers or {}).get("KV-Operation") in ("DEL", "PURGE"):
-                last.pop(key, None)
-            else:
-                last[key] = msg
-        record_decoder = Decoder(JobRecord)
-        records = {key: record_decoder.decode(msg.data) for key, msg in last.items()}
+                records.pop(key, None)
+                continue
+            record = record_decoder.decode(msg.data)
+            previous = records.get(key)
+            decisions.append(JobStateChanged(record=record, previous=previous.state.value if previous else "",
+                                             at=record.updated_at))  # fmt: skip
+            records[key] = record
         dead = [
             {
                 "service": (m.headers or {}).get("Chamber-Service", ""),

@@ -128,11 +128,11 @@ def test_a_job_that_ends_twice_or_changes_after_its_end() -> None:
     assert problems == {"ended more than once", "changed after it ended"}
 
 
-def test_an_end_stored_but_never_published_is_reported() -> None:
+def test_an_end_stored_without_a_terminal_version_in_its_history_is_reported() -> None:
     h = History().submit("a", 0).place("a", 1).start("a", 1)
     h.records["a"] = msgspec.structs.replace(h.records["a"], state=JobState.SUCCEEDED, run_s=5.0, version=9)
     (found,) = violations(check(h.evidence()), "finished_exactly_once")
-    assert found["problem"] == "ended in the KV but no terminal decision was published"
+    assert found["problem"] == "ended in the KV but no terminal version is in its history"
 
 
 def test_a_success_without_a_start_loses_its_gpu_hours() -> None:

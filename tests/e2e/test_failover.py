@@ -33,7 +33,7 @@ from chamber.common.ledger import LedgerFenced
 from chamber.common.quotastore import QuotaStore
 from chamber.common.runtime import make_context
 from chamber.common.settings import Settings
-from chamber.common.subjects import DECISIONS, JOBS, Names
+from chamber.common.subjects import DECISIONS, JOBS, JOBS_BUCKET, Names
 from chamber.scheduler.executor import SimulatedExecutor
 from chamber.scheduler.service import Scheduler
 from tests.support.processes import ServiceProcesses
@@ -100,11 +100,13 @@ async def test_the_standby_takes_over_after_the_leader_is_killed(
     assert took_over <= LEASE_S + 3, f"takeover took {took_over:.1f} s"
     events = await read_all(bus, bus.names.stream(JOBS), Decoder(JobEvent))
     decisions = await read_all(bus, bus.names.stream(DECISIONS), Decoder(Decision))
+    versions = await read_all(bus, f"KV_{bus.names.bucket(JOBS_BUCKET)}", Decoder(JobRecord))  # every record's history
     await bus.close()
     finishes = Counter(e.job_id for e in events if isinstance(e, JobFinished))
     assert set(finishes) == set(ids), "no job lost"
     assert max(finishes.values()) == 1, "no job run to its end twice"
-    assert_no_gpu_held_twice(decisions)
+    changes = [JobStateChanged(record=r, previous="", at=r.updated_at) for r in versions if isinstance(r, JobRecord)]
+    assert_no_gpu_held_twice([*decisions, *changes])
 
 
 HISTORY = 60_000

@@ -16,7 +16,7 @@ from chamber.common.contracts import (
 from chamber.common.jobstore import JobStore
 from chamber.common.ledger import Ledger
 from chamber.common.settings import Settings
-from chamber.common.subjects import DEADLETTER, QUOTA, Names
+from chamber.common.subjects import DEADLETTER, JOBS_BUCKET, QUOTA, Names
 from chamber.health import service as health
 from chamber.quota import service as quota
 from chamber.scheduler import service as scheduler
@@ -52,7 +52,8 @@ async def test_services_survive_garbage(settings: Settings, cleanup: None) -> No
         names.job_submit("bad"),
         names.job_lifecycle("bad"),
         names.telemetry("node-0000"),
-        names.decision_state("bad"),
+        names.decision_placed("bad"),
+        f"$KV.{names.bucket(JOBS_BUCKET)}.bad",  # a record that is not one: every follower of the bucket reads it
         names.inventory("node-bad"),
         names.quota_state(),
     ]

@@ -8,7 +8,15 @@ import pytest
 
 from chamber.common.bus import Bus
 from chamber.common.contracts import JobRecord, JobState
-from chamber.common.jobstore import FOLLOW_INACTIVE_S, PLAIN_FOLLOW_INACTIVE_S, JobStore, StaleWrite, Write
+from chamber.common.jobstore import (
+    FOLLOW_INACTIVE_S,
+    JOB_HISTORY,
+    PLAIN_FOLLOW_INACTIVE_S,
+    JobStore,
+    StaleWrite,
+    Write,
+)
+from chamber.common.subjects import JOBS_BUCKET
 from tests.support.builders import make_job
 from tests.support.services import eventually
 
@@ -40,6 +48,35 @@ async def test_load_all_sees_every_record_at_its_latest_revision(bus: Bus) -> No
         assert {k: rev for k, (_, rev) in loaded.items()} == revisions
     with pytest.raises(StaleWrite):
         await store.update(first, 1)
+
+
+async def test_history_holds_a_jobs_versions_oldest_first_and_starts_again_after_a_delete(bus: Bus) -> None:
+    store = await JobStore.open(bus)
+    record = make_job("h").build()
+    revision = await store.create(record)
+    assert revision is not None
+    for state in (JobState.RUNNING, JobState.SUCCEEDED):
+        record = msgspec.structs.replace(record, state=state, version=record.version + 1)
+        revision = await store.update(record, revision)
+    await store.create(make_job("other").build())
+    assert [r.state for r in await store.history("h")] == [JobState.PENDING, JobState.RUNNING, JobState.SUCCEEDED]
+    assert [r.id for r in await store.history("other")] == ["other"]
+    assert await store.history("never") == []
+    await store.kv.delete("h")
+    assert await store.history("h") == []
+
+
+async def test_a_bucket_made_keeping_one_version_keeps_the_history_once_opened(bus: Bus) -> None:
+    """An upgrade: the bucket of a version that kept one version of each record keeps `JOB_HISTORY` from now on."""
+    name = bus.names.bucket(JOBS_BUCKET)
+    await bus.js.create_key_value(bucket=name, history=1)
+    store = await JobStore.open(bus)
+    info = await bus.js.stream_info(store.stream)
+    assert info.config.max_msgs_per_subject == JOB_HISTORY
+    record = make_job("u").build()
+    revision = await store.create(record)
+    await store.update(msgspec.structs.replace(record, state=JobState.RUNNING), revision or 0)
+    assert len(await store.history("u")) == 2
 
 
 async def test_follow_hands_over_current_records_then_every_change_and_survives_bad_entries(follow_bus: Bus) -> None:

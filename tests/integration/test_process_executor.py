@@ -23,6 +23,7 @@ from chamber.common.codec import Decoder
 from chamber.common.contracts import (
     JobFinished,
     JobSpec,
+    JobState,
     JobStopped,
     JobSubmitted,
     NodeInventory,
@@ -349,3 +350,28 @@ async def test_a_node_without_an_agent_fails_the_launch_with_the_reason(
             assert failed is not None
             assert failed.reason == "launch failed 3 times: no node agent answers on no-agent"
             assert failed.interruptions == 0, "judged by its launch, not as a lost agent"
+
+
+async def test_an_attempt_whose_record_moved_on_is_stopped(bus: Bus, system: None, tmp_path: Path) -> None:
+    """The executor follows the writes of the jobs bucket: a version of a running job's record that no longer
+    holds its attempt (written by another leader, say) stops that attempt's processes (it will hear of it no
+    other way)."""
+    store = await JobStore.open(bus)
+    out = tmp_path / "out"
+    out.mkdir()
+    await submit(bus, "moved", JobSpec(name="moved", team="ml", gpus_per_replica=1, command=command("until_file", out)))
+    await eventually(lambda: in_state(store, "moved", "running"), within=20, what="the job runs")
+    stored = await store.get("moved")
+    assert stored is not None
+    running_record, revision = stored
+    ended = msgspec.structs.replace(running_record, state=JobState.FAILED, version=running_record.version + 1,
+                                    reason="ended elsewhere", finished_at=time.time())  # fmt: skip
+    await store.update(ended, revision)
+
+    async def exited() -> list[ReplicaExited]:
+        return [r for r in await replica_reports(bus, "moved") if isinstance(r, ReplicaExited)]
+
+    await eventually(exited, within=20, what="the attempt's process stopped")
+    found = await exited()
+    assert found[0].attempt == running_record.attempt
+    assert not (out / "go").exists(), "stopped, not finished"

@@ -25,11 +25,11 @@ from chamber.common.contracts import (
     JobEvent,
     JobFinished,
     JobLaunchFailed,
+    JobPlaced,
     JobRecord,
     JobSpec,
     JobStarted,
     JobState,
-    JobStateChanged,
     JobStopped,
     JobSubmitted,
     Node,
@@ -158,14 +158,12 @@ async def test_a_claim_applied_but_unanswered_is_launched(
     await s.close()
 
 
-async def test_changes_stored_but_not_published_are_announced(
+async def test_placements_stored_but_not_published_are_announced(
     settings: Settings, bus: Bus, fleet: None, ledger: Ledger
 ) -> None:
-    """The records of a batch are written, then publishing their changes fails: the redelivered batch finds
-    nothing to apply, and the change must still reach DECISIONS (quota and the agents act on it)."""
+    """The records of a batch are written, then publishing its placement fails: the redelivered batch finds
+    nothing to apply, and the placement must still reach DECISIONS (the record's change is in its history)."""
     s = await _scheduler(settings, bus, ledger)
-    await s.on_events([_submit("x")])
-    await s.on_events([JobStarted(job_id="x", attempt=1, started_at=time.time())])
     real = bus.publish_many
     failing = True
 
@@ -175,14 +173,14 @@ async def test_changes_stored_but_not_published_are_announced(
         return await real(items)
 
     bus.publish_many = publish_many  # type: ignore[method-assign]
-    done = JobFinished(job_id="x", attempt=1, finished_at=time.time(), started_at=None)
     with pytest.raises(BusError):
-        await s.on_events([done])
+        await s.on_events([_submit("x")])
     failing = False
-    await s.on_events([done])  # redelivered
-    latest = await bus.read_latest(DECISIONS, bus.names.decision_state("x"), Decoder(Decision))
-    assert isinstance(latest[-1], JobStateChanged)
-    assert latest[-1].record.state == "succeeded"
+    await s.on_events([_submit("x")])  # redelivered
+    placed = await bus.read_since(DECISIONS, bus.names.decision_placed("x"), 0, Decoder(JobPlaced))
+    assert [p.attempt for p in placed] == [1]
+    history = await s.store.history("x")
+    assert [(r.state.value, r.attempt) for r in history] == [("pending", 1)], "placed, written once"
     await s.close()
 
 
@@ -861,20 +859,21 @@ async def test_a_cordon_placed_while_claims_are_restored_keeps_an_unstarted_plac
     await s.close()
 
 
-async def test_a_job_placed_in_the_pass_of_its_submission_is_announced_once(
+async def test_a_job_placed_in_the_pass_of_its_submission_is_written_once(
     settings: Settings, bus: Bus, fleet: None, ledger: Ledger
 ) -> None:
-    """A job new in a pass is announced once, as the pass leaves it (created, `previous` empty): placed at once,
-    its `queued` state is not announced before it; one that waits is announced as queued; later changes are each
-    announced with the state they left."""
+    """A job new in a pass is written once, as the pass leaves it (its first version, no state before it): placed
+    at once, its `queued` state is not stored before it; one that waits is stored as queued; later changes are each
+    a version, with the state they left (the bucket's history is the log of a job's changes)."""
     s = await _scheduler(settings, bus, ledger)
     cancel = JobCancelRequested(job_id="c", requested_at=time.time())
     await s.on_events([_submit("a"), _submit("b"), _submit("x"), _submit("c"), cancel])  # two nodes of 8 GPUs
     await s.on_events([JobStarted(job_id="a", attempt=1, started_at=time.time())])
 
     async def changes(job: str) -> list[tuple[str, str, bool]]:
-        found = await bus.read_since(DECISIONS, bus.names.decision_state(job), 0, Decoder(JobStateChanged))
-        return [(c.previous, c.record.state.value, c.record.placement is not None) for c in found]
+        versions = await s.store.history(job)
+        before = ["", *(r.state.value for r in versions)]
+        return [(before[i], r.state.value, r.placement is not None) for i, r in enumerate(versions)]
 
     assert await changes("a") == [("", "pending", True), ("pending", "running", True)]
     assert await changes("b") == [("", "pending", True)]

@@ -14,7 +14,7 @@ import pytest
 
 from chamber.common.bus import Bus, BusError
 from chamber.common.codec import Decoder
-from chamber.common.contracts import Decision, JobRecord, JobState, JobStateChanged
+from chamber.common.contracts import Decision, JobPlaced, JobRecord, JobState
 from chamber.common.jobstore import JobStore, StaleWrite, Write
 from chamber.common.quotastore import QuotaStore
 from chamber.common.runtime import make_context
@@ -69,7 +69,7 @@ async def test_the_view_is_what_a_full_read_gives(bus: Bus) -> None:
         await view.stop()
 
 
-async def test_it_keeps_the_latest_ended_records_and_says_which_changes_it_covers(bus: Bus) -> None:
+async def test_it_keeps_the_latest_ended_records(bus: Bus) -> None:
     store = await JobStore.open(bus)
     view = RecordView(store, keep_ended=2)
     await view.start()
@@ -78,8 +78,6 @@ async def test_it_keeps_the_latest_ended_records_and_says_which_changes_it_cover
             await store.create(_ended(f"e{i}", at))
         await view.caught_up(timeout_s=10)
         assert list(view.ended) == ["e1", "e2"]
-        assert not view.covers(100.0), "the change at 100 s is no longer kept"
-        assert view.covers(100.5)
     finally:
         await view.stop()
 
@@ -294,23 +292,25 @@ async def _announced(bus: Bus) -> set[str]:
     out = set()
     async for msg in read_stream(bus.js, bus.names.stream(DECISIONS), ">"):
         decision = decoder.decode(msg.data)
-        if isinstance(decision, JobStateChanged):
-            out.add(decision.record.id)
+        if isinstance(decision, JobPlaced):
+            out.add(decision.job_id)
     return out
 
 
-@pytest.mark.parametrize("keep_ended", [100, 1], ids=["from the view", "view too short: full read"])
-async def test_a_scheduler_taking_over_starts_from_the_view_or_reads_the_bucket(
+@pytest.mark.parametrize("keep_ended", [100, 1], ids=["ended records kept", "one ended record kept"])
+async def test_a_scheduler_taking_over_starts_from_the_view_and_announces_what_was_not(
     settings: Settings, bus: Bus, keep_ended: int
 ) -> None:
     store = await JobStore.open(bus)
     history = [_ended(f"h{i}", 1000.0 + i) for i in range(50)]
     await store.write_many([Write(r, 0) for r in history])
-    await bus.publish(bus.names.decision_state("h49"), JobStateChanged(record=history[-1], previous="", at=2000.0))
+    last = JobPlaced(job_id="h49", attempt=1, gpus=[], reason="", decided_at=2000.0)
+    await bus.publish(bus.names.decision_placed("h49"), last)
     view = RecordView(store, keep_ended=keep_ended)
     await view.start()
-    # the last leader's final writes, never announced (it died before publishing them)
+    # the last leader's final writes, their placements never announced (it died before publishing them)
     await store.create(make_job("pending").at(2500.0).build())
+    await store.create(make_job("unannounced-running").at(2600.0).running_on(("node-0", 0)).build())
     await store.create(_ended("unannounced-a", 2600.0))
     await store.create(_ended("unannounced-b", 2700.0))
     reads: list[int] = []
@@ -324,9 +324,9 @@ async def test_a_scheduler_taking_over_starts_from_the_view_or_reads_the_bucket(
     s.store.load_all = counting  # type: ignore[method-assign]
     try:
         await s.start()
-        assert set(s.control.records) == {"pending"}
-        assert reads == ([] if keep_ended > 1 else [1]), "the bucket is read only when the view is short"
-        assert {"unannounced-a", "unannounced-b", "pending"} <= await _announced(bus)
+        assert set(s.control.records) == {"pending", "unannounced-running"}
+        assert reads == [], "the view holds every active record: all that a takeover publishes again"
+        assert "unannounced-running" in await _announced(bus)
         assert s.control.state.predictor.predict("team-a", "train", 1) == learned(history).predict("team-a", "train", 1)
     finally:
         await s.close()

@@ -5,7 +5,7 @@ import msgspec
 import pytest
 
 from chamber.common.contracts import JobPlaced, JobRecord, JobState, JobStateChanged, JobSubmitted
-from chamber.gateway.core.timeline import timeline
+from chamber.gateway.core.timeline import record_changes, timeline
 from tests.support.builders import make_job
 
 _RUNNING = make_job("j").running_on(("n1", 0), ("n1", 1)).at(10.0).started_at(12.0).build()
@@ -61,3 +61,18 @@ def test_the_timeline_tells_what_the_log_or_the_store_knows(
     assert [e.at for e in entries] == sorted(e.at for e in entries)
     placed = [e for e in entries if e.kind == "placed"]
     assert all(e.gpus == _RUNNING.placement.gpus for e in placed)  # type: ignore[union-attr]
+
+
+def test_a_records_history_is_the_log_of_its_changes() -> None:
+    """The versions the jobs bucket keeps, oldest first, each with the state before it; a version that only changed
+    the waiting reason tells nothing new."""
+    reason_only = _version(_PENDING, 2, reason="waiting: queued behind 3 jobs", updated_at=10.5)
+    versions = [_PENDING, reason_only, *(_version(r, r.version + 1) for r in (_PLACED, _STARTED, _DONE))]
+    changes = record_changes(versions)
+    assert [(c.previous, c.record.version, c.at) for c in changes] == [
+        ("", 1, _PENDING.updated_at), ("pending", 2, 10.5), ("pending", 3, 11.0), ("pending", 4, 12.0),
+        ("running", 5, 15.0),
+    ]  # fmt: skip
+    kinds = [e.kind for e in timeline([_SUBMITTED], [_PLACE, *changes], versions[-1])]
+    assert kinds == ["submitted", "placed", "started", "succeeded"]
+    assert record_changes([]) == []

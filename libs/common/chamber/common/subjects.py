@@ -83,10 +83,7 @@ SUBJECTS: tuple[SubjectSpec, ...] = (
         "executor (scheduler: launch deadline)",
         "scheduler",
     ),
-    SubjectSpec("decisions.placed.<job>", "DECISIONS", "JobPlaced", "scheduler", "(audit, dashboard)"),
-    SubjectSpec(
-        "decisions.state.<job>", "DECISIONS", "JobStateChanged", "scheduler", "gateway (timelines), process executor"
-    ),
+    SubjectSpec("decisions.placed.<job>", "DECISIONS", "JobPlaced", "scheduler", "gateway (timelines), dashboard"),
     SubjectSpec("inventory.<node>", "INVENTORY", "NodeInventory", "collector", "scheduler, gateway"),
     SubjectSpec("telemetry.<node>", "TELEMETRY", "NodeTelemetryColumns, GpuXidEvent", "collector", "health, collector"),
     SubjectSpec("metrics.fleet", "METRICS", "FleetSnapshot", "collector", "gateway"),
@@ -122,7 +119,8 @@ SUBJECTS: tuple[SubjectSpec, ...] = (
 )
 
 JOBS_BUCKET = "jobs"
-"""JetStream KV bucket (`<namespace>_jobs`) holding the current JobRecord of every job, written by the scheduler."""
+"""JetStream KV bucket (`<namespace>_jobs`) holding the JobRecord of every job, written by the scheduler: its last 64
+versions, the log of its changes (timelines, the process executor)."""
 LEASES_BUCKET = "leases"
 """JetStream KV bucket (`<namespace>_leases`, entries expire): one key per elected role, e.g. `scheduler`."""
 QUOTA_BUCKET = "quota"
@@ -163,9 +161,6 @@ class Names:
 
     def decision_placed(self, job_id: str) -> str:
         return f"{self.ns}.decisions.placed.{job_id}"
-
-    def decision_state(self, job_id: str) -> str:
-        return f"{self.ns}.decisions.state.{job_id}"
 
     def inventory(self, node: str) -> str:
         return f"{self.ns}.inventory.{node}"

@@ -23,17 +23,17 @@ from chamber.common.contracts import (
     TERMINAL_STATES,
     JobCancelRequested,
     JobEvent,
+    JobPlaced,
     JobRecord,
     JobSpec,
     JobState,
     JobSubmitted,
 )
-from chamber.common.contracts.decisions import Decision
 from chamber.common.subjects import DECISIONS, JOBS
 from chamber.common.workload import workload_problem
 from chamber.gateway.core.authz import Principal, team_denial
 from chamber.gateway.core.requests import SubmitJobRequest
-from chamber.gateway.core.timeline import TimelineEntry, timeline
+from chamber.gateway.core.timeline import TimelineEntry, record_changes, timeline
 from chamber.gateway.core.views import JobView, job_view, submitted_view
 from chamber.gateway.errors import (
     BadRequest,
@@ -232,7 +232,7 @@ async def cancel(gw: GatewayState, who: Principal, job_id: str) -> JobView:
 
 
 _job_events = Decoder(JobEvent)
-_decisions = Decoder(Decision)
+_placed = Decoder(JobPlaced)
 
 
 async def events(gw: GatewayState, who: Principal, job_id: str) -> JobTimeline:
@@ -241,9 +241,11 @@ async def events(gw: GatewayState, who: Principal, job_id: str) -> JobTimeline:
     names = gw.bus.names
     intents = [e for e in await gw.read_stream(JOBS, names.subject(f"jobs.*.{job_id}"), since, _job_events)
                if isinstance(e, JobSubmitted | JobCancelRequested)]  # fmt: skip
-    decisions = await gw.read_stream(DECISIONS, names.subject(f"decisions.*.{job_id}"), since, _decisions)
-    stored = await gw.job_record(job_id)  # read after the log: anything newer is not logged yet
-    return JobTimeline(job=view if stored is None else job_view(stored), events=timeline(intents, decisions, stored))
+    placed = await gw.read_stream(DECISIONS, names.decision_placed(job_id), since, _placed)
+    changes = record_changes(await gw.job_history(job_id))
+    stored = await gw.job_record(job_id)  # read after the history: anything newer is not in it yet
+    return JobTimeline(job=view if stored is None else job_view(stored),
+                       events=timeline(intents, [*placed, *changes], stored))  # fmt: skip
 
 
 def views(records: list[JobRecord]) -> list[JobView]:

@@ -406,6 +406,15 @@ class GatewayState:
         submitted = await self.submitted(job_id)
         return None if submitted is None else submitted_view(submitted.job_id, submitted.spec, submitted.submitted_at)
 
+    async def job_history(self, job_id: str) -> list[JobRecord]:
+        """The job's stored versions, oldest first: the log of its changes."""
+        assert self.store is not None
+        self.require_bus()
+        try:
+            return await self.store.history(job_id)
+        except BusError as exc:
+            raise Unavailable(str(exc)) from exc
+
     async def job_record(self, job_id: str) -> JobRecord | None:
         assert self.store is not None
         self.require_bus()

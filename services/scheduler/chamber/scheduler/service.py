@@ -82,10 +82,6 @@ class _Pending:
     """Jobs whose record does not exist in the store yet (written with create, not update)."""
     releases: list[tuple[str, int]] = field(default_factory=list)
     placed: list[Place] = field(default_factory=list)
-    announce: dict[str, list[Change]] = field(default_factory=dict)
-    """Every transition of each record in this pass, in order (a job started and finished in one batch is still
-    announced as both on DECISIONS), except those of a job new in the pass: it is announced once (`write`)."""
-    published: list[Change] = field(default_factory=list)
     conflicts: set[str] = field(default_factory=set)
     placing: dict[str, JobRecord] = field(default_factory=dict)
     """Placed records not written yet: launched only once they are (a launch never runs ahead of its record)."""
@@ -97,19 +93,10 @@ class _Pending:
     """`_confirm` found this leader holding the fence over a whole ledger: only then is anything executed."""
 
     def write(self, change: Change) -> None:
-        """The record is written once per pass (its latest version); every change to announce is published,
-        except that a job new in this pass is announced once, as it ends the pass (as created: `previous` None).
-        Most jobs are placed in the pass that takes in their submission, and a `queued` announcement followed by
-        a `placed` one at once told nobody anything the second does not: it cost a stored message per job."""
-        first = self.writes.get(change.record.id)
-        previous = first.previous if first is not None else change.previous
-        self.writes[change.record.id] = Change(change.record, previous, change.publish)
-        if change.publish:
-            announced = self.announce.setdefault(change.record.id, [])
-            if len(announced) == 1 and announced[0].previous is None:
-                announced[0] = Change(change.record, None)
-            else:
-                announced.append(change)
+        """The record is written once per pass, as the pass leaves it: each write is a version the jobs KV bucket
+        keeps, and that history is the log of the job's changes (a job started and finished in one batch of events
+        is one version)."""
+        self.writes[change.record.id] = change
 
 
 class Scheduler:
@@ -236,21 +223,19 @@ class Scheduler:
 
     async def _first_read(self) -> tuple[list[JobRecord], RuntimePredictor | None, float]:
         """The records to start from, a predictor already learned from them (None: relearn), and the time since
-        which their changes may be unannounced (`_unannounced_since`). From the view a standby kept, once it has
-        taken in every write up to now (after the fence: nobody else writes), when it holds every record changed
-        since then (`_republish_unannounced` publishes those again); else, as a cold start, the whole bucket."""
+        which their placements may be unannounced (`_unannounced_since`). From the view a standby kept, once it has
+        taken in every write up to now (after the fence: nobody else writes): it holds every active record, and only
+        those hold placements to publish again (`_republish_unannounced`); else, as a cold start, the whole
+        bucket."""
         view, self.view = self.view, None
         if view is not None:
             try:
                 await view.caught_up()
                 stored = view.records()
                 since = await self._unannounced_since()
-                if view.covers(since):
-                    self.revisions = {job_id: rev for job_id, (r, rev) in stored.items()
-                                      if r.state not in TERMINAL_STATES}  # fmt: skip
-                    log.info("scheduler.records_from_standby", active=len(view.active), ended=len(view.ended))
-                    return [record for record, _ in stored.values()], view.predictor, since
-                log.info("scheduler.standby_view_short", dropped_until=view.dropped_until)
+                self.revisions = {job_id: rev for job_id, (r, rev) in stored.items() if r.state not in TERMINAL_STATES}
+                log.info("scheduler.records_from_standby", active=len(view.active), ended=len(view.ended))
+                return [record for record, _ in stored.values()], view.predictor, since
             except BusError as exc:
                 log.warning("scheduler.standby_view_failed", error=str(exc))
             finally:
@@ -259,8 +244,9 @@ class Scheduler:
         return records, None, await self._unannounced_since()
 
     async def _unannounced_since(self) -> float:
-        """Records changed at or after this time may have changes nobody heard of: those since the last decision on
-        the bus (less a slack for clocks)."""
+        """Records changed at or after this time may hold placements nobody heard of: those since the last decision
+        on the bus (less a slack for clocks). (A `JobStateChanged` is the last decision of a stream written before
+        the record's history became the log of its changes.)"""
         last = await self.bus.last_message_of(DECISIONS)
         if last is None:
             return 0.0
@@ -271,21 +257,19 @@ class Scheduler:
         return (decision.at if isinstance(decision, JobStateChanged) else decision.decided_at) - REPUBLISH_SLACK_S
 
     async def _republish_unannounced(self, records: Sequence[JobRecord], since: float | None = None) -> None:
-        """A leader that died between writing records and publishing their changes left changes nobody heard of:
-        publish again every record changed since the last decision on the bus (`since`, read now unless given;
-        message ids drop the ones that were published after all; consumers keep the highest version of a
-        record)."""
+        """A leader that died between writing records and publishing their placements left placements nobody heard
+        of: publish again the placement of every record that holds GPUs and changed since the last decision on the
+        bus (`since`, read now unless given; message ids drop the ones that were published after all; consumers
+        keep the first of an attempt). Their changes need no announcing: the record's history is their log."""
         if since is None:
             since = await self._unannounced_since()
         todo = _Pending()
         for record in records:
-            if record.updated_at >= since:
-                todo.published.append(Change(record, None))
-                if holds_gpus(record) and record.placement is not None:
-                    p = record.placement
-                    todo.placed.append(Place(record.id, p.attempt, tuple(p.gpus), p.reason))
-        if todo.published:
-            log.info("scheduler.republish", records=len(todo.published), since=since)
+            if record.updated_at >= since and holds_gpus(record) and record.placement is not None:
+                p = record.placement
+                todo.placed.append(Place(record.id, p.attempt, tuple(p.gpus), p.reason))
+        if todo.placed:
+            log.info("scheduler.republish", placements=len(todo.placed), since=since)
             await self._publish(todo)
 
     async def _read_records(self) -> list[JobRecord]:
@@ -296,7 +280,7 @@ class Scheduler:
 
     async def _reload(self) -> None:
         """Start over from the store and the ledger, after a pass failed part way (a write or a claim whose outcome
-        is unknown, a publish that did not get through) and left memory ahead of them. Changes the store has but
+        is unknown, a publish that did not get through) and left memory ahead of them. Placements the store has but
         the bus may not have heard of are published again, as at start-up."""
         log.warning("scheduler.reload")
         await self.ledger.is_ready()  # fails fast while Redis is away, before reading every record
@@ -345,7 +329,7 @@ class Scheduler:
         Round trips per batch: the records the events changed are written (before their GPUs are released, so a
         crash never leaves a released claim under a record that still holds it); the releases and this pass's
         claims go to the ledger in one transaction; the new and decided records are written (a job submitted
-        and placed in one pass is written once); the changes are published."""
+        and placed in one pass is written once); the placements are published."""
         todo = _Pending()
         try:
             async with self._lock:
@@ -653,13 +637,13 @@ class Scheduler:
             await self.ledger.confirm()
         except LedgerFenced:
             log.error("scheduler.deposed_mid_pass", launches=len(todo.launches), stops=len(todo.stops))
-            todo.launches, todo.stops, todo.placed, todo.published = [], [], [], []
+            todo.launches, todo.stops, todo.placed = [], [], []
             self._deposed()
             raise
         todo.confirmed = True
 
     async def _persist(self, todo: _Pending, defer: set[str] | None = None) -> None:
-        """Write the pass's records (one wait for all acks), except those in `defer`; they are published later.
+        """Write the pass's records (one wait for all acks), except those in `defer`; they are written later.
         Writes refused as stale leave memory holding the stored record (`todo.conflicts`: their events must be
         applied again); any other failure leaves memory ahead of the store, so the next pass starts over."""
         changes = [c for job, c in todo.writes.items() if not defer or job not in defer]
@@ -685,7 +669,6 @@ class Scheduler:
                     self.revisions.pop(record.id, None)
                 else:
                     self.revisions[record.id] = result
-                todo.published.extend(todo.announce.pop(record.id, []))
         if failed is not None:
             self._reload_needed = True  # memory moved on, the store did not: start over from the store
             raise failed
@@ -747,15 +730,11 @@ class Scheduler:
     def _catch_up(self, ours: JobRecord, stored: JobRecord, todo: _Pending) -> list[tuple[str, int]]:
         """A record another writer moved on: a leader deposed mid-batch writes the records of the events it applied
         and is then refused its releases, publishes, launches and stops. Whatever the stored record implies is done
-        here, as if this leader had written it: its change is announced (a repeat of one already published is
-        dropped by its message id), the executor takes on a job it records as running or stopping (its end must be
-        heard of, its stop made), and the attempts it no longer holds are returned, to be released (a job that
-        ended must not keep its GPUs)."""
-        ours_announced = todo.announce.pop(stored.id, [])
-        if not _awaits_start(stored):  # (a placement is announced once its claim is confirmed: `_verify`)
-            todo.published.append(Change(stored, ours_announced[0].previous if ours_announced else None))
-            if holds_gpus(stored):
-                todo.resync.append(stored)  # it runs (or stops) under a launch or stop this leader did not make
+        here, as if this leader had written it: the executor takes on a job it records as running or stopping (its
+        end must be heard of, its stop made), and the attempts it no longer holds are returned, to be released (a
+        job that ended must not keep its GPUs). (A placement is announced once its claim is confirmed: `_verify`.)"""
+        if not _awaits_start(stored) and holds_gpus(stored):
+            todo.resync.append(stored)  # it runs (or stops) under a launch or stop this leader did not make
         held = stored.attempt if holds_gpus(stored) else None
         return [(stored.id, attempt) for attempt in {ours.attempt, stored.attempt} if attempt != held]
 
@@ -770,7 +749,6 @@ class Scheduler:
         claims = [Claim(r.id, r.attempt, tuple(g.slot for g in p.gpus)) for r, p in placed]
         for (record, placement), result in zip(placed, await self.ledger.claim_many(claims), strict=True):
             if result.ok:
-                todo.published.append(Change(record, None))
                 todo.placed.append(Place(record.id, record.attempt, tuple(placement.gpus), placement.reason))
                 self._relaunch[record.id] = record.attempt
                 if self.starting.get(record.id, (None, 0.0))[0] != record.attempt:
@@ -786,11 +764,7 @@ class Scheduler:
             event = JobPlaced(job_id=p.job_id, attempt=p.attempt, gpus=list(p.gpus), reason=p.reason, decided_at=now)
             msg_id = _msg_id(f"{p.job_id}:{p.attempt}:placed")
             items.append((self.names.decision_placed(p.job_id), encode(event), msg_id))
-        for c in todo.published:
-            r = c.record
-            event_state = JobStateChanged(record=r, previous=str(c.previous or ""), at=r.updated_at)
-            items.append((self.names.decision_state(r.id), encode(event_state), _msg_id(f"{r.id}:v{r.version}")))
-        todo.placed, todo.published = [], []
+        todo.placed = []
         if not items:
             return
         for attempt in range(3):  # message ids make a repeat harmless; a change nobody hears of is not

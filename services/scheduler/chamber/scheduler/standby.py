@@ -8,11 +8,11 @@ standby reads the bucket once, when it starts, then follows every write; at take
 only waits until it has seen every write up to the stream's end as it is then (a few milliseconds), which is the
 same view a full read would give.
 
-It keeps what a takeover needs: every active record (with its revision, for compare-and-set), the most recent
-ended ones (the new leader publishes again the changes the old one wrote and may not have announced: those since
-the last decision on the bus; `covers` says whether they are all kept, and the takeover reads the bucket in full
-when they are not), and a runtime predictor that has learned from every job that succeeded (those of its first
-read in the order they finished, as a full read relearns them, then in the order their records were written).
+It keeps what a takeover needs: every active record (with its revision, for compare-and-set; the new leader
+publishes again the placements the old one wrote and may not have announced, and only an active record holds
+one), the most recent ended ones (so that a success written again is not learned twice), and a runtime predictor
+that has learned from every job that succeeded (those of its first read in the order they finished, as a full
+read relearns them, then in the order their records were written).
 Memory is bounded by the active jobs and `KEEP_ENDED`. A record removed by purging the bucket's stream directly
 (not through the KV API, whose delete and purge leave a marker the view takes in) stays in the view.
 """
@@ -46,8 +46,6 @@ class RecordView:
         self.active: Stored = {}
         self.ended: OrderedDict[str, tuple[JobRecord, int]] = OrderedDict()
         """The latest ended records, oldest written first."""
-        self.dropped_until = float("-inf")
-        """The latest `updated_at` of an ended record let go: every ended record written after it is kept."""
         self.predictor = RuntimePredictor()
         self.seen = 0
         """The stream sequence of the last write taken in."""
@@ -104,12 +102,7 @@ class RecordView:
             return
         self.ended[job_id] = (record, revision)
         while len(self.ended) > self.keep_ended:
-            _, (dropped, _) = self.ended.popitem(last=False)
-            self.dropped_until = max(self.dropped_until, dropped.updated_at)
-
-    def covers(self, since: float) -> bool:
-        """Whether every ended record changed at or after `since` is kept."""
-        return self.dropped_until < since
+            self.ended.popitem(last=False)
 
     async def caught_up(self, timeout_s: float = 10.0, stall_s: float = STALL_S) -> None:
         """Wait until every write up to the stream's end, as it is now, is taken in. Raises BusError (the caller

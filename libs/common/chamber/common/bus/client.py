@@ -270,10 +270,12 @@ class Bus:
         return await self._pipeline.publish_many(items)
 
     async def key_value(self, bucket: str, *, history: int = 1) -> KeyValue:
+        """The bucket, made if it is not there; one made before with fewer copies, or a shorter `history`, gets
+        them now (an upgrade)."""
         name = self.names.bucket(bucket)
         try:
             kv = await self.js.key_value(name)
-            await self.scale_bucket(name)
+            await self.scale_bucket(name, history)
             return kv
         except nats.js.errors.BucketNotFoundError:
             try:
@@ -283,17 +285,22 @@ class Bus:
             except nats.js.errors.BadRequestError:
                 return await self.js.key_value(name)
 
-    async def scale_bucket(self, name: str) -> None:
-        """A KV bucket made with fewer copies than `replicas` (before a cluster grew) is scaled to it."""
-        if self.replicas <= 1:
-            return
+    async def scale_bucket(self, name: str, history: int = 1) -> None:
+        """A KV bucket made with fewer copies than `replicas` (before a cluster grew) is scaled to it; one that keeps
+        fewer versions of a key than `history` keeps that many from now on."""
         try:
             info = await self.js.stream_info(f"KV_{name}")
-            if info.config.num_replicas != self.replicas:
-                info.config.num_replicas = self.replicas
-                await self.js.update_stream(info.config)
+            config = info.config
+            if (self.replicas <= 1 or config.num_replicas == self.replicas) and (
+                config.max_msgs_per_subject or 0
+            ) >= history:
+                return
+            if self.replicas > 1:
+                config.num_replicas = self.replicas
+            config.max_msgs_per_subject = max(config.max_msgs_per_subject or 0, history)
+            await self.js.update_stream(config)
         except nats.errors.Error as exc:
-            raise BusError(f"cannot scale bucket {name} to {self.replicas} copies: {exc}") from exc
+            raise BusError(f"cannot update bucket {name} ({self.replicas} copies, history {history}): {exc}") from exc
 
     async def last_message(self, stream: StreamSpec, subject: str) -> bytes | None:
         try:

@@ -1,14 +1,14 @@
-"""A job's timeline, told from the durable logs: what the user asked (the JOBS stream) and what the scheduler did
-(the DECISIONS stream). Pure: events in, entries out, oldest first.
+"""A job's timeline, told from the durable logs: what the user asked (the JOBS stream), where the scheduler placed
+it (`decisions.placed` on the DECISIONS stream) and what became of it (the versions of its record the jobs KV
+bucket keeps). Pure: events in, entries out, oldest first.
 
-Intent comes from JOBS (submitted, cancel requested); everything else from the scheduler's state changes, which
-are what actually happened after the state machine (an executor report about a stale attempt never shows).
-The scheduler writes a record to the jobs KV before it publishes the change, so a reader can see a job finished
-before the log says so: the stored record, when newer than the log, ends the story.
+Intent comes from JOBS (submitted, cancel requested); everything else from the record's changes, which are what
+actually happened after the state machine (an executor report about a stale attempt never shows). A record read
+after its history may be newer than it: the stored record, when newer, ends the story.
 """
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Literal
 
 import msgspec
@@ -79,6 +79,17 @@ def _from_state_change(
         kind = r.state.value  # type: ignore[assignment]  # the three terminal states are entry kinds
         out.append(TimelineEntry(at=r.finished_at or event.at, kind=kind, detail=r.reason, attempt=r.attempt))
     return out
+
+
+def record_changes(versions: Sequence[JobRecord]) -> list[JobStateChanged]:
+    """A record's stored versions, oldest first, as the changes they made: each with the state before it (none
+    before the first one kept)."""
+    changes: list[JobStateChanged] = []
+    previous = ""
+    for record in versions:
+        changes.append(JobStateChanged(record=record, previous=previous, at=record.updated_at))
+        previous = record.state.value
+    return changes
 
 
 def timeline(

@@ -50,8 +50,6 @@ class Change:
 
     record: JobRecord
     previous: JobState | None
-    publish: bool = True
-    """Publish the change on the bus (False for a new waiting reason: stored, not announced)."""
 
 
 class Controller:
@@ -218,7 +216,7 @@ class Controller:
             return None
         changed = note(record, now, why.text, why.kind)
         self._keep(changed)
-        return Change(changed, record.state, publish=False)
+        return Change(changed, record.state)
 
     def refuse(self, decision: Place) -> None:
         """The ledger refused a placement (the fleet moved under the decision): the job waits again."""

@@ -44,7 +44,6 @@ from chamber.common.contracts import (
     JobLaunchFailed,
     JobRecord,
     JobState,
-    JobStateChanged,
     LaunchReplicas,
     ReplicaAssignment,
     ReplicaExited,
@@ -53,6 +52,7 @@ from chamber.common.contracts import (
     ReplicaStarted,
     StopReplicas,
 )
+from chamber.common.jobstore import JobStore
 from chamber.common.log import get_logger
 from chamber.common.settings import Settings
 from chamber.common.workload import workload_problem
@@ -61,6 +61,7 @@ from chamber.scheduler.executor.gang import Action, End, Gang, Publish, Stop
 
 log = get_logger(__name__)
 
+_records = Decoder(JobRecord)
 REQUEST_TIMEOUT_S = 2.0
 WATCH_S = 0.25
 STALLED_S = 2.0
@@ -201,9 +202,10 @@ class ProcessExecutor:
             )
         )
         self._subs.append(await self.bus.nc.subscribe(names.subject("agents.status.>"), cb=self._on_status))
+        records = await JobStore.open(self.bus)  # (made here if the scheduler has not made it yet)
         self._subs.append(
             await self.bus.js.subscribe(
-                names.subject("decisions.state.>"), cb=self._on_record, ordered_consumer=True,
+                f"{records.prefix}>", stream=records.stream, cb=self._on_record, ordered_consumer=True,
                 deliver_policy=DeliverPolicy.NEW, idle_heartbeat=ORDERED_HEARTBEAT_S,
             )
         )  # fmt: skip
@@ -428,12 +430,12 @@ class ProcessExecutor:
             )
 
     async def _on_record(self, msg: Any) -> None:
-        """An attempt the scheduler has moved on from is stopped (it will not hear of it again)."""
+        """An attempt the scheduler has moved on from (a new version of its record, in the jobs KV bucket) is
+        stopped (it will not hear of it again)."""
         try:
-            change: JobStateChanged = Decoder(JobStateChanged).decode(msg.data)
+            record = _records.decode(msg.data)
         except DecodeError:
-            return
-        record = change.record
+            return  # (a delete or a purge: no record)
         gang = self.gangs.get(record.id)
         if gang is None or record.attempt < gang.attempt:
             return
