@@ -20,7 +20,7 @@ from chamber.common.contracts import (
     JobSubmitted,
     Placement,
 )
-from tests.chaos.checker import Evidence, Fault, check
+from tests.chaos.checker import HISTORY_KEPT, Evidence, Fault, check
 
 SPEC = JobSpec(name="j", team="t", gpus_per_replica=1, duration_s=5.0)
 GPU = GpuRef(node="n1", index=0)
@@ -153,8 +153,20 @@ def test_a_job_seen_late_after_a_fault_is_reported_with_the_fault() -> None:
     h.place("a", 131.5).start("a", 131.5).finish("a", 136.5, 136.5)
     report = check(h.evidence(faults=[Fault("kill", "scheduler", 99.7)], started_at=90.0))
     (late,) = violations(report, "jobs_seen_within_10s")
-    assert late == {"job": "a", "seen_after_s": 31.0, "submitted_t": 10.0, "last_fault": "kill scheduler",
-                    "submit_minus_fault_s": 0.3}  # fmt: skip
+    assert late == {"job": "a", "seen_after_s": 31.0, "versions_kept": 4, "first_version_kept": 1,
+                    "submitted_t": 10.0, "last_fault": "kill scheduler", "submit_minus_fault_s": 0.3}  # fmt: skip
+
+
+def test_a_job_whose_first_versions_are_gone_is_not_judged_seen_late_but_named() -> None:
+    """The bucket keeps a record's last 64 versions: a job with that many may have lost its first one, and when it
+    was first seen is then not known."""
+    h = History()
+    h.events.append(JobSubmitted(job_id="a", spec=SPEC, submitted_at=100.0))
+    for i in range(HISTORY_KEPT):
+        h._change("a", 131.0 + i, "pending" if i else "", state=JobState.PENDING, submitted_at=100.0)
+    report = check(h.evidence(started_at=90.0))
+    assert violations(report, "jobs_seen_within_10s") == []
+    assert report["history_truncated"] == ["a"]
 
 
 def test_recovery_is_the_time_to_the_next_progress_with_work_pending() -> None:
