@@ -591,6 +591,6 @@ def test_the_stored_words_of_a_wait_do_not_name_the_jobs_capacity_is_reserved_fo
     assert first.reserved_for == ("gang-1",)
     assert "(gang-1)" in first.render()
     many = Reason(
-        WaitKind.CAPACITY, "waiting; capacity reserved for jobs ahead", reserved_for=("a", "b", "c", "d", "e")
+        WaitKind.CAPACITY, "waiting; capacity reserved for jobs ahead", reserved_for=("a", "b", "c"), reserved_more=2
     )
     assert many.render() == "waiting; capacity reserved for jobs ahead (a, b, c and 2 more)"

@@ -1580,8 +1580,9 @@ class _Cycle:
         text = f"waiting for {job.shape.describe()}"
         if not ctx.reservations:
             return Reason(WaitKind.CAPACITY, text, free)
-        held = tuple(r.job_id for r in ctx.reservations)
-        return Reason(WaitKind.CAPACITY, text + "; capacity reserved for jobs ahead", free, reserved_for=held)
+        first = tuple(r.job_id for r in ctx.reservations[:3])
+        return Reason(WaitKind.CAPACITY, text + "; capacity reserved for jobs ahead", free, reserved_for=first,
+                      reserved_more=len(ctx.reservations) - len(first))  # fmt: skip
 
 
 def returning(state: SchedulingState, job: RunningJob) -> bool:

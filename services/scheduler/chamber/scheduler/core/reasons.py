@@ -39,7 +39,9 @@ class Reason:
     start_in_s: float | None = None
     """For a reservation: the earliest start from running jobs' estimates, seconds from the decision (live)."""
     reserved_for: tuple[str, ...] = ()
-    """The jobs capacity is reserved for, which keep this one waiting (live)."""
+    """The first jobs capacity is reserved for, which keep this one waiting (live; at most three)."""
+    reserved_more: int = 0
+    """How many more it is reserved for (live)."""
 
     def __init__(
         self,
@@ -47,19 +49,22 @@ class Reason:
         text: str,
         free: int | None = None,
         start_in_s: float | None = None,
+        *,
         reserved_for: tuple[str, ...] = (),
+        reserved_more: int = 0,
     ) -> None:
         object.__setattr__(self, "kind", kind)  # (its own `__init__`: see `decisions`)
         object.__setattr__(self, "text", text)
         object.__setattr__(self, "free", free)
         object.__setattr__(self, "start_in_s", start_in_s)
         object.__setattr__(self, "reserved_for", reserved_for)
+        object.__setattr__(self, "reserved_more", reserved_more)
 
     def render(self) -> str:
         text = self.text
         if self.reserved_for:
-            more = len(self.reserved_for) - 3
-            text += f" ({', '.join(self.reserved_for[:3])}{f' and {more} more' if more > 0 else ''})"
+            more = f" and {self.reserved_more} more" if self.reserved_more else ""
+            text += f" ({', '.join(self.reserved_for)}{more})"
         if self.free is not None:
             text += f"; {self.free} free"
         if self.kind == WaitKind.RESERVED:
