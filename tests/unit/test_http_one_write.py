@@ -67,7 +67,8 @@ async def _app(scope: dict[str, Any], receive: Any, send: Any) -> None:
 
 
 @contextlib.asynccontextmanager
-async def _server() -> AsyncIterator[int]:
+async def _connection() -> AsyncIterator[tuple[asyncio.StreamReader, asyncio.StreamWriter]]:
+    """A raw connection to a real uvicorn serving `_app` with `OneWritePerTurn`."""
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
@@ -76,9 +77,11 @@ async def _server() -> AsyncIterator[int]:
     task = asyncio.create_task(server.serve(sockets=[sock]))
     while not server.started:  # noqa: ASYNC110 - uvicorn offers a flag, not an event
         await asyncio.sleep(0.01)
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
     try:
-        yield port
+        yield reader, writer
     finally:
+        writer.close()
         server.should_exit = True
         await task
 
@@ -93,8 +96,7 @@ async def _read_response(reader: asyncio.StreamReader) -> tuple[bytes, bytes]:
 
 @pytest.mark.timeout(30)
 async def test_keep_alive_and_pipelined_requests_are_answered_in_order() -> None:
-    async with _server() as port:
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    async with _connection() as (reader, writer):
         writer.write(b"GET /a HTTP/1.1\r\nhost: x\r\n\r\nGET /b HTTP/1.1\r\nhost: x\r\n\r\n")
         assert (await _read_response(reader))[1] == b"/a"
         assert (await _read_response(reader))[1] == b"/b"
@@ -102,27 +104,22 @@ async def test_keep_alive_and_pipelined_requests_are_answered_in_order() -> None
         head, body = await _read_response(reader)
         assert head.startswith(b"HTTP/1.1 200")
         assert body == b"/c"
-        writer.close()
 
 
 @pytest.mark.timeout(30)
 async def test_a_response_then_close_arrives_whole() -> None:
-    async with _server() as port:
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    async with _connection() as (reader, writer):
         writer.write(b"GET /close HTTP/1.1\r\nhost: x\r\n\r\n")
         everything = await asyncio.wait_for(reader.read(), 5)  # to the end: the server closed the connection
         assert everything.startswith(b"HTTP/1.1 200")
         assert everything.endswith(b"/close")
-        writer.close()
 
 
 @pytest.mark.timeout(30)
 async def test_the_head_of_a_late_body_is_written_at_once() -> None:
-    async with _server() as port:
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    async with _connection() as (reader, writer):
         writer.write(b"GET /stream HTTP/1.1\r\nhost: x\r\n\r\n")
         head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 0.4)  # before the body (0.5 s later)
         assert head.startswith(b"HTTP/1.1 200")
         rest = await asyncio.wait_for(reader.readuntil(b"0\r\n\r\n"), 5)
         assert b"late" in rest
-        writer.close()

@@ -54,7 +54,7 @@ from chamber.common.quotastore import QuotaStore
 from chamber.common.runtime import Context, wait_event
 from chamber.common.subjects import DECISIONS, INVENTORY, JOBS, QUOTA
 from chamber.scheduler.core import build
-from chamber.scheduler.core.controller import Change, Controller
+from chamber.scheduler.core.controller import Controller
 from chamber.scheduler.core.decisions import Place, Preempt
 from chamber.scheduler.core.estimates import RuntimePredictor
 from chamber.scheduler.core.lifecycle import holds_gpus
@@ -77,7 +77,7 @@ STATS_S = 1.0
 class _Pending:
     """What one pass has to write, release, claim, publish and hand to the executor."""
 
-    writes: dict[str, Change] = field(default_factory=dict)
+    writes: dict[str, JobRecord] = field(default_factory=dict)
     created: set[str] = field(default_factory=set)
     """Jobs whose record does not exist in the store yet (written with create, not update)."""
     releases: list[tuple[str, int]] = field(default_factory=list)
@@ -92,11 +92,11 @@ class _Pending:
     confirmed: bool = False
     """`_confirm` found this leader holding the fence over a whole ledger: only then is anything executed."""
 
-    def write(self, change: Change) -> None:
+    def write(self, record: JobRecord) -> None:
         """The record is written once per pass, as the pass leaves it: each write is a version the jobs KV bucket
         keeps, and that history is the log of the job's changes (a job started and finished in one batch of events
         is one version)."""
-        self.writes[change.record.id] = change
+        self.writes[record.id] = record
 
 
 class Scheduler:
@@ -393,7 +393,7 @@ class Scheduler:
         record = transition.record
         if transition.previous is None:
             todo.created.add(record.id)
-        todo.write(Change(record, transition.previous))
+        todo.write(record)
         if transition.release_attempt is not None:
             todo.releases.append((record.id, transition.release_attempt))
             self.starting.pop(record.id, None)
@@ -545,16 +545,16 @@ class Scheduler:
         for decision in decisions:
             if isinstance(decision, Place) and decision.job_id in refused:
                 continue
-            change = self.control.commit(decision, now)
-            if change is None:
+            changed = self.control.commit(decision, now)
+            if changed is None:
                 continue
-            todo.write(change)
+            todo.write(changed)
             if isinstance(decision, Place):
                 todo.placed.append(decision)
-                todo.placing[decision.job_id] = change.record
+                todo.placing[decision.job_id] = changed
                 self.starting[decision.job_id] = (decision.attempt, now)
             elif isinstance(decision, Preempt):
-                todo.stops.append((change.record, decision.reason, decision.grace_s))
+                todo.stops.append((changed, decision.reason, decision.grace_s))
         await self._persist(todo)
         await self._confirm(todo)
         await self._publish(todo)
@@ -646,17 +646,16 @@ class Scheduler:
         """Write the pass's records (one wait for all acks), except those in `defer`; they are written later.
         Writes refused as stale leave memory holding the stored record (`todo.conflicts`: their events must be
         applied again); any other failure leaves memory ahead of the store, so the next pass starts over."""
-        changes = [c for job, c in todo.writes.items() if not defer or job not in defer]
-        if not changes:
+        records = [r for job, r in todo.writes.items() if not defer or job not in defer]
+        if not records:
             return
-        for change in changes:
-            del todo.writes[change.record.id]
-        writes = [Write(c.record, 0 if c.record.id in todo.created else self.revisions[c.record.id]) for c in changes]
+        for record in records:
+            del todo.writes[record.id]
+        writes = [Write(r, 0 if r.id in todo.created else self.revisions[r.id]) for r in records]
         results = await self.store.write_many(writes)
         stale: list[JobRecord] = []
         failed: BusError | None = None
-        for change, result in zip(changes, results, strict=True):
-            record = change.record
+        for record, result in zip(records, results, strict=True):
             if isinstance(result, StaleWrite):
                 stale.append(record)
             elif isinstance(result, BusError):

@@ -11,7 +11,6 @@ memory is bounded by the jobs that wait or run, not by history.
 """
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 
 from chamber.common.contracts import (
     TERMINAL_STATES,
@@ -42,14 +41,6 @@ from chamber.scheduler.core.snapshot import build_state
 from chamber.scheduler.core.state import SchedulerConfig, SchedulingState
 
 UNHELD = Reason(WaitKind.QUEUED, "queued: the GPUs held for it are no longer held")
-
-
-@dataclass(frozen=True, slots=True)
-class Change:
-    """A record the shell must persist: `previous` is the state before (None: the record was just created)."""
-
-    record: JobRecord
-    previous: JobState | None
 
 
 class Controller:
@@ -189,8 +180,9 @@ class Controller:
                 decisions.append(Wait(job_id, UNHELD))
         return decisions
 
-    def commit(self, decision: Decision, now: float) -> Change | None:
-        """The record change a decision makes (a placement only once its ledger claim succeeded)."""
+    def commit(self, decision: Decision, now: float) -> JobRecord | None:
+        """The record as a decision changes it, for the shell to persist (a placement only once its ledger claim
+        succeeded); None when it changes nothing."""
         record = self.records.get(decision.job_id)
         if record is None:
             return None
@@ -206,9 +198,9 @@ class Controller:
         else:
             return self._waiting(record, decision, now)
         self._keep(changed)
-        return Change(changed, record.state)
+        return changed
 
-    def _waiting(self, record: JobRecord, wait: Wait, now: float) -> Change | None:
+    def _waiting(self, record: JobRecord, wait: Wait, now: float) -> JobRecord | None:
         why = wait.why
         if (record.nominated or record.move_to) and record.id not in self.state.nominated:
             record = unnominate(record, now)  # its preemption plan (or move) was dropped (a nominated GPU failed)
@@ -216,7 +208,7 @@ class Controller:
             return None
         changed = note(record, now, why.text, why.kind)
         self._keep(changed)
-        return Change(changed, record.state)
+        return changed
 
     def refuse(self, decision: Place) -> None:
         """The ledger refused a placement (the fleet moved under the decision): the job waits again."""
