@@ -101,7 +101,7 @@ async def test_scripts_survive_a_script_flush(ledger: Ledger) -> None:
 
 ops = st.lists(
     st.tuples(
-        st.sampled_from(["claim", "release"]),
+        st.sampled_from(["claim", "release", "release_and_claim"]),
         st.sampled_from(["a", "b", "c", "d"]),
         st.integers(1, 2),
         st.lists(st.sampled_from([f"n1/{i}" for i in range(6)]), min_size=1, max_size=4, unique=True),
@@ -120,8 +120,11 @@ async def test_no_slot_is_ever_held_by_two_jobs(
         if op == "claim":
             with contextlib.suppress(LedgerConflict):
                 await ledger.claim(job, attempt, slots)
-        else:
+        elif op == "release":
             await ledger.release(job, attempt)
+        else:  # release this attempt and, in the same call, claim the slots for the next job
+            other = chr(ord("a") + (ord(job) - ord("a") + 1) % 4)
+            await ledger.release_and_claim([(job, attempt)], [Claim(other, attempt, tuple(slots))])
         snap = await ledger.snapshot()
         held: dict[str, str] = {}
         for claim in snap.claims.values():
@@ -141,6 +144,34 @@ async def test_a_batch_claims_each_gang_whole_in_order(ledger: Ledger) -> None:
     assert [r.code for r in results] == ["OK", "TAKEN", "OK"], "b sees a's claim and takes nothing"
     assert (await ledger.snapshot()).owners == {"n1/0": "a/1", "n1/1": "a/1", "n1/2": "c/1", "n1/3": "c/1"}
     assert await ledger.release_many([("a", 1), ("b", 1), ("c", 2)]) == [True, False, False]
+
+
+async def test_a_pass_releases_and_claims_in_one_call(ledger: Ledger) -> None:
+    """The GPUs an ended job frees are claimed by a new one in the same call, and the call is one command to Redis
+    (as a redis-py transaction of two scripts it was two round trips and five commands)."""
+    await ledger.claim_many([Claim("a", 1, ("n1/0", "n1/1")), Claim("b", 1, ("n1/2",))])
+
+    async def commands() -> int:  # those a client sends (commandstats also counts the ones a script calls)
+        stats = await ledger.redis.info("commandstats")
+        sent = ("evalsha", "eval", "multi", "exec", "script|exists", "script|load")
+        return sum(int(stats.get(f"cmdstat_{name}", {"calls": 0})["calls"]) for name in sent)
+
+    before = await commands()
+    results = await ledger.release_and_claim(
+        [("a", 1), ("x", 1)], [Claim("c", 1, ("n1/0", "n1/1")), Claim("d", 1, ("n1/2",)), Claim("e", 1, ("n1/3",))]
+    )
+    assert await commands() - before == 1, "one EVALSHA, nothing around it"
+    assert [r.code for r in results] == ["OK", "TAKEN", "OK"], "c gets a's GPUs; b still holds n1/2"
+    assert results[1].detail == "n1/2 by b/1"
+    assert (await ledger.snapshot()).owners == {"n1/0": "c/1", "n1/1": "c/1", "n1/2": "b/1", "n1/3": "e/1"}
+
+
+async def test_a_ledger_that_lost_everything_refuses_a_release_and_claim_whole(ledger: Ledger) -> None:
+    await ledger.claim("a", 1, ["n1/0"])
+    await ledger.redis.delete(ledger.k_owner, ledger.k_claims, ledger.k_ready, ledger.k_version)
+    with pytest.raises(LedgerNotReady):
+        await ledger.release_and_claim([("a", 1)], [Claim("b", 1, ("n1/0",))])
+    assert await ledger.release_many([("a", 1)]) == [False], "a release alone is not refused: nothing is held"
 
 
 async def test_a_paused_old_leader_is_fenced_out(ledger: Ledger, settings: Settings) -> None:

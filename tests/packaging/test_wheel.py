@@ -40,8 +40,7 @@ def test_the_wheel_carries_code_data_and_entry_point(tmp_path: Path) -> None:
     assert not [n for n in names if n.endswith(".so")], "CHAMBER_COMPILE=0: the pure-Python core only"
     for service in ("collector", "scheduler", "health", "quota", "gateway"):
         assert f"chamber/{service}/service.py" in names
-    assert "chamber/common/ledger/claim.lua" in names
-    assert "chamber/common/ledger/release.lua" in names
+    assert "chamber/common/ledger/write.lua" in names
     assert "chamber/cli/main.py" in names
     assert "chamber/sim/engine.py" in names
     assert "chamber/quota/core/report.py" in names

@@ -13,7 +13,9 @@ Layout (all keys share the namespace's hash tag, e.g. `{chamber}:ledger:owner`):
   paused past its lease cannot claim after another took over.
 
 Claims, releases and rebuilds are Lua scripts (atomic; all or nothing per job; idempotent per job and attempt),
-and take many jobs per round trip. redis-py's `Script` re-loads a script when Redis answers NOSCRIPT (after a
+and take many jobs per round trip. Releases and claims are one script (`write.lua`), so a pass that releases and
+claims makes one call: as two scripts in a redis-py transaction it made two round trips (the pipeline first asks
+`SCRIPT EXISTS`) and five commands. redis-py's `Script` re-loads a script when Redis answers NOSCRIPT (after a
 restart or SCRIPT FLUSH).
 """
 
@@ -87,8 +89,7 @@ class Ledger:
         self.k_fence = f"{base}:fence"
         self.token = 0
         """This writer's fencing token (a scheduler leader sets its lease's); 0 when nobody leads (tools, tests)."""
-        self._claim = client.register_script(_script("claim.lua"))
-        self._release = client.register_script(_script("release.lua"))
+        self._write = client.register_script(_script("write.lua"))
         self._rebuild = client.register_script(_script("rebuild.lua"))
 
     @classmethod
@@ -107,21 +108,27 @@ class Ledger:
     async def _claim_many(self, claims: Sequence[Claim], *, restore: bool = False) -> tuple[int, list[ClaimResult]]:
         if not claims:
             return 0, []
-        result = await self._run(self._claim, self._claim_keys(), self._claim_args(claims, restore=restore))
-        self._check(result)
-        results = [ClaimResult(c, str(result[1 + 2 * i]), str(result[2 + 2 * i])) for i, c in enumerate(claims)]
-        return int(result[0]), results
+        return await self._release_and_claim((), claims, "restore" if restore else "place")
 
-    def _claim_keys(self) -> list[str]:
-        return [self.k_owner, self.k_claims, self.k_cordon, self.k_version, self.k_ready, self.k_fence]
-
-    def _claim_args(self, claims: Sequence[Claim], *, restore: bool = False) -> list[str]:
-        args: list[str] = [str(self.token), "restore" if restore else "place"]
+    async def _release_and_claim(
+        self, releases: Sequence[tuple[str, int]], claims: Sequence[Claim], mode: str
+    ) -> tuple[int, list[ClaimResult]]:
+        """(the ledger's version after, each claim's result); the releases' results are not read."""
+        args: list[str] = [str(self.token), mode, str(len(releases))]
+        for job_id, attempt in releases:
+            args += [job_id, str(attempt)]
         for c in claims:
             if not c.slots:
                 raise ValueError(f"a claim needs at least one slot ({c.job_id})")
             args += [c.job_id, str(c.attempt), str(len(c.slots)), *c.slots]
-        return args
+        result = await self._run(self._write, self._keys(), args)
+        self._check(result)
+        at = 1 + len(releases)
+        results = [ClaimResult(c, str(result[at + 2 * i]), str(result[at + 1 + 2 * i])) for i, c in enumerate(claims)]
+        return int(result[0]), results
+
+    def _keys(self) -> list[str]:
+        return [self.k_owner, self.k_claims, self.k_cordon, self.k_version, self.k_ready, self.k_fence]
 
     async def claim(self, job_id: str, attempt: int, slots: Iterable[str]) -> int:
         """Claim all `slots` for (job, attempt) or none. Returns the ledger version. Replaying a claim is a no-op."""
@@ -134,51 +141,38 @@ class Ledger:
         """Release the claims of (job, attempt) pairs; False for those not held (already released or never)."""
         if not attempts:
             return []
-        args = [str(self.token)]
+        return await self._release(attempts)
+
+    async def _release(self, attempts: Sequence[tuple[str, int]]) -> list[bool]:
+        args = [str(self.token), "release", str(len(attempts))]
         for job_id, attempt in attempts:
             args += [job_id, str(attempt)]
-        result = await self._run(self._release, [self.k_owner, self.k_claims, self.k_version, self.k_fence], args)
+        result = await self._run(self._write, self._keys(), args)
         self._check(result)
         return [str(code) == "OK" for code in result[1:]]
 
     async def confirm(self) -> None:
-        """Does this writer still hold the fence over a ledger that is whole? The claim script with no claim: one
-        small round trip. Raises `LedgerFenced` when a newer leader's token is there, `LedgerNotReady` when the
-        ledger lost everything (the fence with it, so the fence alone would prove nothing)."""
-        self._check(await self._run(self._claim, self._claim_keys(), [str(self.token)]))
+        """Does this writer still hold the fence over a ledger that is whole? The write script with nothing to
+        write: one small round trip. Raises `LedgerFenced` when a newer leader's token is there, `LedgerNotReady`
+        when the ledger lost everything (the fence with it, so the fence alone would prove nothing)."""
+        self._check(await self._run(self._write, self._keys(), [str(self.token), "place", "0"]))
 
     async def take_fence(self) -> None:
         """Put this writer's token in the fence now, before it claims or releases anything: a new leader does this
         first, so that a paused old leader is refused at once, not only after the new one happens to write.
         Raises `LedgerFenced` when a newer leader's token is there already."""
-        result = await self._run(self._release, [self.k_owner, self.k_claims, self.k_version, self.k_fence],
-                                 [str(self.token)])  # fmt: skip
-        self._check(result)
+        await self._release(())
 
     async def release_and_claim(
         self, releases: Sequence[tuple[str, int]], claims: Sequence[Claim]
     ) -> list[ClaimResult]:
-        """Release ended attempts, then claim new ones, in one round trip (one transaction of the two scripts):
-        what a scheduling pass does after its events freed GPUs and its decisions reused them."""
-        if not releases:
-            return await self.claim_many(claims)
+        """Release ended attempts, then claim new ones, in one round trip and one atomic step: what a scheduling
+        pass does after its events freed GPUs and its decisions reused them. A ledger that lost everything refuses
+        the whole call (`LedgerNotReady`; the rebuild that follows leaves the ended attempts out)."""
         if not claims:
             await self.release_many(releases)
             return []
-        release_args = [str(self.token)]
-        for job_id, attempt in releases:
-            release_args += [job_id, str(attempt)]
-        claim_args = self._claim_args(claims)
-        try:
-            async with self.redis.pipeline(transaction=True) as pipe:
-                await self._release([self.k_owner, self.k_claims, self.k_version, self.k_fence], release_args, pipe)
-                await self._claim(self._claim_keys(), claim_args, pipe)
-                released, claimed = await pipe.execute()
-        except _UNREACHABLE as exc:
-            raise LedgerUnavailable(str(exc)) from exc
-        self._check(released)
-        self._check(claimed)
-        return [ClaimResult(c, str(claimed[1 + 2 * i]), str(claimed[2 + 2 * i])) for i, c in enumerate(claims)]
+        return (await self._release_and_claim(releases, claims, "place"))[1]
 
     async def release(self, job_id: str, attempt: int) -> bool:
         """Release the claim of (job, attempt); False when it was not held (already released or never claimed)."""
