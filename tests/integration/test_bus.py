@@ -410,6 +410,29 @@ async def test_a_range_is_read_to_its_end_and_the_end_lookup_sees_what_is_left(b
     assert sorted(e.requested_at for e in latest) == [35, 36, 37, 38, 39]
 
 
+async def test_a_read_with_nothing_to_read_ends_at_once_not_after_its_idle_time(bus: Bus) -> None:
+    """Found reading a job's timeline: where nothing matches (a subject never written, a window after the last
+    message), the first fetch waited out the read's whole idle time (2 s for a job's history) before the end
+    lookup ran. The idle time here is 60 s; each read must end well within it, and a read with something to read
+    still gets it."""
+    await bus.ensure_streams()
+    stream = bus.names.stream(JOBS)
+    ack = await bus.js.publish(bus.names.job_cancel("e1"), encode(JobCancelRequested(job_id="e1", requested_at=1)))
+    await bus.js.publish(bus.names.job_cancel("e2"), encode(JobCancelRequested(job_id="e2", requested_at=2)))
+
+    async def read(subject: str, **how: float) -> list[int]:
+        msgs = read_stream(bus.js, stream, bus.names.subject(subject), idle_s=60.0, **how)  # type: ignore[arg-type]
+        return [m.metadata.sequence.stream async for m in msgs]
+
+    async def within(subject: str, **how: float) -> list[int]:
+        return await asyncio.wait_for(read(subject, **how), timeout=20.0)
+
+    assert await within("jobs.cancel.never") == []
+    assert await within("jobs.cancel.e1", since=4_000_000_000.0) == [], "a window after the last message"
+    assert await within("jobs.cancel.e1", first_seq=ack.seq + 1) == [], "from after e1's only message"
+    assert await within("jobs.cancel.e1") == [ack.seq]
+
+
 async def test_connecting_to_an_unreachable_server_fails_within_the_timeout_with_the_reason() -> None:
     """nats-py retries a first connection forever when reconnecting is allowed: the bus bounds the wait."""
     import asyncio

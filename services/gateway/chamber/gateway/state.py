@@ -15,14 +15,13 @@ import dataclasses
 import sys
 import time
 from collections.abc import Awaitable, Callable, Hashable
-from datetime import UTC, datetime
 from typing import Any
 
 import msgspec
 import nats.errors
 import redis.exceptions
 from nats.aio.msg import Msg
-from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, KeyValueConfig, StorageType
+from nats.js.api import KeyValueConfig, StorageType
 from nats.js.kv import KeyValue
 
 from chamber.common.bus import Bus
@@ -454,28 +453,12 @@ class GatewayState:
 
     async def read_stream(self, stream: StreamSpec, subject: str, since: float, decoder: Decoder) -> list[Any]:
         """Every message on `subject` stored at or after `since`, decoded (garbage skipped); no waiting when there
-        is none (the consumer says how many are pending)."""
+        is none (`chamber.common.bus.reading`)."""
         self.require_bus()
-        js = self.bus.js
-        start = datetime.fromtimestamp(max(since, 0.0), UTC)
-        config = ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_TIME, opt_start_time=start,
-                                ack_policy=AckPolicy.NONE, inactive_threshold=30.0)  # fmt: skip
-        values: list[Any] = []
         try:
-            psub = await js.pull_subscribe(subject, stream=self.bus.names.stream(stream), config=config)
-            try:
-                pending = (await psub.consumer_info()).num_pending or 0
-                while pending > 0:
-                    msgs = await psub.fetch(min(pending, 1024), timeout=2.0)
-                    pending -= len(msgs)
-                    for msg in msgs:
-                        with contextlib.suppress(DecodeError):
-                            values.append(decoder.decode(msg.data))
-            finally:
-                await psub.unsubscribe()
-        except (nats.errors.Error, TimeoutError) as exc:
+            return await self.bus.read_since(stream, subject, since, decoder)
+        except BusError as exc:
             raise Unavailable(f"cannot read {subject}: {exc}") from exc
-        return values
 
     async def problems(self) -> list[str]:
         problems = []

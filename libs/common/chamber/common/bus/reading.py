@@ -7,7 +7,9 @@ sequence wanted). The consumer's own count of what is left (`num_pending`) is on
 messages short of the end, and a read that stopped there replayed a crashed scheduler's unacknowledged range
 without its last submissions (those jobs then waited for the 30 s redelivery); a start-up read of the job records
 could have missed records the same way. So before a read stops short of the end, a direct lookup
-(`next_by_subj`) confirms that nothing matching is left. No client-library internals are used, only the
+(`next_by_subj`) confirms that nothing matching is left. The hint is asked once before the first fetch too: where
+nothing matches (the history of a job never stored, a job not yet placed, a window with no rollup) a fetch would
+wait out its whole idle time, and the lookup answers at once. No client-library internals are used, only the
 documented consumer and stream APIs.
 """
 
@@ -64,6 +66,11 @@ async def read_stream(
     """The last stream sequence delivered (None: nothing yet)."""
     stalls = 0
     try:
+        first = await psub.consumer_info()
+        if not first.num_pending:  # nothing to fetch, unless the hint is wrong: a fetch would wait `idle_s` for it
+            seen = first.delivered.stream_seq if first.delivered is not None else 0
+            if not await _left(js, stream, subject, seen, end, latest_only=latest_only):
+                return
         while True:
             try:
                 msgs = await psub.fetch(batch, timeout=idle_s)
