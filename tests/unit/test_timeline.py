@@ -76,3 +76,20 @@ def test_a_records_history_is_the_log_of_its_changes() -> None:
     kinds = [e.kind for e in timeline([_SUBMITTED], [_PLACE, *changes], versions[-1])]
     assert kinds == ["submitted", "placed", "started", "succeeded"]
     assert record_changes([]) == []
+
+
+def test_a_job_that_started_and_ended_in_one_batch_tells_its_start() -> None:
+    """The scheduler applied its start and its end together: the history holds no running version, and the end's
+    start time tells the start (before, the timeline went from placed to succeeded). A job stopped and requeued
+    before it ended tells its new start as a resume; one that never started tells none."""
+    history = record_changes([_PENDING, _PLACED, _version(_DONE, 3)])
+    entries = timeline([_SUBMITTED], [_PLACE, *history], None)
+    assert [(e.kind, e.at) for e in entries] == [("submitted", 10.0), ("placed", 11.0), ("started", 12.0),
+                                                ("succeeded", 15.0)]  # fmt: skip
+    requeued = _version(_PLACED, 5, placement=None, preemptions=1, updated_at=16.0)
+    again = _version(_DONE, 6, attempt=2, preemptions=1, started_at=18.0, finished_at=19.0, updated_at=19.0)
+    later = record_changes([_PENDING, _PLACED, _STARTED, requeued, again])
+    assert [e.kind for e in timeline([_SUBMITTED], [_PLACE, *later], None)] == [
+        "submitted", "placed", "started", "resumed", "succeeded"]  # fmt: skip
+    assert [e.kind for e in timeline([_SUBMITTED], record_changes([_PENDING, _PLACED, _NEVER_STARTED]), None)] == [
+        "submitted", "failed"]  # fmt: skip

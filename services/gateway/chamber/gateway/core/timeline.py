@@ -57,8 +57,11 @@ def _preemptor(reason: str) -> str | None:
 
 
 def _from_state_change(
-    event: JobStateChanged, previous_stopping: bool, previous_nominated: bool
+    event: JobStateChanged, previous_stopping: bool, previous_nominated: bool, previous_started: float | None
 ) -> list[TimelineEntry]:
+    """What one change of the record tells. A job that started and ended within one batch of the scheduler's
+    events has no running version: its end's start time (`started_at`), new since the version before, tells its
+    start."""
     r = event.record
     out: list[TimelineEntry] = []
     if r.stopping and not previous_stopping and r.state == JobState.RUNNING:
@@ -69,13 +72,15 @@ def _from_state_change(
         out.append(TimelineEntry(at=event.at, kind="nominated", detail=r.reason, gpus=list(r.nominated)))
     if event.previous == r.state.value:
         return out
+    started: EntryKind = "resumed" if r.preemptions or r.interruptions or r.attempt > 1 else "started"
     if r.state == JobState.RUNNING:
-        kind = "resumed" if r.preemptions or r.interruptions or r.attempt > 1 else "started"
-        out.append(TimelineEntry(at=r.started_at or event.at, kind=kind, detail=r.reason, attempt=r.attempt))
+        out.append(TimelineEntry(at=r.started_at or event.at, kind=started, detail=r.reason, attempt=r.attempt))
     elif r.state == JobState.PREEMPTED:
         out.append(TimelineEntry(at=event.at, kind="preempted", detail=r.reason, attempt=r.attempt,
                                  by=_preemptor(r.reason)))  # fmt: skip
     elif r.state in (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED):
+        if r.started_at is not None and r.started_at != previous_started:
+            out.append(TimelineEntry(at=r.started_at, kind=started, detail="running", attempt=r.attempt))
         kind = r.state.value  # type: ignore[assignment]  # the three terminal states are entry kinds
         out.append(TimelineEntry(at=r.finished_at or event.at, kind=kind, detail=r.reason, attempt=r.attempt))
     return out
@@ -131,12 +136,14 @@ def timeline(
                 previous = ""  # a later attempt: the log's state says nothing about this one
             changes.append(JobStateChanged(record=stored, previous=previous, at=stored.updated_at))
     stopping = nominated = False
+    started_at: float | None = None
     seen_versions: set[int] = set()
     for change in sorted(changes, key=lambda c: c.record.version):
         if change.record.version in seen_versions:
             continue
         seen_versions.add(change.record.version)
-        entries.extend(_from_state_change(change, stopping, nominated))
+        entries.extend(_from_state_change(change, stopping, nominated, started_at))
         stopping, nominated = change.record.stopping, bool(change.record.nominated)
+        started_at = change.record.started_at
     order = {"submitted": 0}
     return sorted(entries, key=lambda x: (x.at, order.get(x.kind, 1)))
