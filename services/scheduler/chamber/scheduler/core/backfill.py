@@ -11,9 +11,9 @@ With several reservations in a cycle, each later one plans only with GPUs no ear
 two blocked gangs never wait for the same node to drain.
 """
 
-import heapq
 from collections.abc import Iterable, Sequence, Set
 from dataclasses import dataclass
+from operator import itemgetter
 
 from chamber.common.contracts import GpuRef
 from chamber.scheduler.core.capacity import CapacityCounter
@@ -34,24 +34,32 @@ Release = tuple[bool, float, int, RunningJob]
 """(end unknown, expected end, tie-break, job): the order running jobs are expected to free their GPUs in."""
 
 
+_END = itemgetter(1)
+
+
 def release_order(running: Iterable[RunningJob], now: float) -> list[Release]:
-    """Running jobs by expected end, as a heap: stopping ones now, then by estimate, unknown last (by start).
-    Computed once per cycle and shared by its reservations (each pops from a copy: a reservation usually needs
-    only the first few, so no full sort)."""
-    order: list[Release] = []
+    """Running jobs by expected end: stopping ones now, then by estimate, unknown last (by start). Computed once per
+    cycle and shared by its reservations, which read it from the front. Sorted by the end alone (a float: the sort
+    compares two such without a call), the tie-break kept by the sort's stability: ~10,000 running jobs were a
+    heap ordered by whole tuples, each comparison a few calls, and each reservation popped its own copy of it (a
+    heap's pops, the heap and the copies were a tenth of a cycle with a thousand teams)."""
+    known: list[Release] = []
+    unknown: list[Release] = []
     for i, r in enumerate(running):
         if r.stopping:
-            order.append((False, now, i, r))
+            known.append((False, now, i, r))
         elif r.est_end is not None and r.est_end > now:
-            order.append((False, r.est_end, i, r))
+            known.append((False, r.est_end, i, r))
         elif r.est_end is not None:
             # Overdue: its estimate was wrong. It has run this long; expect as long again (heavy-tailed runtimes:
             # the longer a job has run, the longer it is likely to go on), not "any moment now" forever.
-            order.append((False, now + (now - r.started_at), i, r))
+            known.append((False, now + (now - r.started_at), i, r))
         else:
-            order.append((True, r.started_at, i, r))
-    heapq.heapify(order)
-    return order
+            unknown.append((True, r.started_at, i, r))
+    known.sort(key=_END)
+    unknown.sort(key=_END)
+    known.extend(unknown)
+    return known
 
 
 def reserve(
@@ -71,9 +79,7 @@ def reserve(
         gpus = trial.allocate(job.shape)
         return None if gpus is None else Reservation(job.id, now, gpus)
     taken_nodes = {slot.rpartition("/")[0] for slot in taken}
-    heap = list(order)
-    while heap:
-        unknown, at, _, r = heapq.heappop(heap)
+    for unknown, at, _, r in order:
         spread: Iterable[tuple[str, int]] = r.spread
         gpus = r.gpus
         if eligible is not None or any(node in taken_nodes for node, _ in spread):

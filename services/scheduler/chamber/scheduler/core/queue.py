@@ -267,6 +267,12 @@ class JobQueue:
         self._order_epoch = 0
         """Counts the standings mappings `order_of` was asked with and the reservations set (`SubQueue.head_order`).
         Standings and reservations are replaced, never changed in place."""
+        self._same_class: dict[Any, Any] = {}
+        self._same_float: dict[Any, Any] = {}
+        """One object for each value of an order's class, standing and rank (those of the standings `order_of` was
+        last asked with): a tuple comparison first looks for the first element that differs, and two elements that
+        are one object are equal without a call (with a thousand teams, comparing orders of jobs alike in those
+        three, each held as an object of its own, was a third of a cycle's instructions)."""
         self.aging = aging
         self._waiting: dict[str, dict[int, int]] = {}
         """team -> GPUs a job asks for -> how many such jobs of the team wait (`smallest_by_team`)."""
@@ -401,6 +407,7 @@ class JobQueue:
         if standing is not self._order_standing:
             self._order_standing = standing
             self._order_epoch += 1
+            self._same_float.clear()
         sq = self._where.get(job.id)
         if sq is not None and sq.head is job:
             cached = sq.head_order
@@ -409,8 +416,12 @@ class JobQueue:
         else:
             sq = None
         key = order_key(job, standing, self.standing_cap, self._rank_of.get(job.id, 0.0), job.id in self.reserved)
-        if self.rank_first:
-            key = (key[0], key[2], key[1], key[3], key[4])
+        # (`Any`, not `int` and `float`: compiled, a native number is boxed anew wherever it goes into a tuple)
+        cls: Any = self._same_class.setdefault(key[0], key[0])
+        same = self._same_float
+        standing_of: Any = same.setdefault(key[1], key[1])
+        rank: Any = same.setdefault(key[2], key[2])
+        key = (cls, rank, standing_of, key[3], key[4]) if self.rank_first else (cls, standing_of, rank, key[3], key[4])
         if sq is not None:
             sq.head_order = (self._order_epoch, key)
         return key
