@@ -347,3 +347,34 @@ async def test_a_trainer_behind_a_shell_wrapper_gets_its_whole_grace(tmp_path: P
         assert checkpoint.read_text() == "checkpoint", "killed before its checkpoint was written"
     finally:
         await runner.close()
+
+
+async def test_a_stop_for_a_replica_whose_shim_pid_was_reused_signals_no_other_process(
+    tmp_path: Path, leftovers: list[int]
+) -> None:
+    """Known before (found reading `_signal`): a stop that came while a replica whose shim was gone settled sent
+    SIGTERM, then SIGKILL, to the process group of the shim's old pid, which may by then lead another group (the
+    kill path checked the shim's start time; the stop did not). Here the replica's shim pid is that of an unrelated
+    group leader started after the shim: the stop signals nothing of it."""
+    import sys
+
+    from chamber.collector.agent.replicas import ReplicaState, process_start
+    from chamber.common.contracts import StopReplicas
+
+    decoy = await asyncio.create_subprocess_exec(sys.executable, "-c", "import time; time.sleep(1000)",
+                                                 start_new_session=True)  # fmt: skip
+    leftovers.append(decoy.pid)
+    await until(lambda: process_start(decoy.pid) != "")
+    runner = NodeRunner(SystemClock(), config(tmp_path))
+    try:
+        state = ReplicaState(job_id="j1", attempt=1, replica=0, replicas=1, gpus=[0], shim_pid=decoy.pid,
+                             shim_start=str(int(process_start(decoy.pid)) - 1), started_at=1.0)  # fmt: skip
+        runner.replicas[KEY] = Replica(runner.store.directory(*KEY), state)
+        runner.stop(StopReplicas(job_id="j1", attempt=1, grace_s=0.0, reason="preempted"))  # SIGKILL at once
+        await asyncio.sleep(0.3)
+        assert alive(decoy.pid, ""), "the process that now has the shim's old pid was signalled"
+        runner.replicas.pop(KEY)
+    finally:
+        await runner.close()
+        decoy.kill()
+        await decoy.wait()

@@ -174,16 +174,22 @@ def signal_group(pgid: int, sig: int) -> None:
         os.killpg(pgid, sig)
 
 
-def kill_group(pgid: int, start: str, marker: str = "") -> None:
-    """SIGKILL what is left of the process group of a shim that is gone (`pgid` is the shim's pid), and every
-    process carrying the replica's `marker`. The group is left alone when that pid now runs another process
-    (`start` differs): the group is gone and the pid reused. While any member of the group lives, the kernel does
-    not reuse its id, so a group that is found is the shim's."""
-    if marker:
-        signal_marked(marker, signal.SIGKILL)
+def signal_shim_group(pgid: int, start: str, sig: int) -> None:
+    """`sig` to the process group of the shim `pgid` (its pid) that started at `start`. Not when that pid now runs
+    another process (`start` differs): the shim's group is gone and the pid reused, perhaps by the leader of another
+    group. While any member of the group lives, the kernel does not reuse its id, so a group that is found is the
+    shim's."""
     if pgid <= 0 or (start and process_start(pgid) not in ("", start)):
         return
-    signal_group(pgid, signal.SIGKILL)
+    signal_group(pgid, sig)
+
+
+def kill_group(pgid: int, start: str, marker: str = "") -> None:
+    """SIGKILL what is left of the process group of a shim that is gone (`pgid` is the shim's pid, see
+    `signal_shim_group`), and every process carrying the replica's `marker`."""
+    if marker:
+        signal_marked(marker, signal.SIGKILL)
+    signal_shim_group(pgid, start, signal.SIGKILL)
 
 
 def group_alive(pgid: int, start: str, marker: str = "") -> bool:

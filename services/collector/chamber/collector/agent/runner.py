@@ -42,7 +42,7 @@ from chamber.collector.agent.replicas import (
     kill_group,
     process_start,
     read_json,
-    signal_group,
+    signal_shim_group,
     spawn_shim,
     wait_exit,
 )
@@ -262,9 +262,10 @@ class NodeRunner:
         self._signal(replica, signal.SIGKILL)
 
     def _signal(self, replica: Replica, sig: int) -> None:
-        """`sig` to the shim's process group at once, and to the replica's processes outside it (see `_scans`)."""
+        """`sig` to the shim's process group at once (unless its pid now runs another process: a stop that comes
+        while a replica whose shim is gone settles), and to the replica's processes outside it (see `_scans`)."""
         pgid, marker = replica.state.shim_pid, replica.state.marker
-        signal_group(pgid, sig)
+        signal_shim_group(pgid, replica.state.shim_start, sig)
         if marker:
             self._scans.put(partial(signal_marked, marker, sig, pgid))
 
