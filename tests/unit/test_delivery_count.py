@@ -6,7 +6,7 @@ import pytest
 from nats.aio.msg import Msg
 from nats.errors import NotJSMessageError
 
-from chamber.common.bus.consumer import _deliveries, _redelivered
+from chamber.common.bus.consumer import _deliveries, _redelivered, _stream_seq
 
 TS = "1700000000000000000"
 
@@ -25,6 +25,7 @@ def test_the_count_is_nats_pys(reply: str) -> None:
     msg = Msg(None, subject="x", reply=reply)  # type: ignore[arg-type]
     assert _deliveries(msg) == msg.metadata.num_delivered
     assert _redelivered(msg) == (msg.metadata.num_delivered > 1)
+    assert _stream_seq(msg) == msg.metadata.sequence.stream
 
 
 @pytest.mark.parametrize("reply", ["", "_INBOX.abc", f"$JS.ACK.JOBS.scheduler.x.10.9.{TS}.0"])
@@ -34,6 +35,7 @@ def test_a_message_without_an_ack_subject_counts_as_delivered_once(reply: str) -
     msg = Msg(None, subject="x", reply=reply)  # type: ignore[arg-type]
     assert _deliveries(msg) == 1
     assert not _redelivered(msg)
+    assert _stream_seq(msg) == (10 if reply.startswith("$JS.ACK.") else 0)
     if not reply.startswith("$JS.ACK."):
         with pytest.raises(NotJSMessageError):
             _ = msg.metadata

@@ -37,6 +37,10 @@ if TYPE_CHECKING:
 
 log = get_logger(__name__)
 
+TELEMETRY_REMEMBERED = 2_000_000
+"""Telemetry delivered again after it was handled is not counted again (the engine counts faults against windows:
+an XID batch whose ack was lost in a NATS restart counted twice toward a quarantine), within this many stream
+sequences of the newest: 12,500 nodes a second for more than twice the 30 s ack wait (`Consumer`'s `remember`)."""
 RECONCILE_INTERVAL_S = 5.0
 TICK_S = 0.25
 """Time-driven transitions (a silent node) are noticed within this of their moment."""
@@ -76,7 +80,7 @@ class Health:
         consumers = [
             self.bus.consumer(
                 stream=TELEMETRY, durable="health", filter_subjects=[self.bus.names.subject("telemetry.>")],
-                decoder=Decoder(TelemetryWire), handler=self.on_telemetry,
+                decoder=Decoder(TelemetryWire), handler=self.on_telemetry, remember=TELEMETRY_REMEMBERED,
             ),
             self.bus.consumer(
                 stream=HEALTH, durable="health-commands", filter_subjects=[self.bus.names.subject("health.commands.>")],

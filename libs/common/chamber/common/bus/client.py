@@ -191,12 +191,14 @@ class Bus:
         ack_wait_s: float = 30.0,
         max_attempts: int = 10,
         outage: tuple[type[BaseException], ...] = (),
+        remember: int = 0,
     ) -> Consumer[Any]:
         """A durable pull consumer with explicit acks; start it with `await consumer.start()`. With
         `batch_handler`, each fetched batch is handled in one call (one ack per message after it); a batch that
         fails is retried message by message through `handler`, so a poison message is isolated. Replayed and
         redelivered events go to `recheck_handler` when given; a handler raising one of `outage` (a dependency
-        down) gets its messages redelivered until it is back, never dead-lettered (see `Consumer`)."""
+        down) gets its messages redelivered until it is back, never dead-lettered; with `remember`, a message
+        delivered again after it was handled is acked, not handled again (see `Consumer`)."""
         consumer: Consumer[Any] = Consumer(
             bus=self,
             stream=self.names.stream(stream),
@@ -210,6 +212,7 @@ class Bus:
             ack_wait_s=ack_wait_s,
             max_attempts=max_attempts,
             outage=outage,
+            remember=remember,
         )
         self._consumers.append(consumer)
         return consumer

@@ -18,7 +18,11 @@ messages that were handled and acked after the floor.
 
 Events that may have been handled before (replayed, or redelivered: delivered more than once) go to
 `recheck_handler` when one is given: a handler whose memory does not hold everything it ever handled (the
-scheduler keeps only active jobs) checks those against what is stored instead of taking them as new.
+scheduler keeps only active jobs) checks those against what is stored instead of taking them as new. A consumer
+whose handler counts what it is given (the health service counts the faults in telemetry against windows) keeps
+the stream sequences it handled instead (`remember`: those within so many of the newest, `HandledSequences`): a
+message delivered again whose ack was lost (a NATS restart, an ack wait passed while the service was busy), or
+replayed at start and then redelivered, is acked without being handled a second time.
 """
 
 import asyncio
@@ -30,6 +34,7 @@ import nats.errors
 import nats.js.errors
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
+from chamber.common.bus.handled import HandledSequences
 from chamber.common.bus.plain import Unsupported
 from chamber.common.bus.plain_puller import PlainPuller
 from chamber.common.bus.puller import Delivered, Puller
@@ -65,6 +70,7 @@ class Consumer(Generic[T]):
         ack_wait_s: float,
         max_attempts: int,
         outage: tuple[type[BaseException], ...] = (),
+        remember: int = 0,
     ) -> None:
         self.bus = bus
         self.stream = stream
@@ -84,6 +90,11 @@ class Consumer(Generic[T]):
         self.processed = 0
         self.rejected = 0
         self.replayed = 0
+        self.remember = remember
+        self._handled = HandledSequences(remember)
+        """The stream sequences handled, within `remember` of the newest (0: none kept)."""
+        self.duplicates = 0
+        """Messages delivered again after they were handled, acked without handling them again."""
 
     async def start(self) -> None:
         config = ConsumerConfig(
@@ -148,12 +159,14 @@ class Consumer(Generic[T]):
             return
         first, last = info.ack_floor.stream_seq + 1, info.delivered.stream_seq
         events: list[T] = []
+        seqs: list[int] = []
         for subject in self.filter_subjects:
             async for msg in read_stream(self.bus.js, self.stream, subject, first_seq=first, last_seq=last):
                 try:
                     events.append(self.decoder.decode(msg.data))
                 except DecodeError:
                     continue  # dead-lettered when it is redelivered
+                seqs.append(msg.metadata.sequence.stream)
         if not events:
             return
         log.info("consumer.replay_unacked", durable=self.durable, messages=len(events))
@@ -167,7 +180,28 @@ class Consumer(Generic[T]):
                     await self.handler(event)
         except Exception as exc:  # they are redelivered after the ack wait and handled then
             log.warning("consumer.replay_failed", durable=self.durable, error=repr(exc))
+        else:
+            self._remember(seqs)
         self.replayed += len(events)
+
+    def _remember(self, seqs: list[int]) -> None:
+        if self.remember:
+            for seq in seqs:
+                if seq:
+                    self._handled.add(seq)
+
+    async def _drop_handled(self, msgs: list[Delivered]) -> list[Delivered]:
+        """`msgs` without those delivered again after this consumer handled them (acked now: see `remember`)."""
+        if not len(self._handled):
+            return msgs
+        fresh: list[Delivered] = []
+        for msg in msgs:
+            if _deliveries(msg) > 1 and _stream_seq(msg) in self._handled:
+                self.duplicates += 1
+                await _settle(msg.ack())
+            else:
+                fresh.append(msg)
+        return fresh
 
     async def _run(self, puller: Puller | PlainPuller) -> None:
         while not self._stopping.is_set():
@@ -181,11 +215,16 @@ class Consumer(Generic[T]):
                 log.warning("consumer.fetch_failed", durable=self.durable, error=repr(exc))
                 await asyncio.sleep(0.5)
                 continue
-            if self.batch_handler is not None and len(msgs) > 1:
-                await self._process_batch(msgs)
-            else:
-                for msg in msgs:
-                    await self._process(msg)
+            await self._take(msgs)
+
+    async def _take(self, msgs: list[Delivered]) -> None:
+        """Handle what one fetch returned: in one batch, or one by one."""
+        msgs = await self._drop_handled(msgs)
+        if self.batch_handler is not None and len(msgs) > 1:
+            await self._process_batch(msgs)
+        else:
+            for msg in msgs:
+                await self._process(msg)
 
     async def _process_batch(self, msgs: list[Delivered]) -> None:
         decoded: list[tuple[Delivered, T]] = []
@@ -211,6 +250,7 @@ class Consumer(Generic[T]):
                 await self._handle(msg, event)
             return
         self.processed += len(decoded)
+        self._remember([_stream_seq(msg) for msg, _ in decoded] if self.remember else [])
         for msg, _ in decoded:
             await _settle(msg.ack())
 
@@ -248,6 +288,8 @@ class Consumer(Generic[T]):
                 await _settle(msg.nak(delay=min(0.2 * 2**attempts, 10.0)))
             return
         self.processed += 1
+        if self.remember:
+            self._remember([_stream_seq(msg)])
         await _settle(msg.ack())
 
     async def _wait_out(self, msgs: list[Delivered], exc: BaseException) -> None:
@@ -265,6 +307,16 @@ class Consumer(Generic[T]):
 
 def _redelivered(msg: Delivered) -> bool:
     return _deliveries(msg) > 1
+
+
+def _stream_seq(msg: Delivered) -> int:
+    """The message's stream sequence, read off its ack subject as `_deliveries` reads its deliveries (0: none)."""
+    tokens = (msg.reply or "").split(".")
+    if len(tokens) >= 9 and tokens[0] == "$JS" and tokens[1] == "ACK":
+        found = tokens[5] if len(tokens) == 9 else tokens[7]
+        if found.isdigit():
+            return int(found)
+    return 0
 
 
 def _deliveries(msg: Delivered) -> int:
