@@ -3,9 +3,11 @@
 JetStream delivers at least once: an ack lost in a NATS restart, or an ack wait that passed while the service was
 busy, brings a handled message back, and a service that counts what it is given (the health service counts faults
 against windows) would count it twice. A set of every sequence handled grows with the stream (12,500 nodes send
-12,500 messages a second, and a redelivery comes after the ack wait, 30 s); the sequences handled are nearly
-contiguous, so they are kept as ranges (one, mostly; a message that failed and waits for its redelivery splits
-one), and only those within `span` of the newest.
+12,500 messages a second, and a redelivery comes after the ack wait, 30 s); the sequences a consumer of all of a
+stream's subjects handles (the health service's, of TELEMETRY) are nearly contiguous, so they are kept as ranges
+(one, mostly; a message that failed and waits for its redelivery, or garbage, splits one), and only those within
+`span` of the newest. (A consumer of a few subjects of a busy stream would keep a range per gap: not a use for
+this.)
 """
 
 from bisect import bisect_right
