@@ -196,7 +196,8 @@ class Consumer(Generic[T]):
             return msgs
         fresh: list[Delivered] = []
         for msg in msgs:
-            if _deliveries(msg) > 1 and _stream_seq(msg) in self._handled:
+            delivered, seq = _ack_numbers(msg)
+            if delivered > 1 and seq in self._handled:
                 self.duplicates += 1
                 await _settle(msg.ack())
             else:
@@ -309,27 +310,26 @@ def _redelivered(msg: Delivered) -> bool:
     return _deliveries(msg) > 1
 
 
-def _stream_seq(msg: Delivered) -> int:
-    """The message's stream sequence, read off its ack subject as `_deliveries` reads its deliveries (0: none)."""
+def _ack_numbers(msg: Delivered) -> tuple[int, int]:
+    """(how many times the message was delivered, its stream sequence), read off its ack subject
+    (`$JS.ACK.<stream>.<consumer>.<delivered>.<stream seq>...`, or with a domain and account hash before the
+    stream): asked of every message of every batch, and nats-py's `metadata` builds a record with a timestamp for it
+    (2.5% of the scheduler's CPU in `chamber bench e2e`). (1, 0) for a reply that is no ack subject (nats-py's
+    `metadata` refuses those too)."""
     tokens = (msg.reply or "").split(".")
     if len(tokens) >= 9 and tokens[0] == "$JS" and tokens[1] == "ACK":
-        found = tokens[5] if len(tokens) == 9 else tokens[7]
-        if found.isdigit():
-            return int(found)
-    return 0
+        at = 4 if len(tokens) == 9 else 6  # v1: 9 tokens; v2: 11 or more
+        delivered, seq = tokens[at], tokens[at + 1]
+        return max(int(delivered), 1) if delivered.isdigit() else 1, int(seq) if seq.isdigit() else 0
+    return 1, 0
 
 
 def _deliveries(msg: Delivered) -> int:
-    """How many times the message was delivered, read off its ack subject (`$JS.ACK.<stream>.<consumer>.<n>...`,
-    or with a domain and account hash before the stream): asked of every message of every batch, and nats-py's
-    `metadata` builds a record with a timestamp for it (2.5% of the scheduler's CPU in `chamber bench e2e`). 1 for
-    a reply that is no ack subject (nats-py's `metadata` refuses those too)."""
-    tokens = (msg.reply or "").split(".")
-    if len(tokens) >= 9 and tokens[0] == "$JS" and tokens[1] == "ACK":
-        found = tokens[4] if len(tokens) == 9 else tokens[6]  # v1: 9 tokens; v2: 11 or more
-        if found.isdigit():
-            return max(int(found), 1)
-    return 1
+    return _ack_numbers(msg)[0]
+
+
+def _stream_seq(msg: Delivered) -> int:
+    return _ack_numbers(msg)[1]
 
 
 async def _settle(awaitable: Awaitable[None]) -> None:
