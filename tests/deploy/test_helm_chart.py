@@ -4,7 +4,7 @@ manifest validated against the Kubernetes schemas (kubernetes-validate, strict) 
 import base64
 import functools
 import json
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import helm_python
@@ -213,6 +213,7 @@ def test_variants_switch_parts_on_and_off() -> None:
         ({"schedular": {}}, "schedular"),
         ({"nats": {"auth": {"password": "p@ss/word"}}}, "password"),
         ({"valkey": {"password": "has space"}}, "password"),
+        ({"liveness": {"maxAgeSeconds": 5, "periodSeconds": 10, "failureThreshold": 3}}, "maxAgeSeconds"),
     ],
 )
 def test_values_schema_refuses_bad_values(values: dict[str, Any], complaint: str) -> None:
@@ -291,7 +292,6 @@ def test_what_a_real_cluster_needs_of_the_probes_the_agents_rollout_and_the_metr
         "ready when the webhooks answer: with failurePolicy Fail, an API /healthz that fails while Valkey or NATS "
         "is away took the webhooks down and refused every labelled Job in the cluster"
     )
-    assert gateway["livenessProbe"]["tcpSocket"] == {"port": "http"}, "alive does not depend on other services"
     agent = next(d for d in docs if d["kind"] == "DaemonSet")
     assert agent["spec"]["updateStrategy"]["rollingUpdate"] == {"maxSurge": "10%", "maxUnavailable": 0}
     assert agent["spec"]["minReadySeconds"] >= 15, "the new agent reports before the old one stops"
@@ -299,7 +299,25 @@ def test_what_a_real_cluster_needs_of_the_probes_the_agents_rollout_and_the_metr
     gke = next(d for d in render({"nodeAgent": {"priorityClassName": ""}}) if d["kind"] == "DaemonSet")
     assert "priorityClassName" not in gke["spec"]["template"]["spec"]
     others = [c for n, c in containers.items() if n.startswith("Deployment/") and "gateway" not in n]
-    assert all(c.get("readinessProbe") == c.get("livenessProbe") for c in others)
+    assert all("readinessProbe" not in c for c in others), "no traffic goes to them: there is nothing to be ready for"
+
+
+def test_every_chamber_container_is_restarted_when_its_event_loop_is_stuck() -> None:
+    """A service whose loop stopped turning (a hung NVML call in the node agent, a deadlock) does nothing while its
+    process lives on: each Chamber container touches a file from its loop, and its liveness probe (the probe's own
+    module, as the kubelet runs it) fails once the file is older than maxAgeSeconds. Found missing by review: only
+    the gateway had a liveness probe, a TCP connect, which the kernel accepts while the loop is stuck."""
+    docs = render({"liveness": {"maxAgeSeconds": 45, "periodSeconds": 15, "failureThreshold": 4}})
+    chamber = {n: c for n, c in _containers(docs).items() if "nats" not in n and "valkey" not in n}
+    assert len(chamber) == 6, "five services (the scheduler and its standby are one Deployment) and the node agent"
+    for name, container in chamber.items():
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        probe = container["livenessProbe"]
+        assert probe["exec"]["command"] == ["python", "-m", "chamber.common.alive", env["CHAMBER_ALIVE_FILE"], "45"]
+        assert (probe["periodSeconds"], probe["failureThreshold"]) == (15, 4), name
+        mounts = {m["mountPath"] for m in container["volumeMounts"]}
+        assert str(PurePosixPath(env["CHAMBER_ALIVE_FILE"]).parent) in mounts, "writable under a read-only root"
+        assert container["securityContext"]["readOnlyRootFilesystem"] is True, name
 
 
 def test_a_configuration_change_restarts_what_reads_it_and_no_pod_carries_a_password_hash() -> None:

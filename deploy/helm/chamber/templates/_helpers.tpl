@@ -59,6 +59,21 @@ checksum/config: {{ toJson (list .Values.health.rules .Values.quota.config) | sh
 {{- define "chamber.webhookSecret" -}}{{ include "chamber.fullname" . }}-webhook-tls{{- end -}}
 
 {{/* The environment every Chamber container shares: where the bus and the ledger are, and how to log. */}}
+{{/* A container's liveness, judged by the file its event loop touches (chamber.common.alive): the env that turns
+the touching on, and the probe. */}}
+{{- define "chamber.aliveEnv" -}}
+- name: CHAMBER_ALIVE_FILE
+  value: /tmp/chamber-alive
+{{- end -}}
+
+{{- define "chamber.liveness" -}}
+exec:
+  command: ["python", "-m", "chamber.common.alive", "/tmp/chamber-alive", {{ .Values.liveness.maxAgeSeconds | quote }}]
+periodSeconds: {{ .Values.liveness.periodSeconds }}
+timeoutSeconds: 5
+failureThreshold: {{ .Values.liveness.failureThreshold }}
+{{- end -}}
+
 {{- define "chamber.env" -}}
 {{ include "chamber.busEnv" . }}
 {{ include "chamber.ledgerEnv" . }}
@@ -131,8 +146,8 @@ user workloads, that could write the ledger could double-book GPUs: found by rev
   value: {{ .Values.kubernetes.costPerGpuHour | quote }}
 {{- end -}}
 
-{{/* A Chamber service's pod spec. Arguments: root, component, env (extra), volumes, mounts, ports, and probe (both
-probes) or readiness and liveness. */}}
+{{/* A Chamber service's pod spec. Arguments: root, component, env (extra), volumes, mounts, ports, and readiness (the
+liveness probe is every service's: chamber.liveness). */}}
 {{- define "chamber.podSpec" -}}
 serviceAccountName: {{ include "chamber.fullname" .root }}-{{ .component }}
 automountServiceAccountToken: {{ .kube | default false }}
@@ -147,6 +162,7 @@ containers:
     args: ["service", {{ .service | default .component | quote }}]
     env:
       {{- include "chamber.env" .root | nindent 6 }}
+      {{- include "chamber.aliveEnv" .root | nindent 6 }}
       {{- if .kube }}
       {{- include "chamber.kubeEnv" .root | nindent 6 }}
       {{- end }}
@@ -156,12 +172,10 @@ containers:
     {{- with .ports }}
     ports: {{ toYaml . | nindent 6 }}
     {{- end }}
-    {{- with (.readiness | default .probe) }}
+    {{- with .readiness }}
     readinessProbe: {{ toYaml . | nindent 6 }}
     {{- end }}
-    {{- with (.liveness | default .probe) }}
-    livenessProbe: {{ toYaml . | nindent 6 }}
-    {{- end }}
+    livenessProbe: {{ include "chamber.liveness" .root | nindent 6 }}
     resources: {{ toYaml .resources | nindent 6 }}
     securityContext: {{ toYaml .root.Values.securityContext | nindent 6 }}
     volumeMounts:

@@ -5,8 +5,10 @@ import gc
 import signal
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+from chamber.common.alive import beat
 from chamber.common.bus import Bus
 from chamber.common.clock import Clock, SystemClock
 from chamber.common.ledger import Ledger
@@ -51,18 +53,27 @@ def run_service(service: str, main: ServiceMain, settings: Settings) -> None:
     setup_logging(settings.log_level, settings.log_format, service)
     setup_tracing(service, settings.otel_exporter)
     _tune_gc()
-
-    async def runner() -> None:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
-        log.info("service.starting", namespace=settings.namespace)
-        await main(make_context(settings, service), stop)
-        log.info("service.stopped")
-
     with asyncio.Runner(loop_factory=loop_factory()) as loop_runner:
-        loop_runner.run(runner())
+        loop_runner.run(serve(service, main, settings))
+
+
+async def serve(service: str, main: ServiceMain, settings: Settings) -> None:
+    """`main` on this loop, stopped by SIGINT or SIGTERM, its liveness file (`CHAMBER_ALIVE_FILE`) touched while it
+    runs (`chamber.common.alive`)."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    log.info("service.starting", namespace=settings.namespace)
+    heartbeat = asyncio.create_task(beat(Path(settings.alive_file))) if settings.alive_file else None
+    try:
+        await main(make_context(settings, service), stop)
+    finally:
+        if heartbeat is not None:
+            heartbeat.cancel()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+    log.info("service.stopped")
 
 
 GC_THRESHOLDS = (20_000, 20, 10)

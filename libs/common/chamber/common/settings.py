@@ -60,6 +60,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     false: Kueue's classic rule (reclaim only within the guarantee)."""
     launch_timeout_s: Annotated[float, msgspec.Meta(gt=0)] = 300.0
     """A placed job that has not started within this long is requeued (its GPUs released)."""
+    alive_file: str = ""
+    """A file the service's event loop touches every few seconds (`chamber.common.alive`), read by the Helm
+    chart's liveness probes; empty: none."""
     log_level: str = "INFO"
     log_format: str = "console"
     otel_exporter: str = ""
