@@ -72,6 +72,35 @@ async def test_one_service_in_back_off_does_not_delay_restarting_another() -> No
     assert starts == crasher.starts, "the crasher was still waiting out its back-off"
 
 
+GETS_STUCK = """
+import asyncio, os, time
+from pathlib import Path
+from chamber.common.alive import beat
+
+async def main():
+    asyncio.create_task(beat(Path(os.environ["CHAMBER_ALIVE_FILE"]), 0.05))
+    await asyncio.sleep(0.3)
+    time.sleep(3600)  # the event loop stuck in a call, as in a hung NVML call
+
+asyncio.run(main())
+"""
+
+
+async def test_a_service_whose_event_loop_is_stuck_is_killed_and_restarted_and_one_never_watched_is_left() -> None:
+    out = Lines()
+    supervisor = Supervisor(
+        [spec("stuck", GETS_STUCK), spec("steady", STEADY)], out=out, log_sink=lambda b: None, stuck_after_s=1.0
+    )
+    run = asyncio.create_task(supervisor.run())
+    stuck, steady = supervisor.children
+    await eventually(lambda: stuck.starts >= 2, within=15, what="the stuck service killed and started again")
+    assert steady.starts == 1, "a process that never touched its liveness file is not judged"
+    supervisor.stopping.set()
+    assert await run == 0
+    assert "chamber: stuck is stuck (its event loop has not turned for" in out.text()
+    assert "chamber: stuck was killed by SIGKILL" in out.text()
+
+
 async def test_a_signal_during_a_back_off_stops_everything_at_once() -> None:
     out = Lines()
     supervisor = Supervisor([spec("crasher", KILLS_ITSELF), spec("steady", STEADY)], out=out, log_sink=lambda b: None)

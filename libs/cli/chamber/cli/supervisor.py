@@ -7,6 +7,9 @@
 - A service that exits within `FAST_EXIT_S` of its start fails fast; the back-off doubles with each fast failure
   in a row (a kill by a signal included), and after `GIVE_UP_AFTER` fast failures in a row with an error status
   (not a kill: a bad file, a bad setting) the supervisor gives up, prints the service's last lines and stops.
+- A service whose event loop stops turning is killed and so restarted: each touches a file of its own every few
+  seconds (`CHAMBER_ALIVE_FILE`, `chamber.common.alive`, as the Helm chart's liveness probes read it), and one
+  not touched for `STUCK_AFTER_S` is stuck (a process that never touched its file is not judged).
 - Embedded nats-server and valkey-server that die are restarted on the same port with the same data.
 - SIGINT and SIGTERM are handled at every moment (start-up, back-off, readiness wait): the first stops
   everything gracefully, a second one kills what is left at once.
@@ -16,15 +19,18 @@ import asyncio
 import collections
 import contextlib
 import os
+import shutil
 import signal
 import sys
 import time
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
-from chamber.cli.infra import EmbeddedServer, Infra, InfraError
+from chamber.cli.infra import EmbeddedServer, Infra, InfraError, make_tmpdir
 from chamber.cli.lifeline import wrap
+from chamber.common.alive import age_s
 
 SERVICES = ("collector", "scheduler", "health", "quota", "gateway")
 FAST_EXIT_S = 5.0
@@ -36,6 +42,9 @@ MAX_BACKOFF_S = 8.0
 STOP_GRACE_S = 15.0
 READY_TIMEOUT_S = 30.0
 LOG_TAIL_LINES = 20
+STUCK_AFTER_S = 60.0
+"""A service whose liveness file is older than this is killed (and restarted); the chart's probe allows ~60 s too."""
+ALIVE_CHECK_S = 5.0
 
 Out = Callable[[str], None]
 
@@ -104,6 +113,7 @@ class Supervisor:
         out: Out = print,
         log_sink: Callable[[bytes], None] | None = None,
         secrets: list[str] | None = None,
+        stuck_after_s: float = STUCK_AFTER_S,
     ) -> None:
         self.children = [Child(spec) for spec in specs]
         self.servers = servers or []
@@ -114,9 +124,12 @@ class Supervisor:
         self.log_sink = log_sink or _write_stderr
         self.secrets = [secret for secret in secrets or [] if secret]
         """Passwords the services were given: replaced by *** in everything they print."""
+        self.stuck_after_s = stuck_after_s
         self.stopping = asyncio.Event()
         self.failure: str | None = None
         self._signals = 0
+        self._alive_dir: Path | None = None
+        """Where each service's liveness file is (`make_tmpdir`: a killed supervisor's is swept by the next run)."""
 
     # ---- the whole -----------------------------------------------------------------------------------------
 
@@ -125,6 +138,7 @@ class Supervisor:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, self._on_signal)
+        self._alive_dir = Path(make_tmpdir())
         tasks = [asyncio.create_task(self._keep(child), name=child.spec.name) for child in self.children]
         tasks += [asyncio.create_task(self._keep_server(s), name=s.kind) for s in self.servers]
         if self.ready_url:
@@ -142,6 +156,7 @@ class Supervisor:
                     await child.proc.wait()
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.remove_signal_handler(sig)
+            shutil.rmtree(self._alive_dir, ignore_errors=True)
         if self.failure:
             self.out(self.failure)
             return 1
@@ -202,9 +217,12 @@ class Supervisor:
                 return
 
     async def _run_once(self, child: Child) -> int:
+        assert self._alive_dir is not None
+        alive_file = self._alive_dir / f"{child.spec.name}.alive"
+        alive_file.unlink(missing_ok=True)  # (the last run's: a new process is judged once it touched its own)
         proc = await asyncio.create_subprocess_exec(
             *wrap(child.spec.argv),
-            env=child.spec.env,
+            env={**child.spec.env, "CHAMBER_ALIVE_FILE": str(alive_file)},
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,
@@ -215,10 +233,26 @@ class Supervisor:
         child.tail.clear()
         assert proc.stdout is not None
         pump = asyncio.create_task(self._pump(child, proc.stdout))
-        code = await proc.wait()
+        watch = asyncio.create_task(self._watch(child, proc, alive_file))
+        try:
+            code = await proc.wait()
+        finally:
+            watch.cancel()
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(pump, timeout=2)  # the last lines, written just before exiting
         return code
+
+    async def _watch(self, child: Child, proc: asyncio.subprocess.Process, alive_file: Path) -> None:
+        """Kill the service once its event loop has not turned for `stuck_after_s` (`_keep` restarts it)."""
+        while proc.returncode is None:
+            await asyncio.sleep(min(ALIVE_CHECK_S, self.stuck_after_s / 4))
+            age = age_s(alive_file)
+            if age is not None and age > self.stuck_after_s and proc.returncode is None and not self.stopping.is_set():
+                self.out(f"chamber: {child.spec.name} is stuck (its event loop has not turned for {age:.0f} s); "
+                         "killing it")  # fmt: skip
+                with contextlib.suppress(ProcessLookupError):
+                    proc.kill()
+                return
 
     async def _pump(self, child: Child, stream: asyncio.StreamReader) -> None:
         """Pass the service's output through line by line, without secrets, keeping its last lines."""
