@@ -1,6 +1,7 @@
 """Fleet metrics and rollups from samples, allocation, health and prices (definitions in docs/metrics.md)."""
 
 import itertools
+import math
 from collections.abc import Sequence
 
 import msgspec
@@ -42,12 +43,43 @@ def batch(node: str, utils: list[float], at: float = 100.0, power: list[float] |
         (GpuSample(index=0, uuid="x", gpu_util=80.0, power_w=500, power_limit_w=700), 0.8),
         (GpuSample(index=0, uuid="x", gpu_util=80.0, power_w=50, power_limit_w=700), 0.0),
         (GpuSample(index=0, uuid="x", gpu_util=80.0, sm_activity=0.3), 0.3),
-        (GpuSample(index=0, uuid="x"), 0.0),
+        (GpuSample(index=0, uuid="x", power_w=50, power_limit_w=700), 0.0),
+        (GpuSample(index=0, uuid="x"), math.nan),
+        (GpuSample(index=0, uuid="x", power_w=500, power_limit_w=700), math.nan),
     ],
-    ids=["busy", "under-10%-power-is-idle", "sm-activity-preferred", "nothing-known"],
+    ids=[
+        "busy",
+        "under-10%-power-is-idle",
+        "sm-activity-preferred",
+        "idle-power-alone",
+        "nothing-known",
+        "busy-power-alone-tells-no-share",
+    ],
 )
 def test_activity(sample: GpuSample, expected: float) -> None:
-    assert activity(sample) == pytest.approx(expected)
+    assert activity(sample) == pytest.approx(expected, nan_ok=True)
+
+
+def test_a_gpu_a_job_holds_whose_activity_is_unknown_is_never_counted_idle() -> None:
+    """Found by review: a GPU whose source tells no activity (no utilization counters: some virtual GPUs, MIG
+    parents) counted as activity 0, so its job was reported as wasting it (allocated-idle hours, idle cost)."""
+    m = fleet({"n1": ("h100", 4)})
+    silent = [GpuSample(index=i, uuid=f"n1-{i}") for i in range(2)]
+    busy = [GpuSample(index=2 + i, uuid=f"n1-{2 + i}", gpu_util=80.0) for i in range(2)]
+    m.on_record(holding("opaque", "lab", ("n1", 0)))
+    m.on_record(holding("known", "lab", ("n1", 2), ("n1", 3)))
+    for t in range(0, 601, 60):
+        m.ingest(NodeTelemetry(node="n1", sampled_at=float(t), interval_s=60.0, gpus=silent + busy))
+        snap = m.snapshot(float(t))
+    assert snap.gpus_healthy == 4
+    assert snap.gpus_activity_unknown == 1, "n1/0: held, nothing known; n1/1: held by nobody, so idle"
+    assert snap.idle_ratio == pytest.approx(1 / 4), "only the unallocated GPU is idle"
+    assert snap.idle_cost_per_hour == pytest.approx(PRICES["h100"].cost_per_gpu_hour)
+    known = (0.0 + 0.8 + 0.8) / 3
+    assert snap.utilization == pytest.approx(known, abs=1e-4), "over the three GPUs whose activity is known"
+    assert snap.efficiency_score == pytest.approx(100 * 1.6 / 3, abs=0.01)
+    assert snap.allocated_idle_gpu_hours_by_team == {}
+    assert snap.allocated_idle_gpu_hours_by_job == {}
 
 
 def fleet(inventory: dict[str, tuple[str, int]]) -> FleetMetrics:
@@ -194,13 +226,43 @@ def test_rollups_average_each_bucket() -> None:
     r = Rollups()
     closed = []
     for t in range(0, 180, 10):
-        closed += r.add(float(t), {"utilization": 1.0 if t < 60 else 0.0})
+        closed += r.add(float(t), {"utilization": 1.0 if t < 60 else 0.0, "gpus_healthy": 8})
     minute = [p for p in closed if p.resolution == "1m"]
     assert [p.start for p in minute] == [0.0, 60.0]
     assert minute[0].values["utilization"] == 1.0
     assert minute[1].values["utilization"] == 0.0
     series = r.series("utilization", "1m", since=0)
     assert len(series) == 3, "two finished minutes and the open one"
+
+
+def test_a_rollup_of_a_ratio_is_the_ratio_of_the_gpu_time_not_the_mean_of_the_ratios() -> None:
+    """Found by review: a bucket's idle_ratio was the mean of its snapshots' ratios, so a minute with the fleet half
+    cordoned counted as much as one with all of it (docs/metrics.md: idle GPU-time over healthy GPU-time)."""
+    r = Rollups()
+    whole = {
+        "idle_ratio": 0.5,
+        "allocation_ratio": 0.5,
+        "utilization": 0.5,
+        "efficiency_score": 50.0,
+        "gpus_healthy": 1000,
+        "gpus_activity_unknown": 0,
+        "queue_depth": 10,
+    }
+    half = {"idle_ratio": 1.0, "allocation_ratio": 0.0, "utilization": 0.1, "efficiency_score": 0.0,
+            "gpus_healthy": 500, "gpus_activity_unknown": 100, "queue_depth": 30}  # fmt: skip
+    r.add(0.0, whole)
+    r.add(30.0, half)
+    (point,) = [p for p in r.add(60.0, whole) if p.resolution == "1m"]
+    assert point.values["idle_ratio"] == pytest.approx((500 + 500) / 1500)
+    assert point.values["allocation_ratio"] == pytest.approx(500 / 1500)
+    assert point.values["utilization"] == pytest.approx((0.5 * 1000 + 0.1 * 400) / 1400)
+    assert point.values["efficiency_score"] == pytest.approx(50.0 * 1000 / 1400)
+    assert point.values["queue_depth"] == 20.0, "a count is the plain mean"
+    assert point.values["gpus_healthy"] == 750.0
+    assert r.series("idle_ratio", "1m", since=60.0) == [(60.0, 0.5)], "the open bucket, weighted alike"
+    empty = Rollups()
+    empty.add(0.0, {"idle_ratio": 0.0, "gpus_healthy": 0})
+    assert empty.series("idle_ratio", "1m", since=0.0) == [(0.0, 0.0)], "no healthy GPU: 0, not a division by 0"
 
 
 def test_the_grafana_dashboard_only_uses_metrics_we_export() -> None:
@@ -246,7 +308,7 @@ def test_activities_of_many_samples_match_activity_of_each() -> None:
     ]
     got = activities(*(column([getattr(s, f) for s in grid]) for f in
                        ("usage", "power_w", "power_limit_w", "sm_activity", "gpu_util")))  # fmt: skip
-    assert got.tolist() == pytest.approx([activity(s) for s in grid])
+    assert got.tolist() == pytest.approx([activity(s) for s in grid], nan_ok=True)
 
 
 def test_columns_rows_and_full_batches_ingest_alike() -> None:

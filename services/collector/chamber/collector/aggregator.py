@@ -134,7 +134,7 @@ class Aggregator:
         fleet = self.metrics.snapshot(now)
         reported_at, reported_gpus = self.metrics.take_reported()
         self.latest = fleet
-        closed = self.rollups.add(now, {k: getattr(fleet, k) for k in METRICS})
+        closed = self.rollups.add(now, {k: getattr(fleet, k) for k in (*METRICS, "gpus_activity_unknown")})
         self.snapshot_ms.append((time.perf_counter() - started) * 1000)
         self.snapshot_cpu_ms.append((time.thread_time() - started_cpu) * 1000)
         try:

@@ -25,6 +25,9 @@ class FleetSnapshot(Event, frozen=True):
     spend_per_hour_by_cloud: dict[str, float]
     allocated_idle_gpu_hours_by_team: dict[str, float]
     allocated_idle_gpu_hours_by_job: dict[str, float]
+    gpus_activity_unknown: int = 0
+    """Healthy GPUs held by a job whose source tells no activity (no usage, SM activity or utilization, nor idle
+    power): left out of `utilization` and `efficiency_score`, and never counted idle."""
 
 
 class RollupPoint(Event, frozen=True):

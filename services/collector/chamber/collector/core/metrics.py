@@ -12,6 +12,7 @@ Built for 100,000 GPUs reporting every second, with a snapshot four times a seco
 Pure: the time comes in as an argument.
 """
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Protocol
@@ -60,7 +61,8 @@ class ActivityFields(Protocol):
 
 def activity(sample: ActivityFields) -> float:
     """0..1: how busy the GPU is (its GPM usage when the node agent offers it, which already counts idle power as
-    0; else SM activity, else utilization), 0 when it draws idle power."""
+    0; else SM activity, else utilization), 0 when it draws idle power; NaN when the sample tells none of these
+    (a source without utilization counters: such a GPU is not taken for idle, see `FleetMetrics.snapshot`)."""
     if sample.usage is not None:
         return max(0.0, min(1.0, sample.usage / 100))
     power, limit = sample.power_w, sample.power_limit_w
@@ -70,7 +72,7 @@ def activity(sample: ActivityFields) -> float:
         return max(0.0, min(1.0, sample.sm_activity))
     if sample.gpu_util is not None:
         return max(0.0, min(1.0, sample.gpu_util / 100))
-    return 0.0
+    return math.nan
 
 
 Column = npt.NDArray[np.float64]
@@ -84,7 +86,7 @@ def column(values: list[float | None]) -> Column:
 def activities(usage: Column, power: Column, limit: Column, sm: Column, util: Column) -> Column:
     """`activity` of many samples at once, from their fields as columns (NaN where a sample has none)."""
     with np.errstate(invalid="ignore"):
-        act = np.where(np.isnan(util), 0.0, np.clip(util / 100, 0.0, 1.0))
+        act = np.clip(util / 100, 0.0, 1.0)  # (NaN stays NaN: nothing known)
         act = np.where(np.isnan(sm), act, np.clip(sm, 0.0, 1.0))
         act = np.where((limit != 0) & (power < IDLE_POWER_SHARE * limit), 0.0, act)
         return np.where(np.isnan(usage), act, np.clip(usage / 100, 0.0, 1.0))
@@ -307,8 +309,14 @@ class FleetMetrics:
         pool = ints(cols.pool)
         pool = np.where(pool == NONE, n_pools, pool)  # GPUs of no known pool: an extra pool at price 0
         allocated = healthy & (job != NONE)
+        # A GPU whose source tells no activity (NaN) is never taken for idle while a job holds it (it may be busy:
+        # counting it idle would report its job as wasting GPUs), and an unallocated one counts as 0 (nobody's work
+        # is on it); utilization and efficiency are over the GPUs whose activity is known so.
+        act = np.where(np.isnan(act) & (job == NONE), 0.0, act)
+        known = healthy & ~np.isnan(act)
         idle = healthy & ((job == NONE) | (act == 0.0))
         n_healthy = int(healthy.sum())
+        n_known = int(known.sum())
         n_allocated = int(allocated.sum())
         cost = np.array([p.cost_per_gpu_hour for p in self.prices] + [0.0])
         cloud_of = np.array([self.clouds.id(p.cloud) for p in self.prices] + [self.clouds.id("local")], dtype=np.int32)
@@ -317,13 +325,13 @@ class FleetMetrics:
         spend_cloud, cloud_n = _by(cloud_of[pool[allocated]], cost[pool[allocated]], len(self.clouds), weighted=True)
         if dt:
             self._integrate_idle(allocated & idle, job, dt)
-        busy = float(act[healthy].sum())
-        useful = float(act[allocated].sum())
+        busy = float(act[known].sum())
+        useful = float(act[allocated & known].sum())
         return FleetSnapshot(
             at=now, gpus_total=int(inventory.sum()), gpus_healthy=n_healthy, gpus_allocated=n_allocated,
-            gpus_reporting=int(reporting.sum()), utilization=_ratio(busy, n_healthy),
-            allocation_ratio=_ratio(n_allocated, n_healthy), idle_ratio=_ratio(int(idle.sum()), n_healthy),
-            efficiency_score=round(100 * _ratio(useful, n_healthy), 2),
+            gpus_reporting=int(reporting.sum()), gpus_activity_unknown=n_healthy - n_known,
+            utilization=_ratio(busy, n_known), allocation_ratio=_ratio(n_allocated, n_healthy),
+            idle_ratio=_ratio(int(idle.sum()), n_healthy), efficiency_score=round(100 * _ratio(useful, n_known), 2),
             idle_cost_per_hour=round(float(idle_spend.sum()), 4), spend_per_hour=round(float(spend.sum()), 4),
             queue_depth=len(self.waiting), queue_by_team={t: n for t, n in self.queue_by_team.items() if n},
             queue_by_priority={p: n for p, n in self.queue_by_priority.items() if n},

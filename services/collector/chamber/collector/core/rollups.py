@@ -1,11 +1,15 @@
 """Rollups for the dashboard and `GET /v1/fleet/history`: 1-minute, 1-hour and 1-day averages.
 
 Each resolution keeps a bounded ring of finished buckets (1 min for a day, 1 h for 30 days, 1 day for a year)
-and the bucket being filled; a point is the mean of the snapshots that fell into its bucket.
+and the bucket being filled. A point is the mean of the snapshots that fell into its bucket, except for the
+ratios of GPUs, which are weighted by the GPUs they are ratios of: a bucket's `idle_ratio` is its idle GPU-time
+over its healthy GPU-time (docs/metrics.md), not the mean of the snapshots' ratios, which would count a snapshot
+of a fleet half cordoned as much as one of the whole fleet.
 """
 
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 
 from chamber.common.contracts import RollupPoint
 from chamber.common.metrics_names import METRICS
@@ -13,38 +17,78 @@ from chamber.common.metrics_names import METRICS
 RESOLUTIONS: dict[str, tuple[float, int]] = {"1m": (60.0, 1440), "1h": (3600.0, 720), "1d": (86400.0, 400)}
 
 
+def _healthy(values: Mapping[str, float]) -> float:
+    return float(values.get("gpus_healthy", 0.0))
+
+
+def _known(values: Mapping[str, float]) -> float:
+    return _healthy(values) - float(values.get("gpus_activity_unknown", 0.0))
+
+
+WEIGHTS: dict[str, Callable[[Mapping[str, float]], float]] = {
+    "utilization": _known,
+    "efficiency_score": _known,
+    "allocation_ratio": _healthy,
+    "idle_ratio": _healthy,
+}
+"""A ratio metric -> the GPUs of a snapshot it is a ratio of (its weight in a bucket)."""
+
+
+@dataclass
+class _Bucket:
+    start: float
+    sums: dict[str, float] = field(default_factory=lambda: dict.fromkeys(METRICS, 0.0))
+    weights: dict[str, float] = field(default_factory=lambda: dict.fromkeys(WEIGHTS, 0.0))
+    samples: int = 0
+
+    def add(self, values: Mapping[str, float]) -> None:
+        for k in METRICS:
+            value = float(values.get(k, 0.0))
+            weigh = WEIGHTS.get(k)
+            if weigh is None:
+                self.sums[k] += value
+            else:
+                weight = weigh(values)
+                self.sums[k] += value * weight
+                self.weights[k] += weight
+        self.samples += 1
+
+    def value(self, metric: str) -> float:
+        if metric in WEIGHTS:
+            weight = self.weights[metric]
+            return self.sums[metric] / weight if weight else 0.0
+        return self.sums[metric] / self.samples
+
+    def point(self, resolution: str) -> RollupPoint:
+        values = {k: self.value(k) for k in METRICS}
+        return RollupPoint(resolution=resolution, start=self.start, values=values, samples=self.samples)
+
+
 class Rollups:
     def __init__(self) -> None:
         self.done: dict[str, deque[RollupPoint]] = {r: deque(maxlen=keep) for r, (_, keep) in RESOLUTIONS.items()}
-        self._open: dict[str, tuple[float, dict[str, float], int]] = {}
+        self._open: dict[str, _Bucket] = {}
 
     def add(self, at: float, values: Mapping[str, float]) -> list[RollupPoint]:
-        """Fold in one snapshot; returns the points that this snapshot closed."""
+        """Fold in one snapshot's `METRICS` (with `gpus_activity_unknown`, which weighs the activity ratios);
+        returns the points that this snapshot closed."""
         closed = []
         for res, (width, _) in RESOLUTIONS.items():
             start = at - at % width
             current = self._open.get(res)
-            if current is not None and current[0] != start:
-                point = self._close(res, current)
+            if current is not None and current.start != start:
+                point = current.point(res)
                 self.done[res].append(point)
                 closed.append(point)
                 current = None
             if current is None:
-                current = (start, dict.fromkeys(METRICS, 0.0), 0)
-            s, sums, n = current
-            for k in METRICS:
-                sums[k] += float(values.get(k, 0.0))
-            self._open[res] = (s, sums, n + 1)
+                current = self._open[res] = _Bucket(start)
+            current.add(values)
         return closed
-
-    @staticmethod
-    def _close(res: str, current: tuple[float, dict[str, float], int]) -> RollupPoint:
-        start, sums, n = current
-        return RollupPoint(resolution=res, start=start, values={k: v / n for k, v in sums.items()}, samples=n)
 
     def series(self, metric: str, resolution: str, since: float) -> list[tuple[float, float]]:
         points = [(p.start, p.values[metric]) for p in self.done[resolution] if p.start >= since]
         current = self._open.get(resolution)
-        if current is not None and current[2] and current[0] >= since:
-            points.append((current[0], current[1][metric] / current[2]))
+        if current is not None and current.samples and current.start >= since:
+            points.append((current.start, current.value(metric)))
         return points
