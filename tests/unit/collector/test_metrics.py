@@ -14,6 +14,7 @@ from chamber.collector.core.rollups import Rollups
 from chamber.collector.core.slots import floats
 from chamber.common.codec import encode
 from chamber.common.contracts import (
+    FleetSnapshot,
     GpuSample,
     JobRecord,
     JobState,
@@ -298,6 +299,33 @@ def test_gpu_usage_and_unallocated_processes_are_exported_per_gpu() -> None:
     assert activity(rogue) == pytest.approx(0.7125), "fleet activity follows the GPU's usage"
 
 
+def test_a_node_that_stopped_reporting_leaves_the_metrics_endpoint() -> None:
+    """Found by review: a node's last batch was exported for ever after it stopped reporting (removed, its agent
+    gone), with its last utilization and power, while the fleet figures had long left it out."""
+    from chamber.collector.prometheus import ChamberCollector
+
+    metrics = fleet({"n1": ("h100", 1), "n2": ("h100", 1)})
+    snap: list[FleetSnapshot] = []
+    scrape = ChamberCollector(metrics, lambda node, index: "H100", lambda: snap[-1] if snap else None)
+
+    def exported() -> set[str]:
+        families = {f.name: f for f in scrape.collect()}
+        return {s.labels["Hostname"] for s in families["DCGM_FI_DEV_GPU_UTIL"].samples}
+
+    metrics.ingest(batch("n1", [50.0], at=100.0))
+    metrics.ingest(batch("n2", [70.0], at=100.0))
+    assert exported() == {"n1", "n2"}, "before the first snapshot: all"
+    snap.append(metrics.snapshot(101.0))
+    assert exported() == {"n1", "n2"}
+    metrics.ingest(batch("n1", [50.0], at=103.0))
+    snap.append(metrics.snapshot(103.5))
+    assert snap[-1].gpus_reporting == 1
+    assert exported() == {"n1"}, "n2 is stale after three intervals, as in the fleet figures"
+    metrics.ingest(batch("n2", [70.0], at=104.0))
+    snap.append(metrics.snapshot(104.0))
+    assert exported() == {"n1", "n2"}, "back once it reports again"
+
+
 def test_activities_of_many_samples_match_activity_of_each() -> None:
     values = [None, 0.0, 5.0, 50.0, 120.0, -3.0]
     grid = [
@@ -347,7 +375,6 @@ def test_a_column_absent_on_every_gpu_counts_as_none() -> None:
 def test_every_fleet_figure_the_docs_define_is_exported() -> None:
     """Found by review: `gpus_reporting`, defined in docs/metrics.md and in the fleet snapshot, was not exported."""
     from chamber.collector.prometheus import FLEET_GAUGES
-    from chamber.common.contracts import FleetSnapshot
 
     exported = {f for f, _ in FLEET_GAUGES}
     numbers = {name for name, kind in FleetSnapshot.__annotations__.items() if kind in (int, float, "int", "float")}

@@ -86,7 +86,9 @@ class ChamberCollector(Collector):
         self.latest = latest
 
     def _batches(self) -> Iterator[NodeTelemetry]:
-        for kept in list(self.metrics.latest):
+        """Each node's latest batch, of the nodes still reporting as of the latest fleet snapshot."""
+        snap = self.latest()
+        for kept in self.metrics.fresh_batches(snap.at if snap is not None else None):
             if isinstance(kept, NodeTelemetry):
                 yield kept
             elif isinstance(kept, bytes):

@@ -122,6 +122,8 @@ class FleetMetrics:
         self.queue_by_priority: dict[str, int] = {}
         self.latest: list[NodeTelemetry | bytes | None] = []
         """Per node id: its latest batch, as it came (bytes are decoded only when `/metrics` is scraped)."""
+        self.latest_at: list[float] = []
+        """Per node id: when its latest batch was sampled."""
         self.inventory_slots: dict[str, list[int]] = {}
         self.cordoned: list[int] = []
         self.reported_at: list[float] = []
@@ -197,8 +199,10 @@ class FleetMetrics:
             ats.append(at)
             counts.append(n)
             interval[nid] = batch.interval_s
-            if nid >= len(latest):
+            if nid >= len(latest):  # (times first: a scrape, in the HTTP server's thread, reads both)
+                self.latest_at.extend([0.0] * (nid + 1 - len(self.latest_at)))
                 latest.extend([None] * (nid + 1 - len(latest)))
+            self.latest_at[nid] = at
             latest[nid] = raw if raw is not None else batch if isinstance(batch, NodeTelemetry) else None
             self.samples += n
         self.reported_at += ats
@@ -208,6 +212,17 @@ class FleetMetrics:
             act = activities(column(usage), column(power), column(limit), column(sm), column(util))
             floats(table.cols.activity)[slots_at] = act
             floats(table.cols.seen_at)[slots_at] = np.repeat(np.array(ats), counts)
+
+    def fresh_batches(self, now: float | None) -> list[NodeTelemetry | bytes]:
+        """The latest batch of every node whose samples are not stale at `now` (None: of every node): a node that
+        stopped reporting (removed, its agent gone) leaves `/metrics` as it leaves the fleet figures, instead of
+        being exported with its last values for ever."""
+        interval = floats(self.slots.cols.node_interval)
+        return [
+            kept
+            for nid, kept in enumerate(self.latest)
+            if kept is not None and (now is None or now - self.latest_at[nid] <= STALE_INTERVALS * interval[nid])
+        ]
 
     def take_reported(self) -> tuple[list[float], list[int]]:
         """The batches ingested since the last call (sample times, GPUs): the next snapshot is the first with them."""
