@@ -29,7 +29,7 @@ pools: [{name: default, gpu_model: H100}, {name: spare, gpu_model: A100, capacit
 orgs: [{name: acme}]
 teams:
   - {name: ml, org: acme, quotas: [{pool: default, nominal: 16}]}
-  - {name: vision, org: acme, quotas: [{pool: default, nominal: 8}]}
+  - {name: vision, org: acme, quotas: [{pool: default, nominal: 8}], priorities: [train, research, best-effort]}
 """
 
 
@@ -56,6 +56,11 @@ async def _inventory(client: AsyncTestClient[Any]) -> None:
         ({"gpus_per_replica": 16}, "replica-too-large", "exceeds the largest node (8 GPUs)"),
         ({"replicas": 3, "topology": {"level": "node"}}, "topology-too-small", "never fit in one node"),
         ({"team": "robots"}, "unknown-team", "team 'robots' has no quota"),
+        (
+            {"team": "vision", "priority": "inference"},
+            "priority-not-allowed",
+            "team 'vision' may not use priority 'inference'; its classes: train, research, best-effort",
+        ),
     ],
     ids=[
         "unknown-pool",
@@ -65,6 +70,7 @@ async def _inventory(client: AsyncTestClient[Any]) -> None:
         "replica-too-large",
         "topology",
         "unknown-team",
+        "priority-not-allowed",
     ],
 )
 async def test_jobs_that_can_never_run_are_refused_at_submit(

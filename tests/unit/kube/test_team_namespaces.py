@@ -53,6 +53,33 @@ async def test_the_validating_webhook_refuses_a_team_from_a_namespace_it_does_no
     assert json.loads(base64.b64decode(mutated["patch"])), "the mutating webhook suspends it either way"
 
 
+@pytest.mark.parametrize(
+    ("priority", "refused"),
+    [
+        ("research", ""),
+        ("inference", "team 'interns' may not use priority 'inference'; its classes: research, best-effort"),
+    ],
+)
+async def test_the_validating_webhook_and_the_watcher_refuse_a_priority_class_the_team_may_not_use(
+    priority: str, refused: str
+) -> None:
+    """A team limited to some priority classes (`TeamConfig.priorities`) cannot be given another by labelling a Job,
+    as it cannot through the API."""
+    limited = QuotaConfig(teams=[TeamConfig(name="interns", org="r", priorities=["research", "best-effort"])])
+    admission = Admission(teams=teams(limited))
+    job = gpu_job("j", team="interns", priority=priority)
+    response = (await admission.review(review(job, "default"), mutating=False))["response"]
+    assert response["allowed"] is not bool(refused)
+    if refused:
+        assert response["status"]["message"] == f"chamber: {refused}"
+    bus = SimpleNamespace(names=SimpleNamespace(job_submit=lambda job_id: f"submit.{job_id}"))
+    ctx = SimpleNamespace(clock=SimpleNamespace(now=lambda: 100.0))
+    intake = Intake(ctx, bus, client=None, store=None, teams=teams(limited))  # type: ignore[arg-type]
+    job["metadata"] |= {"namespace": "default", "uid": "u1"}
+    await intake.on_job("ADDED", job)
+    assert list(intake.waiting) == ([] if refused else ["k8s-u1"])
+
+
 async def test_the_list_follows_the_quota_configuration() -> None:
     known = teams()
     admission = Admission(teams=known)

@@ -128,6 +128,7 @@ def test_admission(case: AdmitCase) -> None:
         (config(team("a", 4, lend=6)), "lending_limit 6 > nominal 4"),
         (QuotaConfig(orgs=[OrgConfig(name="x", parent="y"), OrgConfig(name="y", parent="x")]), "cycle"),
         (config(TeamConfig(name="a", org="acme", budget=BudgetSpec())), "needs gpu_hours or money"),
+        (config(TeamConfig(name="a", org="acme", priorities=["train", "urgent"])), "unknown priority class 'urgent'"),
     ],
     ids=[
         "over-capacity",
@@ -137,6 +138,7 @@ def test_admission(case: AdmitCase) -> None:
         "lend-above-nominal",
         "org-cycle",
         "empty-budget",
+        "unknown-priority-class",
     ],
 )
 def test_invalid_configurations_are_rejected(cfg: QuotaConfig, problem: str) -> None:

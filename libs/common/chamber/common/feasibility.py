@@ -1,6 +1,7 @@
 """Can a job ever run on this fleet? Jobs that cannot (an unknown pool, a GPU model nobody has, a gang larger than
-every pool that could hold it, a team that has no quota where quotas are configured) are refused at submit with
-the reason, instead of waiting forever behind a misleading "not enough free GPUs".
+every pool that could hold it, a team that has no quota where quotas are configured, a priority class its team may
+not use) are refused at submit with the reason, instead of waiting forever behind a misleading "not enough free
+GPUs".
 
 Pure: the inventory and the quota configuration in, the reasons out. It answers "never", not "not now": a job
 that fits an empty fleet passes even when the fleet is busy. A node's GPU model is its first GPU's (as the
@@ -10,7 +11,7 @@ scheduler indexes it), and a gang is placed within one pool, each replica on one
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from chamber.common.contracts import JobSpec, Node, QuotaConfig
+from chamber.common.contracts import JobSpec, Node, QuotaConfig, TeamConfig
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,14 +40,25 @@ def _replica_slots(nodes: Iterable[Node], gpus_per_replica: int) -> int:
     return sum(len(n.gpus) // gpus_per_replica for n in nodes)
 
 
+def priority_denial(team: TeamConfig | None, priority: str) -> str | None:
+    """Why `team` may not run a job of this priority class (`TeamConfig.priorities`); None when it may."""
+    if team is None or not team.priorities or priority in team.priorities:
+        return None
+    return f"team {team.name!r} may not use priority {priority!r}; its classes: {', '.join(team.priorities)}"
+
+
 def never_fits(spec: JobSpec, nodes: Sequence[Node], config: QuotaConfig | None = None) -> list[Infeasible]:
     """Every reason `spec` can never be placed; empty when it can (or when the inventory is not known yet)."""
     problems: list[Infeasible] = []
-    if config is not None and config.teams and spec.team not in {t.name for t in config.teams}:
+    team = next((t for t in config.teams if t.name == spec.team), None) if config is not None else None
+    if config is not None and config.teams and team is None:
         known = ", ".join(sorted(t.name for t in config.teams))
         problems.append(
             Infeasible("unknown-team", f"team {spec.team!r} has no quota; quotas are configured for: {known}", "team")
         )
+    denied = priority_denial(team, spec.priority)
+    if denied is not None:
+        problems.append(Infeasible("priority-not-allowed", denied, "priority"))
     if not nodes:
         return problems
     declared = {p.name: p for p in config.pools} if config is not None else {}

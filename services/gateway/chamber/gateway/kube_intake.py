@@ -40,7 +40,15 @@ from litestar.status_codes import HTTP_200_OK
 from chamber.common.bus import Bus
 from chamber.common.bus.outbox import Outbox
 from chamber.common.codec import Decoder
-from chamber.common.contracts import TERMINAL_STATES, JobCancelRequested, JobSubmitted, NodeInventory, QuotaConfig
+from chamber.common.contracts import (
+    TERMINAL_STATES,
+    JobCancelRequested,
+    JobSubmitted,
+    NodeInventory,
+    QuotaConfig,
+    TeamConfig,
+)
+from chamber.common.feasibility import priority_denial
 from chamber.common.jobstore import JobStore
 from chamber.common.kube.client import JOBS, JOBSETS, PYTORCHJOBS, RUNTIMES, TRAINJOBS, KubeClient, Obj
 from chamber.common.kube.errors import KubeError, KubeNotFound
@@ -89,16 +97,22 @@ def runtime_reader(client: KubeClient) -> RuntimeReader:
 
 class TeamNamespaces:
     """Which namespaces each team takes workloads from (`TeamConfig.namespaces`; a team without the list, or one
-    not configured, takes them from any namespace), as the quota configuration says now."""
+    not configured, takes them from any namespace), and which priority classes it may use
+    (`TeamConfig.priorities`), as the quota configuration says now."""
 
     def __init__(self) -> None:
         self.allowed: dict[str, frozenset[str]] = {}
+        self.teams: dict[str, TeamConfig] = {}
 
     def update(self, config: QuotaConfig) -> None:
         self.allowed = {t.name: frozenset(t.namespaces) for t in config.teams if t.namespaces}
+        self.teams = {t.name: t for t in config.teams}
 
-    def refusal(self, team: str, workload: Obj) -> str:
-        """Why `workload` may not run as `team` (empty: it may)."""
+    def refusal(self, team: str, workload: Obj, priority: str) -> str:
+        """Why `workload` (of this priority class) may not run as `team` (empty: it may)."""
+        denied = priority_denial(self.teams.get(team), priority)
+        if denied is not None:
+            return denied
         namespace = str(meta(workload).get("namespace") or "default")
         allowed = self.allowed.get(team)
         if allowed is None or namespace in allowed:
@@ -150,7 +164,7 @@ class Admission:
                     if kind_of(obj) == TRAINJOB and self.runtimes is not None:
                         runtime = await self.runtimes(obj)
                     spec = job_spec(obj, largest_node_gpus=self.largest_node_gpus, runtime=runtime)
-                    refusal = self.teams.refusal(spec.team, obj)
+                    refusal = self.teams.refusal(spec.team, obj, spec.priority)
                     if refusal:
                         raise Rejection(refusal)
                 except KubeError as exc:  # the runtime could not be read: refuse now rather than guess
@@ -318,7 +332,7 @@ class Intake:
                 async with self._reads:  # a relist of many TrainJobs reads a few runtimes at a time
                     runtime = await self._runtime(job)
             spec = job_spec(job, runtime=runtime)
-            refusal = self.teams.refusal(spec.team, job)
+            refusal = self.teams.refusal(spec.team, job, spec.priority)
             if refusal:
                 raise Rejection(refusal)
         except KubeError as exc:

@@ -278,7 +278,7 @@ class GatewayState:
             self._feasibility = {}
             self._feasibility_key = version
         topology = None if spec.topology is None else msgspec.json.encode(spec.topology)
-        shape = (spec.team, spec.pool, spec.gpu_model, spec.gpus_per_replica, spec.replicas, topology)
+        shape = (spec.team, spec.priority, spec.pool, spec.gpu_model, spec.gpus_per_replica, spec.replicas, topology)
         found = self._feasibility.get(shape)
         if found is None:
             found = self._feasibility[shape] = never_fits(spec, list(self.nodes.values()), self.quota_config)

@@ -75,6 +75,11 @@ class TeamConfig(Contract, frozen=True):
     """Kubernetes namespaces whose labelled workloads (`chamber.io/team: <this team>`) may run as this team; the
     webhook refuses the others. Empty: any namespace Chamber watches, so on a shared cluster anyone who may
     create a Job there could spend this team's quota (Kueue ties a namespace to its queue the same way)."""
+    priorities: list[Name] = msgspec.field(default_factory=list)
+    """The priority classes this team's jobs may ask for (e.g. `[train, research, best-effort]` keeps a team's
+    members off `inference`, which preempts the others' work and is never preempted); a job asking for another
+    is refused at submit (API, gRPC and the Kubernetes webhook), as Slurm limits an association to its allowed
+    QOS. Empty: every class."""
 
 
 class QuotaConfig(Contract, frozen=True):

@@ -8,6 +8,7 @@ import msgspec
 
 from chamber.common.contracts import QuotaConfig, TeamConfig, TeamQuota
 from chamber.common.contracts.quota import BUDGET_RANGE, MAX_GPUS, MAX_PRICE
+from chamber.common.priorities import DEFAULT_CLASSES
 
 Usage = Mapping[tuple[str, str], int]
 """(team, pool) -> GPUs in use."""
@@ -115,6 +116,11 @@ def validate(config: QuotaConfig, capacity: Mapping[str, int] | None = None) -> 
             problems.append(f"team {team.name}: unknown organisation {team.org!r}")
         if team.weight < MIN_WEIGHT:
             problems.append(f"team {team.name}: weight {team.weight:g} is below {MIN_WEIGHT:g}")
+        for name in team.priorities:
+            if name not in DEFAULT_CLASSES:
+                problems.append(
+                    f"team {team.name}: unknown priority class {name!r}; classes: {', '.join(DEFAULT_CLASSES)}"
+                )
         _duplicates(f"team {team.name}: pool", [q.pool for q in team.quotas], problems)
         for q in team.quotas:
             if q.pool not in pools:
