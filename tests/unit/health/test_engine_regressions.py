@@ -500,6 +500,21 @@ def test_a_node_fatal_cordon_is_not_replaced_by_a_gpus_degraded_one() -> None:
     assert {slot: c.severity for slot, c in wanted.items()} == {"n1/0": "fatal", "n1/1": "fatal"}
 
 
+def test_a_node_quarantined_for_a_gpu_that_fell_off_the_bus_names_that_gpu() -> None:
+    """Found by review: XID 79 takes the whole node out (the GPU is gone from the bus until a reboot), and its
+    verdict said only `xid-fallen-off-bus: 79`: the operator who reboots it, or replaces the part, had to find
+    which of the eight GPUs in the node's logs."""
+    e = engine(gpus=8)
+    for t in range(3):
+        for node in NODES:
+            e.observe(batch(node, float(t), gpus=8), float(t))
+    (v,) = e.observe(as_batch(GpuXidEvent(node="n1", gpu_index=5, uuid="GPU-5e", xid=79, observed_at=3.5)), 3.5)
+    assert (v.node, v.gpu_index, v.state) == ("n1", None, HealthState.QUARANTINED)
+    assert v.reason.startswith("xid-fallen-off-bus: 79 on GPU 5 (GPU-5e)"), v.reason
+    (gpu,) = e.observe(as_batch(GpuXidEvent(node="n1", gpu_index=2, uuid="GPU-2e", xid=48, observed_at=4.0)), 4.0)
+    assert gpu.reason.startswith("xid-double-bit-ecc: 48;"), "a GPU's own verdict names it already"
+
+
 def test_samples_without_the_signal_a_gpu_is_out_for_do_not_bring_it_back() -> None:
     """Found by review: a GPU out for double-bit ECC errors whose later samples lacked the ECC fields (the agent's
     read failed, or the driver stopped answering) counted them as clean and came back after its probations."""

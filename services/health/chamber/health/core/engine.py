@@ -164,13 +164,19 @@ class HealthEngine:
             self._heard(batch, now)
         verdicts: list[GpuHealthVerdict] = []
         node_hits = self._count_drop(batch) if heartbeat else []
+        seen_on: dict[str, str] = {}
+        """A node rule's name -> the GPU whose sample hit it (XID 79: which GPU fell off the bus, to replace it)."""
         at = batch.sampled_at
         history = self.history if heartbeat else None
         for sample in batch.gpus:
             signals = gpu_signals(sample, history, node, at)
             hits = self.index.match(signals, sample.xids)
             gpu_hits = [(r, v) for r, v in hits if r.scope == "gpu"]
-            node_hits += [(r, v) for r, v in hits if r.scope == "node"]
+            for r, v in hits:
+                if r.scope == "node":
+                    node_hits.append((r, v))
+                    seen_on.setdefault(r.name, f"GPU {sample.index} ({sample.uuid})" if sample.uuid else
+                                       f"GPU {sample.index}")  # fmt: skip
             entity = self._entity(node, sample.index)
             entity.uuid = sample.uuid
             if heartbeat and entity.streaks:
@@ -185,7 +191,7 @@ class HealthEngine:
         if heartbeat and node_entity.streaks:
             _break_streaks(node_entity, node_hits)
         if node_hits or heartbeat:
-            verdicts += self._judge(node_entity, node_hits, now, at)
+            verdicts += self._judge(node_entity, node_hits, now, at, seen_on)
         return verdicts
 
     def _heard(self, batch: NodeTelemetry, now: float) -> None:
@@ -290,8 +296,16 @@ class HealthEngine:
             entity = self.entities[key] = Entity(node, gpu)
         return entity
 
-    def _judge(self, entity: Entity, hits: list[tuple[Rule, float]], now: float, at: float) -> list[GpuHealthVerdict]:
-        """`now`: when the verdict is made; `at`: the time of the observation (sample time) the hits come from.
+    def _judge(
+        self,
+        entity: Entity,
+        hits: list[tuple[Rule, float]],
+        now: float,
+        at: float,
+        seen_on: Mapping[str, str] | None = None,
+    ) -> list[GpuHealthVerdict]:
+        """`now`: when the verdict is made; `at`: the time of the observation (sample time) the hits come from;
+        `seen_on`: a node rule's name -> the GPU whose sample hit it, named in the reason.
 
         Every hit is counted, and the worst one that is due decides; a degraded rule still short of its count (an
         early hit: suspect) decides only when nothing worse is due, so a fatal XID is never lost behind it."""
@@ -309,7 +323,7 @@ class HealthEngine:
                 times = _count_hit(entity, rule, at)
                 if len(times) < rule.count:
                     if early is None and rule.severity == Severity.DEGRADED:
-                        reason = f"{rule.name}: {value:g} ({len(times)} of {rule.count})"
+                        reason = f"{_said(rule, value, seen_on)} ({len(times)} of {rule.count})"
                         early = Finding(rule.severity.value, rule.name, reason, rule.action, {str(rule.signal): value})
                     continue
             if worst is None or _rank(rule.severity) > _rank(worst[0].severity):
@@ -324,7 +338,7 @@ class HealthEngine:
         evidence: dict[str, float] = {str(rule.signal): value}
         if rule.severity == Severity.WARNING:
             if entity.state == HealthState.HEALTHY:
-                finding = Finding(rule.severity.value, rule.name, f"{rule.name}: {value:g}", rule.action, evidence)
+                finding = Finding(rule.severity.value, rule.name, _said(rule, value, seen_on), rule.action, evidence)
                 return self._move(entity, HealthState.SUSPECT, now, finding)
             return []
         escalation = False
@@ -349,7 +363,7 @@ class HealthEngine:
                 entity.degraded_quarantines.popleft()
             if len(entity.degraded_quarantines) >= self.config.repeat_count:
                 entity.held = True
-        reason = f"{rule.name}: {value:g}"
+        reason = _said(rule, value, seen_on)
         if entity.held and rule.severity == Severity.FATAL:
             reason += f"; {len(entity.fatal_events)} fatal events in 24 h: out until an operator releases it"
         elif entity.held:
@@ -495,6 +509,12 @@ def _break_streaks(entity: Entity, hits: list[tuple[Rule, float]]) -> None:
     held = {rule.name for rule, _ in hits}
     for name in [n for n in entity.streaks if n not in held]:
         del entity.streaks[name]
+
+
+def _said(rule: Rule, value: float, seen_on: Mapping[str, str] | None) -> str:
+    """A finding's reason: the rule and the value that hit it, and for a node rule the GPU that showed it."""
+    where = seen_on.get(rule.name) if seen_on else None
+    return f"{rule.name}: {value:g}" + (f" on {where}" if where else "")
 
 
 def _rank(severity: Severity) -> int:
