@@ -393,6 +393,45 @@ def test_an_operator_release_frees_what_waited_for_a_reset() -> None:
     assert booted(e, NODES, 20, 400, "boot-a") == []
 
 
+def test_a_release_issued_before_a_later_fault_does_not_clear_it() -> None:
+    """Found by review: an operator's release delivered again after its ack was lost (or replayed at a restart)
+    released a GPU that had been quarantined since for a new fault. A release clears what was seen before it was
+    issued; one issued after the fault still releases, also while the fault's signal persists."""
+    e = engine()
+    booted(e, NODES, 0, 10, "boot-a")
+    e.observe(as_batch(GpuXidEvent(node="n1", gpu_index=0, uuid="n1-0", xid=74, observed_at=10.0)), 10.0)
+    order = HealthCommand(node="n1", gpu_index=0, command="release", issued_at=15.0)
+    (v,) = e.command(order, 15.5)
+    assert v.state == HealthState.HEALTHY
+    e.observe(as_batch(GpuXidEvent(node="n1", gpu_index=0, uuid="n1-0", xid=74, observed_at=30.0)), 30.0)
+    assert e.command(order, 40.0) == [], "the same order again: it did not see the fault at 30"
+    assert e.entities[("n1", 0)].state == HealthState.QUARANTINED
+    for t in (41.0, 42.0):  # the fault's signal persists: hits while out do not make a release stale
+        e.observe(msgspec.structs.replace(batch("n1", t, ecc_dbe_volatile=3), boot_id="boot-a"), t)
+    (v,) = e.command(msgspec.structs.replace(order, issued_at=41.5), 42.5)
+    assert v.state == HealthState.HEALTHY, "issued after the fault: carried out"
+    old = HealthCommand(node="n1", gpu_index=0, command="release")  # (no issue time: an older gateway's) carried out
+    e.observe(as_batch(GpuXidEvent(node="n1", gpu_index=0, uuid="n1-0", xid=74, observed_at=50.0)), 50.0)
+    assert [v.state for v in e.command(old, 51.0)] == [HealthState.HEALTHY]
+
+
+def test_a_release_replayed_after_a_restart_does_not_clear_a_quarantine_made_after_it() -> None:
+    first = engine()
+    booted(first, NODES, 0, 10, "boot-a")
+    (v,) = first.observe(as_batch(GpuXidEvent(node="n1", gpu_index=0, uuid="n1-0", xid=74, observed_at=30.0)), 30.0)
+    second = engine()
+    second.restore(v)
+    assert second.command(HealthCommand(node="n1", gpu_index=0, command="release", issued_at=20.0), 40.0) == []
+    (done,) = second.command(HealthCommand(node="n1", gpu_index=0, command="release", issued_at=35.0), 40.0)
+    assert done.state == HealthState.HEALTHY
+    cordoned = engine()
+    (c,) = cordoned.command(HealthCommand(node="n1", gpu_index=0, command="cordon", issued_at=5.0), 6.0)
+    restored = engine()
+    restored.restore(c)
+    (r,) = restored.command(HealthCommand(node="n1", gpu_index=0, command="release", issued_at=5.5), 7.0)
+    assert r.state == HealthState.HEALTHY, "an operator's own cordon is no fault: a release after it frees it"
+
+
 def test_a_node_without_a_boot_id_waits_for_the_operator() -> None:
     """A source that reports no boot ID (not a node agent) gives no evidence of a reboot."""
     e = engine()

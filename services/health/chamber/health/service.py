@@ -41,6 +41,9 @@ TELEMETRY_REMEMBERED = 2_000_000
 """Telemetry delivered again after it was handled is not counted again (the engine counts faults against windows:
 an XID batch whose ack was lost in a NATS restart counted twice toward a quarantine), within this many stream
 sequences of the newest: 12,500 nodes a second for more than twice the 30 s ack wait (`Consumer`'s `remember`)."""
+COMMANDS_REMEMBERED = 100_000
+"""An operator's order delivered again after it was handled (its ack lost) is not carried out again: a cordon
+repeated after the release that followed it would take the GPU out again (`Consumer`'s `remember`)."""
 RECONCILE_INTERVAL_S = 5.0
 TICK_S = 0.25
 """Time-driven transitions (a silent node) are noticed within this of their moment."""
@@ -84,7 +87,7 @@ class Health:
             ),
             self.bus.consumer(
                 stream=HEALTH, durable="health-commands", filter_subjects=[self.bus.names.subject("health.commands.>")],
-                decoder=Decoder(HealthCommand), handler=self.on_command,
+                decoder=Decoder(HealthCommand), handler=self.on_command, remember=COMMANDS_REMEMBERED,
             ),
         ]  # fmt: skip
         for consumer in consumers:

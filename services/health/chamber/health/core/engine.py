@@ -102,6 +102,9 @@ class Entity:
     """Quarantined by a `needs_reset` rule: no probation until the node reports from another boot."""
     boot_id: str = ""
     """The node's boot ID when it was so quarantined (empty: not known, so only an operator's release helps)."""
+    faulted_at: float = float("-inf")
+    """When a fault last moved it to suspect or quarantined (not an operator's order, nor hits while it stays out):
+    a release issued before that did not see the fault."""
 
 
 class HealthEngine:
@@ -219,7 +222,12 @@ class HealthEngine:
         return max(self.config.heartbeat_intervals * interval_s, self.config.heartbeat_min_s)
 
     def command(self, cmd: HealthCommand, now: float) -> list[GpuHealthVerdict]:
+        """An operator's order. A release issued before the entity's latest fault is not carried out: it did not
+        see that fault (an order delivered again after its ack was lost, or replayed at a restart, would otherwise
+        release a GPU quarantined since for a new fault)."""
         entity = self._entity(cmd.node, cmd.gpu_index)
+        if cmd.command == "release" and cmd.issued_at and cmd.issued_at < entity.faulted_at:
+            return []
         if cmd.command == "release" and cmd.gpu_index is None:
             self.missing_before.pop(cmd.node, None)
             if cmd.node in self.node_gpus:
@@ -392,6 +400,8 @@ class HealthEngine:
             return []
         entity.state = state
         entity.since = now
+        if state in (HealthState.SUSPECT, HealthState.QUARANTINED) and not finding.rule.startswith("operator-"):
+            entity.faulted_at = now
         # Only a quarantine really made (not one the breaker held back) waits for a reset; leaving it ends that.
         entity.awaiting_reset = state == HealthState.QUARANTINED and finding.needs_reset
         entity.boot_id = self.boots.get(entity.node, "") if entity.awaiting_reset else ""
@@ -456,6 +466,8 @@ class HealthEngine:
                 )
             else:
                 self.missing_before[verdict.node] = missing
+        if verdict.state != HealthState.HEALTHY and not verdict.rule.startswith("operator-"):
+            entity.faulted_at = verdict.observed_at  # (at the latest: the fault itself may be older)
         if verdict.state in (HealthState.QUARANTINED, HealthState.SUSPECT):
             entity.last_bad = verdict.observed_at
         elif verdict.state == HealthState.RECOVERING:
