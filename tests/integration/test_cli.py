@@ -140,6 +140,13 @@ async def test_teams_nodes_top_and_tokens(cli: Cli, settings: Settings) -> None:
     code, _, err = await cli("jobs", "--token", secret)
     assert code == 1
     assert "revoked" in err
+    code, out, _ = await cli("tokens", "create", "nightly", "--role", "viewer", "--expires-in", "12h", *token)
+    assert code == 0
+    code, out, _ = await cli("tokens", *token)
+    assert any("nightly" in line and "in 12h" in line for line in out.splitlines()), out
+    code, _, err = await cli("tokens", "create", "x", "--role", "viewer", "--expires-in", "soon", *token)
+    assert code != 0
+    assert "--expires-in: not a duration: 'soon'" in err
 
 
 async def test_jobs_watch_redraws_on_changes(cli: Cli, settings: Settings) -> None:

@@ -107,6 +107,45 @@ async def test_a_revoked_bootstrap_token_is_not_brought_back_at_the_next_start(
         assert gw.tokens.authenticate("rotated") is not None
 
 
+async def test_a_token_minted_to_expire_is_refused_from_then_on_and_no_longer_counts_as_an_admin(
+    settings: Settings, cleanup: None
+) -> None:
+    """Tokens lasted until revoked: a leaked one handed to a contractor or a CI job stayed good for ever."""
+    from litestar.testing import AsyncTestClient
+
+    from chamber.common.clock import FakeClock
+    from chamber.gateway.api import create_app
+    from chamber.gateway.tokens import LastAdmin
+
+    clock = FakeClock()
+    gw = GatewayState(make_context(settings, "gateway", clock))
+    async with AsyncTestClient(app=create_app(gw)) as client:
+        client.headers.update(bearer(settings.admin_token))
+        made = await client.post("/v1/tokens", json={"name": "ci", "role": "member", "teams": ["ml"],
+                                                     "expires_in_s": 3600})  # fmt: skip
+        assert made.status_code == 201, made.text
+        token, token_id = made.json()["token"], made.json()["id"]
+        assert made.json()["expires_at"] == clock.now() + 3600
+        listed = {t["id"]: t for t in (await client.get("/v1/tokens")).json()}
+        assert listed[token_id]["expires_at"] == clock.now() + 3600
+        assert listed[BOOTSTRAP_ID]["expires_at"] is None
+        assert (await client.get("/v1/me", headers=bearer(token))).status_code == 200
+        clock.advance(3600)
+        refused = await client.get("/v1/me", headers=bearer(token))
+        assert refused.status_code == 401
+        assert f"token {token_id} expired at " in refused.json()["detail"]
+        unknown = await client.get("/v1/me", headers=bearer("chm_never-made"))
+        assert unknown.json()["detail"] == "unknown or revoked token"
+        for bad in (0, -5, 10 * 366 * 86400, "soon"):
+            answer = await client.post("/v1/tokens", json={"name": "x", "role": "viewer", "expires_in_s": bad})
+            assert answer.status_code == 400, bad
+        brief = await client.post("/v1/tokens", json={"name": "temp admin", "role": "admin", "expires_in_s": 60})
+        clock.advance(61)
+        with pytest.raises(LastAdmin):
+            await gw.tokens.revoke(BOOTSTRAP_ID)  # the other admin token has expired: it would leave none usable
+        assert gw.tokens.get(brief.json()["id"]) is not None, "listed until revoked"
+
+
 def test_a_token_file_is_private_even_where_it_was_not(tmp_path: Path) -> None:
     """Found by review: the 0600 mode applied only to a file the gateway created; one there before kept its mode."""
     from chamber.gateway.tokens import write_token_file

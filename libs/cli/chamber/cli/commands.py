@@ -15,7 +15,7 @@ from typing import Any
 import yaml
 
 from chamber.cli.client import Api, CliError, read_token_file, resolve, write_config
-from chamber.cli.output import Column, age, console, emit, pct, table
+from chamber.cli.output import Column, age, console, emit, parse_duration, pct, table, until
 
 FORMATS = ("table", "wide", "json", "yaml")
 
@@ -88,6 +88,7 @@ TOKEN_COLUMNS = [
     Column("TEAMS", lambda t: ",".join(t["teams"]) or "-"),
     Column("AGE", lambda t: age(t["created_at"])),
     Column("CREATED BY", lambda t: t["created_by"]),
+    Column("EXPIRES", lambda t: "never" if t.get("expires_at") is None else until(t["expires_at"])),
 ]
 
 
@@ -223,8 +224,13 @@ def _tokens(args: argparse.Namespace) -> int:
     if args.action == "create":
         if not args.name or not args.role:
             raise CliError("chamber tokens create NAME --role ROLE [--team TEAM ...]")
-        made = api.request("POST", "/v1/tokens", json_body={"name": args.name, "role": args.role,
-                                                             "teams": args.team or []})  # fmt: skip
+        request: dict[str, object] = {"name": args.name, "role": args.role, "teams": args.team or []}
+        if args.expires_in:
+            try:
+                request["expires_in_s"] = parse_duration(args.expires_in)
+            except ValueError as exc:
+                raise CliError(f"--expires-in: {exc}") from exc
+        made = api.request("POST", "/v1/tokens", json_body=request)
         if args.output in ("json", "yaml"):
             emit(made, args.output)
         else:
@@ -328,6 +334,7 @@ def register(sub: Any, bench: Any) -> None:
     p.add_argument("name", nargs="?", help="create: the token's name; revoke: its id")
     p.add_argument("--role", choices=["admin", "operator", "member", "viewer"])
     p.add_argument("--team", action="append", help="a member's team (repeat for several)")
+    p.add_argument("--expires-in", help="create: refused after this long (e.g. 3600, 90m, 12h, 30d); default never")
     p.set_defaults(func=_guard(_tokens))
 
     p = bench.add_parser("gateway", help="reads and authenticated submits against a running system (processes)")

@@ -1,6 +1,7 @@
 """kubectl-like output: a table by default (rich), `-o wide` for more columns, `-o json` / `-o yaml` for programs."""
 
 import json
+import math
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -26,14 +27,39 @@ def console() -> Console:
 def age(ts: float | None, now: float | None = None) -> str:
     if not ts:
         return "-"
-    s = max(0, int((now or time.time()) - ts))
-    if s < 120:
-        return f"{s}s"
-    if s < 7200:
-        return f"{s // 60}m"
-    if s < 172800:
-        return f"{s // 3600}h"
-    return f"{s // 86400}d"
+    return _span(max(0, int((now or time.time()) - ts)))
+
+
+def until(ts: float, now: float | None = None) -> str:
+    """How long until `ts` (`in 3d`, rounded up: a token that lasts 11 h 59 min is `in 12h`), or `expired`."""
+    left = math.ceil(ts - (now or time.time()))
+    return f"in {_span(left, up=True)}" if left > 0 else "expired"
+
+
+def _span(s: int, *, up: bool = False) -> str:
+    for unit, name, below in ((1, "s", 120), (60, "m", 7200), (3600, "h", 172800)):
+        if s < below:
+            return f"{-(-s // unit) if up else s // unit}{name}"
+    return f"{-(-s // 86400) if up else s // 86400}d"
+
+
+DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_duration(text: str) -> float:
+    """Seconds from `3600`, `90m`, `12h` or `30d`; ValueError naming the forms otherwise."""
+    raw = text.strip().lower()
+    unit = DURATION_UNITS.get(raw[-1:], 0)
+    number = raw[:-1] if unit else raw
+    try:
+        value = float(number) * (unit or 1)
+    except ValueError:
+        raise ValueError(
+            f"not a duration: {text!r} (use seconds, or a number with s, m, h or d: 90m, 12h, 30d)"
+        ) from None
+    if not 0 < value < float("inf"):
+        raise ValueError(f"a duration must be above 0 and finite: {text!r}")
+    return value
 
 
 def pct(x: float | None) -> str:

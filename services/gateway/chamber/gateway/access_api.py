@@ -25,6 +25,8 @@ class TokenView(msgspec.Struct, kw_only=True):
     teams: list[str]
     created_at: float
     created_by: str
+    expires_at: float | None = None
+    """When it stops being accepted (none: when it is revoked)."""
 
 
 class NewToken(TokenView, kw_only=True):
@@ -34,7 +36,7 @@ class NewToken(TokenView, kw_only=True):
 
 def token_view(r: TokenRecord) -> TokenView:
     return TokenView(id=r.id, name=r.name, role=r.role, teams=list(r.teams), created_at=r.created_at,
-                     created_by=r.created_by)  # fmt: skip
+                     created_by=r.created_by, expires_at=r.expires_at)  # fmt: skip
 
 
 @get("/v1/me", summary="Who the token belongs to: its role and teams", opt={"permission": Permission.READ},
@@ -63,8 +65,10 @@ async def create_token(request: Request[Any, Any, Any], data: JSONBody[TokenRequ
     gw.require_bus()
     who = principal(request)
     try:
+        now = gw.clock.now()
+        expires_at = None if req.expires_in_s is None else now + req.expires_in_s
         record, token = await gw.tokens.create(name=req.name, role=req.role, teams=tuple(sorted(set(req.teams))),
-                                               created_by=who.id, now=gw.clock.now())  # fmt: skip
+                                               created_by=who.id, now=now, expires_at=expires_at)  # fmt: skip
     except BusError as exc:
         raise Unavailable(str(exc)) from exc
     note(request, f"token {record.id} ({record.role.value})")

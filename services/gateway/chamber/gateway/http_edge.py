@@ -102,7 +102,10 @@ def edge_middleware(gw: GatewayState) -> Callable[[ASGIApp], ASGIApp]:
                 await send(message)
 
             if protected and principal is None:
-                why = "no token: send 'Authorization: Bearer <token>'" if token is None else "unknown or revoked token"
+                if token is None:
+                    why = "no token: send 'Authorization: Bearer <token>'"
+                else:
+                    why = gw.tokens.refusal(token) if gw._tokens is not None else "unknown or revoked token"
                 cast(dict[str, Any], scope)[DETAIL_KEY] = why
                 await _send_problem(send_wrapper, 401, why, path, {"www-authenticate": 'Bearer realm="chamber"'})
             else:

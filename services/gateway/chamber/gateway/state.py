@@ -193,7 +193,7 @@ class GatewayState:
         await self.bus.watch_latest(names.subject("metrics.fleet"), Decoder(FleetSnapshot), self._on_metrics)
         self._quota_store = await QuotaStore.open(self.bus)
         self._stops.append(await self.quota_store.follow(self._on_quota_config))
-        self._tokens = await TokenStore.open(self.bus)
+        self._tokens = await TokenStore.open(self.bus, self.clock)
         await self.tokens.start()
         self._stops.append(self.tokens.stop)
         self._audit = AuditLog(self.bus)

@@ -2,7 +2,8 @@
 
 A token is shown once, when it is made; the bucket keeps only its SHA-256 (tokens are 256 random bits, so a plain
 hash is enough: nothing to brute-force). Every gateway replica follows the bucket, so a revocation takes effect
-everywhere within milliseconds.
+everywhere within milliseconds. A token may be minted to expire (`expires_at`): from then on it is refused as a
+revoked one is (the record stays listed until an admin revokes it), and it no longer counts as an admin.
 
 The first admin token (id `admin`) comes from `CHAMBER_ADMIN_TOKEN`, else from `CHAMBER_ADMIN_TOKEN_FILE` when
 that file exists, else it is minted at the first start, printed once, and written to that file when one is named
@@ -14,6 +15,7 @@ import contextlib
 import hashlib
 import os
 import secrets
+from datetime import UTC, datetime
 from pathlib import Path
 
 import msgspec
@@ -24,6 +26,7 @@ from nats.js.kv import KeyValue
 from chamber.common.bus import Bus
 from chamber.common.bus.errors import BusError
 from chamber.common.bus.kv_follow import KvEntry, KvFollow, follow_kv
+from chamber.common.clock import Clock, SystemClock
 from chamber.common.log import get_logger
 from chamber.common.subjects import TOKENS_BUCKET
 from chamber.gateway.core.authz import Principal, Role
@@ -49,9 +52,14 @@ class TokenRecord(msgspec.Struct, frozen=True, kw_only=True):
     secret_sha256: str
     created_at: float
     created_by: str = ""
+    expires_at: float | None = None
+    """When it stops being accepted (None: never)."""
 
     def principal(self) -> Principal:
         return Principal(id=self.id, name=self.name, role=self.role, teams=self.teams)
+
+    def usable(self, now: float) -> bool:
+        return self.expires_at is None or now < self.expires_at
 
 
 _decoder = msgspec.json.Decoder(TokenRecord)
@@ -89,9 +97,10 @@ class LastAdmin(Exception):
 
 
 class TokenStore:
-    def __init__(self, kv: KeyValue, bus: Bus) -> None:
+    def __init__(self, kv: KeyValue, bus: Bus, clock: Clock | None = None) -> None:
         self.kv = kv
         self.bus = bus
+        self.clock = clock or SystemClock()
         self._by_id: dict[str, TokenRecord] = {}
         self._by_hash: dict[str, TokenRecord] = {}
         self._follow: KvFollow | None = None
@@ -99,12 +108,20 @@ class TokenStore:
         """The SHA-256 of the bootstrap admin token last revoked (`REVOKED_BOOTSTRAP`)."""
 
     @classmethod
-    async def open(cls, bus: Bus) -> "TokenStore":
-        return cls(await bus.key_value(TOKENS_BUCKET), bus)
+    async def open(cls, bus: Bus, clock: Clock | None = None) -> "TokenStore":
+        return cls(await bus.key_value(TOKENS_BUCKET), bus, clock)
 
     def authenticate(self, token: str) -> Principal | None:
         record = self._by_hash.get(digest(token))
-        return None if record is None else record.principal()
+        return None if record is None or not record.usable(self.clock.now()) else record.principal()
+
+    def refusal(self, token: str) -> str:
+        """Why `authenticate` refuses `token`, for the caller."""
+        record = self._by_hash.get(digest(token))
+        if record is not None and record.expires_at is not None and not record.usable(self.clock.now()):
+            when = datetime.fromtimestamp(record.expires_at, UTC).isoformat(timespec="seconds")
+            return f"token {record.id} expired at {when}: ask an admin for a new one"
+        return "unknown or revoked token"
 
     def list(self) -> list[TokenRecord]:
         return sorted(self._by_id.values(), key=lambda r: (r.created_at, r.id))
@@ -147,12 +164,13 @@ class TokenStore:
             await self._follow.stop()
 
     async def create(
-        self, *, name: str, role: Role, teams: tuple[str, ...], created_by: str, now: float
-    ) -> tuple[TokenRecord, str]:
+        self, *, name: str, role: Role, teams: tuple[str, ...], created_by: str, now: float,
+        expires_at: float | None = None,
+    ) -> tuple[TokenRecord, str]:  # fmt: skip
         """Mint a token; returns its record and the token itself (shown to the caller once, never stored)."""
         token = new_token()
-        record = TokenRecord(id=secrets.token_hex(6), name=name, role=role, teams=teams,
-                             secret_sha256=digest(token), created_at=now, created_by=created_by)  # fmt: skip
+        record = TokenRecord(id=secrets.token_hex(6), name=name, role=role, teams=teams, secret_sha256=digest(token),
+                             created_at=now, created_by=created_by, expires_at=expires_at)  # fmt: skip
         await self._put(record, create=True)
         return record, token
 
@@ -162,8 +180,9 @@ class TokenStore:
         record = self._by_id.get(token_id)
         if record is None:
             return False
+        now = self.clock.now()
         if record.role == Role.ADMIN and not any(
-            r.role == Role.ADMIN and r.id != token_id for r in self._by_id.values()
+            r.role == Role.ADMIN and r.id != token_id and r.usable(now) for r in self._by_id.values()
         ):
             raise LastAdmin(f"token {token_id} is the last admin token: mint another admin token first")
         try:
@@ -203,7 +222,7 @@ class TokenStore:
             if existing is None or existing.secret_sha256 != digest(given) or existing.role != Role.ADMIN:
                 await self._put(self._bootstrap_record(given, now), create=False)
             return None
-        if not token_file and any(r.role == Role.ADMIN for r in self._by_id.values()):
+        if not token_file and any(r.role == Role.ADMIN and r.usable(now) for r in self._by_id.values()):
             return None
         token = new_token()
         if token_file:

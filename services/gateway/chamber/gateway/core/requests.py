@@ -119,8 +119,13 @@ class FaultRequest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
                               duration_s=self.duration_s)  # fmt: skip
 
 
+MAX_TOKEN_LIFE_S = 10 * 365 * 86400.0
+
+
 class TokenRequest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     name: Annotated[str, msgspec.Meta(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9 ._@-]*$(?!\n)")]
     role: Role
     teams: Annotated[list[Name], msgspec.Meta(max_length=64)] = msgspec.field(default_factory=list)
     """Members only: the teams whose jobs it submits, cancels and reads (at least one)."""
+    expires_in_s: Annotated[float, msgspec.Meta(gt=0, le=MAX_TOKEN_LIFE_S)] | None = None
+    """Seconds until the token is refused (at most ten years); none: it lasts until revoked."""

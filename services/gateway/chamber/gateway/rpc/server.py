@@ -75,7 +75,7 @@ class Calls:
             raise Unauthenticated("no token: send metadata 'authorization: Bearer <token>'")
         who = self.gw.tokens.authenticate(token)
         if who is None:
-            raise Unauthenticated("unknown or revoked token")
+            raise Unauthenticated(self.gw.tokens.refusal(token))
         why = denial(who, permission)
         if why is not None:
             raise Forbidden(why, code="forbidden")
