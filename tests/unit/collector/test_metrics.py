@@ -8,6 +8,7 @@ import msgspec
 import numpy as np
 import pytest
 
+from chamber.collector.aggregator import Aggregator
 from chamber.collector.core.lag import LagHistogram
 from chamber.collector.core.metrics import JOBS_REPORTED, Batch, FleetMetrics, PoolPrice, activities, activity, column
 from chamber.collector.core.rollups import Rollups
@@ -16,6 +17,7 @@ from chamber.common.codec import encode
 from chamber.common.contracts import (
     FleetSnapshot,
     GpuSample,
+    GpuXidEvent,
     JobRecord,
     JobState,
     NodeActivityView,
@@ -282,6 +284,33 @@ def test_the_grafana_dashboard_only_uses_metrics_we_export() -> None:
     used = {m for p in dash["panels"] for t in p["targets"] for m in re.findall(r"\b(?:DCGM|chamber)_\w+", t["expr"])}
     assert used, "the dashboard queries something"
     assert used <= exported, used - exported
+
+
+def test_the_last_xid_an_nvml_agent_reports_as_an_event_is_exported_as_dcgm_exporter_does() -> None:
+    """Found by review: a node agent reports XIDs as events the moment NVML's event set has them (not in its
+    samples), and the aggregator dropped the events: `DCGM_FI_DEV_XID_ERRORS`, which dcgm-exporter users alert on,
+    was never exported for real GPUs."""
+    from chamber.collector.prometheus import ChamberCollector
+    from chamber.common.codec import encode
+
+    metrics = fleet({"n1": ("h100", 2)})
+    agg = Aggregator.__new__(Aggregator)
+    agg.metrics, agg.rejected = metrics, 0
+    xid = GpuXidEvent(node="n1", gpu_index=1, uuid="n1-1", xid=79, observed_at=100.0)
+    agg._on_payloads([encode(batch("n1", [50.0, 60.0], at=100.0)), encode(xid)])
+    scrape = ChamberCollector(metrics, lambda node, index: "H100", lambda: None)
+
+    def exported() -> dict[str, float]:
+        family = next(f for f in scrape.collect() if f.name == "DCGM_FI_DEV_XID_ERRORS")
+        return {s.labels["gpu"]: s.value for s in family.samples}
+
+    assert exported() == {"1": 79.0}
+    agg._on_payloads([encode(batch("n1", [50.0, 60.0], at=101.0))])
+    assert exported() == {"1": 79.0}, "the last XID is kept, as dcgm-exporter keeps it"
+    metrics.ingest(NodeTelemetry(node="n1", sampled_at=102.0, interval_s=1.0,
+                                 gpus=[GpuSample(index=0, uuid="n1-0", xids=[13]),
+                                       GpuSample(index=1, uuid="n1-1", gpu_util=60.0)]))  # fmt: skip
+    assert exported() == {"0": 13.0, "1": 79.0}, "a source that puts XIDs in its samples is exported as before"
 
 
 def test_gpu_usage_and_unallocated_processes_are_exported_per_gpu() -> None:

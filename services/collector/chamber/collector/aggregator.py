@@ -105,7 +105,9 @@ class Aggregator:
             except DecodeError:
                 self.rejected += 1
                 continue
-            if type(event) is not XidEventView:
+            if type(event) is XidEventView:
+                self.metrics.note_xid(event.node, event.gpu_index, event.xid)
+            else:
                 yield event, data
 
     def _on_inventory(self, inv: NodeInventory) -> None:

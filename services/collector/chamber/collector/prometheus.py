@@ -12,6 +12,7 @@ from chamber.common.contracts import FleetSnapshot, GpuSample, NodeTelemetry, No
 MIB = 1.0
 
 # (DCGM field, help, how to read it from a sample)
+XID_FIELD = "DCGM_FI_DEV_XID_ERRORS"
 DCGM_FIELDS: list[tuple[str, str, Callable[[GpuSample], float | None]]] = [
     ("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %).", lambda s: s.gpu_util),
     ("DCGM_FI_DEV_MEM_COPY_UTIL", "Memory utilization (in %).", lambda s: s.mem_util),
@@ -25,7 +26,7 @@ DCGM_FIELDS: list[tuple[str, str, Callable[[GpuSample], float | None]]] = [
     ("DCGM_FI_DEV_POWER_USAGE", "Power draw (in W).", lambda s: s.power_w),
     ("DCGM_FI_DEV_POWER_MGMT_LIMIT", "Power management limit (in W).", lambda s: s.power_limit_w),
     ("DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", "Clock throttle reasons bitmask.", lambda s: s.clock_event_reasons),
-    ("DCGM_FI_DEV_XID_ERRORS", "Value of the last XID error encountered.", lambda s: s.xids[-1] if s.xids else None),
+    (XID_FIELD, "Value of the last XID error encountered.", lambda s: s.xids[-1] if s.xids else None),
     ("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "Volatile double-bit ECC errors.", lambda s: s.ecc_dbe_volatile),
     ("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", "Volatile single-bit ECC errors.", lambda s: s.ecc_sbe_volatile),
     ("DCGM_FI_DEV_ECC_DBE_AGG_TOTAL", "Aggregate double-bit ECC errors.", lambda s: s.ecc_dbe_aggregate),
@@ -101,10 +102,13 @@ class ChamberCollector(Collector):
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         samples = [(batch.node, s) for batch in self._batches() for s in batch.gpus]
+        last_xid = self.metrics.last_xid
         for name, help_text, read in DCGM_FIELDS:
             family = GaugeMetricFamily(name, help_text, labels=LABELS)
             for node, s in samples:
                 value = read(s)
+                if value is None and name == XID_FIELD:
+                    value = last_xid.get((node, s.index))  # (an NVML agent reports XIDs as events, not samples)
                 if value is None:
                     continue
                 namespace, _, pod = s.pod.partition("/")

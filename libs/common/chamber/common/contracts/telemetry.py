@@ -277,9 +277,11 @@ class NodeColumnsActivityView(msgspec.Struct, frozen=True, tag_field="kind", tag
 
 
 class XidEventView(msgspec.Struct, frozen=True, tag_field="kind", tag="GpuXidEvent"):
-    """A `GpuXidEvent`, seen by a consumer that only needs to know it is one."""
+    """A `GpuXidEvent`, seen by the metrics aggregator: which GPU, which XID (`DCGM_FI_DEV_XID_ERRORS`)."""
 
     node: str
+    gpu_index: int = -1
+    xid: int = 0
 
 
 TelemetryActivityView = NodeColumnsActivityView | NodeActivityView | XidEventView

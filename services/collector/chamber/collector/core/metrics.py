@@ -124,6 +124,9 @@ class FleetMetrics:
         """Per node id: its latest batch, as it came (bytes are decoded only when `/metrics` is scraped)."""
         self.latest_at: list[float] = []
         """Per node id: when its latest batch was sampled."""
+        self.last_xid: dict[tuple[str, int], int] = {}
+        """(node, GPU index) -> the last XID its node agent reported as an event (NVML's event set: not in samples),
+        exported as `DCGM_FI_DEV_XID_ERRORS` as dcgm-exporter does (the last XID, kept)."""
         self.inventory_slots: dict[str, list[int]] = {}
         self.cordoned: list[int] = []
         self.reported_at: list[float] = []
@@ -212,6 +215,10 @@ class FleetMetrics:
             act = activities(column(usage), column(power), column(limit), column(sm), column(util))
             floats(table.cols.activity)[slots_at] = act
             floats(table.cols.seen_at)[slots_at] = np.repeat(np.array(ats), counts)
+
+    def note_xid(self, node: str, index: int, xid: int) -> None:
+        if 0 <= index < MAX_GPUS_PER_NODE and xid > 0:
+            self.last_xid[(node, index)] = xid
 
     def fresh_batches(self, now: float | None) -> list[NodeTelemetry | bytes]:
         """The latest batch of every node whose samples are not stale at `now` (None: of every node): a node that
