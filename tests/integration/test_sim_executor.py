@@ -90,3 +90,27 @@ async def test_a_launch_not_stored_raises_a_report_is_retried_and_a_closed_execu
 
 async def _has_finished(bus: Bus, job_id: str) -> bool:
     return any(isinstance(e, JobFinished) and e.job_id == job_id for e in await _lifecycle(bus))
+
+
+async def test_a_stop_at_once_cuts_a_stop_still_in_its_grace(bus: Bus) -> None:
+    """A cancel, or a GPU that failed, during a preemption's checkpoint grace stops the job now (found by review:
+    the second stop was dropped, and the job ran out its whole grace); a second graceful stop changes nothing."""
+    from chamber.common.contracts import JobStopped
+
+    await bus.ensure_streams()
+    executor = SimulatedExecutor(bus, SystemClock())
+    record = _record(1, duration_s=None)
+    await executor.launch(record)
+    await executor.stop(record, "preempted for hi", 600.0)
+    await executor.stop(record, "a second, graceful stop", 30.0)
+    await asyncio.sleep(0.1)
+    assert not [e for e in await _lifecycle(bus) if isinstance(e, JobStopped)], "still in its grace"
+    await executor.stop(record, "interrupted at once: GPU n1/2 failed", 0.0)
+
+    async def stopped() -> list[JobStopped]:
+        return [e for e in await _lifecycle(bus) if isinstance(e, JobStopped)]
+
+    await eventually(stopped, what="the stop report")
+    (event,) = await stopped()
+    assert (event.graceful, event.reason) == (False, "interrupted at once: GPU n1/2 failed")
+    await executor.close()

@@ -539,6 +539,32 @@ SCENARIOS = [
         preempted={"t"},
         grace={"t": 60},
     ),
+    Scenario(
+        "a GPU that fails during a job's checkpoint grace cuts the grace (found by review: the job held its GPUs, "
+        "and waited to start again elsewhere, for the whole grace)",
+        [n8("a")],
+        [J("t").priority("train").grace_s(600).running_on(*holding("t", "a", 8)).stopping().build()],
+        cordoned={"a/3": fatal("XID 79")},
+        preempted={"t"},
+        grace={"t": 0},
+    ),
+    Scenario(
+        "a degraded fault during a job's checkpoint grace leaves the grace",
+        [n8("a")],
+        [J("t").priority("train").grace_s(600).running_on(*holding("t", "a", 8)).stopping().build()],
+        cordoned={"a/3": degraded("thermal")},
+    ),
+    Scenario(
+        "a job stopping at once already is not asked again",
+        [n8("a")],
+        [
+            msgspec.structs.replace(
+                J("t").priority("train").grace_s(600).running_on(*holding("t", "a", 8)).stopping().build(),
+                stop_grace_s=0.0,
+            )
+        ],
+        cordoned={"a/3": fatal("XID 79")},
+    ),
 ]
 
 
@@ -570,6 +596,16 @@ def test_scenario(sc: Scenario) -> None:
     for job_id, phrase in sc.waiting.items():
         assert job_id in waits, decisions
         assert phrase in waits[job_id], waits[job_id]
+
+
+def test_a_grace_is_cut_once() -> None:
+    record = J("t").priority("train").grace_s(600).running_on(*holding("t", "a", 8)).stopping().build()
+    state = SchedulingState.from_snapshot([n8("a")], {g.slot: "t/1" for g in record.placement.gpus},  # type: ignore[union-attr]
+                                          {"a/3": fatal("XID 79")}, [record])  # fmt: skip
+    (cut,) = [d for d in state.cycle(NOW) if isinstance(d, Preempt)]
+    assert (cut.grace_s, cut.interrupt) == (0.0, True)
+    assert "failed during its checkpoint grace" in cut.reason
+    assert not [d for d in state.cycle(NOW + 1) if isinstance(d, Preempt)]
 
 
 def test_the_stored_words_of_a_wait_do_not_name_the_jobs_capacity_is_reserved_for() -> None:

@@ -28,6 +28,7 @@ from chamber.scheduler.core.estimates import RuntimePredictor
 from chamber.scheduler.core.lifecycle import (
     Transition,
     apply_event,
+    grace_left,
     holds_gpus,
     nominate,
     note,
@@ -191,9 +192,16 @@ class Controller:
         elif isinstance(decision, Nominate):
             changed = nominate(record, now, list(decision.gpus), decision.reason, list(decision.victims))
         elif isinstance(decision, Preempt):
-            if record.attempt != decision.attempt or not holds_gpus(record) or record.stopping:
+            if record.attempt != decision.attempt or not holds_gpus(record):
                 return None
-            changed = stop_requested(record, now, decision.reason, decision.interrupt, list(decision.move_to),
+            move_to = list(decision.move_to)
+            if record.stopping:
+                # Only a stop at once cuts a stop already asked for, and only one whose grace is not over (a GPU
+                # failed during the job's checkpoint grace); a move it was stopping for stays.
+                if decision.grace_s > 0 or record.cancel_requested or grace_left(record, now) <= 0:
+                    return None
+                move_to = move_to or list(record.move_to)
+            changed = stop_requested(record, now, decision.reason, decision.interrupt, move_to,
                                      grace_s=decision.grace_s)  # fmt: skip
         else:
             return self._waiting(record, decision, now)

@@ -1,6 +1,7 @@
 """One scheduling cycle, in a documented order (least disruptive first):
 
-1. interrupt jobs whose GPUs became unschedulable (fatal cordons at once, degraded ones with checkpoint grace);
+1. interrupt jobs whose GPUs became unschedulable (fatal cordons at once, degraded ones with checkpoint grace; a
+   fatal one cuts the grace of a job already stopping);
 2. place preemptors on the GPUs nominated to them, once their victims have stopped;
 3. walk the queue in order; for each job:
    a. place it on free capacity (best fit, topology honoured);
@@ -1565,9 +1566,18 @@ class _Cycle:
         for job_id, (slot, cordon) in worst.items():
             job = state.running[job_id]
             if job.stopping:
+                if not cordon.fatal or job.at_once:
+                    continue
+                # Stopping with a checkpoint grace (preempted, moved, drained for a degraded fault) when a GPU of it
+                # failed: the grace is cut, as a fatal fault's interruption has none (found by review: the job held
+                # its GPUs, and waited to start again elsewhere, for its whole grace).
+                job.at_once = True
+                why = f"interrupted at once: GPU {slot} failed during its checkpoint grace ({cordon.describe()})"
+                decisions.append(Preempt(job.id, job.attempt, 0.0, why, interrupt=True))
                 continue
             grace = 0.0 if cordon.fatal else job.checkpoint_grace_s
             job.stopping = True
+            job.at_once = cordon.fatal
             self.ctx.stopped(job)
             decisions.append(
                 Preempt(job.id, job.attempt, grace, f"interrupted: GPU {slot} unschedulable ({cordon.describe()})",

@@ -85,6 +85,8 @@ class RunningJob:
     spread: tuple[tuple[str, int], ...] = ()
     """(node, GPUs held there) for every node it holds GPUs on: what stopping it frees, where (worked out from
     `gpus` when not given)."""
+    at_once: bool = False
+    """Stopping, and its stop kills it at once (a cancel, a fatal fault): no checkpoint grace left to cut."""
 
     def __init__(  # noqa: PLR0917 (the fields, positional as the dataclass's own `__init__` takes them)
         self,
@@ -103,6 +105,7 @@ class RunningJob:
         attempt: int = 0,
         pool: str = "",
         spread: tuple[tuple[str, int], ...] = (),
+        at_once: bool = False,
     ) -> None:
         # Its own `__init__`, not the one `dataclass` writes: compiled, that one runs as interpreted Python, ten
         # times slower (a cycle places ~200 jobs; see `chamber.scheduler.core`).
@@ -126,6 +129,7 @@ class RunningJob:
                 counts[ref.node] = counts.get(ref.node, 0) + 1
             spread = tuple(counts.items())
         self.spread = spread
+        self.at_once = at_once
 
     def work_lost_if_stopped(self, now: float) -> float:
         ran = max(0.0, now - self.started_at)
@@ -141,6 +145,7 @@ def running_from(
     job = pending_from(record, classes).start(tuple(record.placement.gpus), started, pool=pool, borrowed=borrowed)
     job.attempt = record.attempt
     job.stopping = record.stopping
+    job.at_once = record.cancel_requested or (record.stopping and record.stop_grace_s == 0)
     return job
 
 

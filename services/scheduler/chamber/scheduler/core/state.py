@@ -326,10 +326,10 @@ class SchedulingState:
         self.queue.remove(job_id)
 
     def mark_stopping(self, job_id: str) -> None:
-        """The job was asked to stop (cancel, preemption, interruption): it is nobody's victim any more."""
+        """The job was cancelled (stopped at once): it is nobody's victim any more."""
         job = self.running.get(job_id)
         if job is not None:
-            job.stopping = True
+            job.stopping = job.at_once = True
 
     def set_started(self, job_id: str, started_at: float) -> None:
         job = self.running.get(job_id)

@@ -64,9 +64,15 @@ class SimulatedExecutor:
         self._arm(record, started_at)
 
     async def stop(self, record: JobRecord, reason: str, grace_s: float = 0.0) -> None:
+        """Stop after `grace_s` (the job checkpoints meanwhile). A second stop may only cut the grace: one at once
+        (a cancel, a GPU that failed meanwhile) stops a job still in its grace now."""
         key = (record.id, record.attempt)
-        if key in self._stopping:
-            return
+        waiting = self._stopping.get(key)
+        if waiting is not None:
+            if grace_s > 0 or waiting.done():
+                return
+            del self._stopping[key]
+            waiting.cancel()
         if grace_s <= 0:
             await self._stop_now(record, reason, graceful=False)
             return
