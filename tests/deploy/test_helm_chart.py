@@ -302,6 +302,29 @@ def test_what_a_real_cluster_needs_of_the_probes_the_agents_rollout_and_the_metr
     assert all("readinessProbe" not in c for c in others), "no traffic goes to them: there is nothing to be ready for"
 
 
+def test_a_clustered_nats_keeps_its_quorum_through_a_node_drain() -> None:
+    """Found by review: nothing kept two of three NATS servers from being evicted at once (a drain) or scheduled
+    onto one node (whose loss then took both): JetStream lost its quorum, and every Chamber service with it."""
+    docs = render({"nats": {"replicas": 3}})
+    nats = next(d for d in docs if d["kind"] == "StatefulSet" and d["metadata"]["name"] == "chamber-nats")
+    labels = nats["spec"]["template"]["metadata"]["labels"]
+    (budget,) = [d for d in docs if d["kind"] == "PodDisruptionBudget" and d["metadata"]["name"] == "chamber-nats"]
+    assert budget["spec"]["maxUnavailable"] == 1
+    assert budget["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    (term,) = nats["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"][
+        "preferredDuringSchedulingIgnoredDuringExecution"
+    ]
+    assert term["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
+    assert term["podAffinityTerm"]["labelSelector"]["matchLabels"].items() <= labels.items()
+    single = render({})
+    assert not [d for d in single if d["kind"] == "PodDisruptionBudget" and d["metadata"]["name"] == "chamber-nats"]
+    spread = {"controlPlane": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchExpressions": [{"key": "pool", "operator": "In", "values": ["system"]}]}]}}},
+        "nats": {"replicas": 3}}  # fmt: skip
+    both = next(d for d in render(spread) if d["kind"] == "StatefulSet" and d["metadata"]["name"] == "chamber-nats")
+    assert set(both["spec"]["template"]["spec"]["affinity"]) == {"nodeAffinity", "podAntiAffinity"}
+
+
 def test_every_chamber_container_is_restarted_when_its_event_loop_is_stuck() -> None:
     """A service whose loop stopped turning (a hung NVML call in the node agent, a deadlock) does nothing while its
     process lives on: each Chamber container touches a file from its loop, and its liveness probe (the probe's own
