@@ -74,3 +74,36 @@ async def test_fleet_metrics_history_and_prometheus(client: AsyncTestClient[Any]
         await aggregator.close()
         await bus.close()
         await ledger.close()
+
+
+async def test_a_restarted_collector_takes_its_hour_and_day_back_from_the_minutes_on_the_stream(
+    settings: Settings, cleanup: None
+) -> None:
+    """The minutes the collector published before a restart (this hour's, this day's), read back from METRICS."""
+    from chamber.common.clock import FakeClock
+    from chamber.common.contracts import RollupPoint
+    from chamber.common.metrics_names import METRICS
+
+    clock = FakeClock(86400.0 * 20_000 + 3600 * 6 + 60 * 17 + 5)  # 06:17:05
+    ctx = make_context(settings, "collector", clock)
+    bus = await Bus.connect(settings.nats_url, Names(settings.namespace), "collector")
+    await bus.ensure_streams()
+    values = dict.fromkeys(METRICS, 0.0) | {"idle_ratio": 0.25, "gpus_healthy": 100.0, "queue_depth": 3.0}
+    # 06:16, 06:15, 06:01 and 06:00 this hour, 05:59 earlier today, 23:17 yesterday:
+    starts = [clock.now() - 60 * m - 5 for m in (1, 2, 16, 17, 18, 60 * 7)]
+    for start in starts:
+        point = RollupPoint(resolution="1m", start=start, values=values, samples=4)
+        await bus.publish(bus.names.subject("metrics.rollup.1m"), point)
+    await bus.publish(bus.names.subject("metrics.rollup.1m"), b"not a point")
+    ledger = ctx.ledger()
+    aggregator = Aggregator(ctx, bus, ledger, await JobStore.open(bus))
+    try:
+        await aggregator.start(serve_metrics=False)
+        assert aggregator.rollups.series("idle_ratio", "1h", since=0.0) == [(clock.now() - 17 * 60 - 5, 0.25)]
+        assert aggregator.rollups.series("queue_depth", "1d", since=0.0)[0][1] == 3.0
+        assert aggregator.rollups._open["1h"].samples == 4 * 4
+        assert aggregator.rollups._open["1d"].samples == 5 * 4, "yesterday's minute is not today's"
+    finally:
+        await aggregator.close()
+        await bus.close()
+        await ledger.close()

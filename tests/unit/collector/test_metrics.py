@@ -26,6 +26,7 @@ from chamber.common.contracts import (
     TelemetryActivityView,
     to_columns,
 )
+from chamber.common.metrics_names import METRICS
 from tests.support.builders import make_job
 
 PRICES = {"h100": PoolPrice("h100", "aws", 4.0), "a100": PoolPrice("a100", "onprem", 1.0)}
@@ -266,6 +267,51 @@ def test_a_rollup_of_a_ratio_is_the_ratio_of_the_gpu_time_not_the_mean_of_the_ra
     empty = Rollups()
     empty.add(0.0, {"idle_ratio": 0.0, "gpus_healthy": 0})
     assert empty.series("idle_ratio", "1m", since=0.0) == [(0.0, 0.0)], "no healthy GPU: 0, not a division by 0"
+
+
+def test_a_collector_restarted_keeps_its_hour_and_day_from_the_minutes_it_published() -> None:
+    """Found by review: the open hour's and day's rollups lived only in memory, so the day's point after a restart
+    at 18:00 was the mean of its last six hours. Restarted at a minute's turn, the hour and the day come out as if
+    nothing had happened (the minute open at a restart is lost: at most one)."""
+    import random
+
+    rng = random.Random(7)
+
+    def snapshot() -> dict[str, float]:
+        healthy = rng.randrange(500, 1001)
+        unknown = rng.randrange(0, 50)
+        return {"utilization": rng.random(), "allocation_ratio": rng.random(), "idle_ratio": rng.random(),
+                "efficiency_score": 100 * rng.random(), "queue_depth": rng.randrange(100), "gpus_healthy": healthy,
+                "gpus_allocated": rng.randrange(healthy), "gpus_activity_unknown": unknown}  # fmt: skip
+
+    day0 = 86400.0 * 20_000
+    times = [day0 + 3600 * 5 + 15 * i for i in range(4 * 60 * 3)]  # three hours, a snapshot every 15 s
+    values = [snapshot() for _ in times]
+    once, before = Rollups(), Rollups()
+    closed_once = [p for t, v in zip(times, values, strict=True) for p in once.add(t, v)]
+    restart = day0 + 3600 * 6 + 60 * 17  # 06:17:00, in the second hour
+    published = [p for t, v in zip(times, values, strict=True) if t < restart for p in before.add(t, v)]
+    after = Rollups()
+    assert after.restore([p for p in published if p.resolution == "1m"], restart) == 60 + 17 - 1, (
+        "the minutes of the day so far, but the last one: it closes only with the next snapshot (lost)"
+    )
+    closed_after = [p for t, v in zip(times, values, strict=True) if t >= restart for p in after.add(t, v)]
+    minute_lost = restart - 60
+    kept = [v for t, v in zip(times, values, strict=True) if not minute_lost <= t < restart]
+    expect = Rollups()
+    expected = [p for t, v in zip([t for t in times if not minute_lost <= t < restart], kept, strict=True)
+                for p in expect.add(t, v)]  # fmt: skip
+    hours = {p.start: p for p in closed_after if p.resolution == "1h"}
+    for point in (p for p in expected if p.resolution == "1h" and p.start in hours):
+        for k in METRICS:
+            assert hours[point.start].values[k] == pytest.approx(point.values[k]), (point.start, k)
+        assert hours[point.start].samples == point.samples
+    assert day0 + 3600 * 6 in hours, "the hour of the restart, whole but its lost minute"
+    for k in ("idle_ratio", "utilization", "queue_depth"):
+        ((got_start, got),) = after.series(k, "1d", since=day0)
+        ((want_start, want),) = expect.series(k, "1d", since=day0)
+        assert (got_start, got) == (want_start, pytest.approx(want)), k
+    assert len(closed_once) > len(closed_after)
 
 
 def test_the_grafana_dashboard_only_uses_metrics_we_export() -> None:

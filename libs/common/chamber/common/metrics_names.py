@@ -10,4 +10,5 @@ METRICS = (
     "queue_depth",
     "gpus_healthy",
     "gpus_allocated",
+    "gpus_activity_unknown",
 )

@@ -18,25 +18,35 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import nats.errors
 import numpy as np
 from prometheus_client import CollectorRegistry, start_http_server
 
 from chamber.collector.core.lag import LagHistogram
 from chamber.collector.core.metrics import Batch, FleetMetrics, PoolPrice
-from chamber.collector.core.rollups import Rollups
+from chamber.collector.core.rollups import DAY_S, MINUTE, Rollups
 from chamber.collector.prometheus import ChamberCollector
-from chamber.common.bus import Bus, PublishError
+from chamber.common.bus import Bus, BusError, PublishError
 from chamber.common.bus.firehose import Firehose, supported
 from chamber.common.codec import DecodeError, Decoder
-from chamber.common.contracts import FleetSnapshot, JobRecord, NodeInventory, TelemetryActivityView, XidEventView
+from chamber.common.contracts import (
+    FleetSnapshot,
+    JobRecord,
+    NodeInventory,
+    RollupPoint,
+    TelemetryActivityView,
+    XidEventView,
+)
 from chamber.common.jobstore import JobStore
 from chamber.common.ledger import Ledger, LedgerUnavailable
 from chamber.common.log import get_logger
 from chamber.common.metrics_names import METRICS
 from chamber.common.runtime import Context, wait_event
+from chamber.common.subjects import METRICS as METRICS_STREAM
 
 log = get_logger(__name__)
 _telemetry = Decoder(TelemetryActivityView)
+_rollup = Decoder(RollupPoint)
 CORDONS_REFRESH_S = 5.0
 """Cordons are read from the ledger this often, not at every tick: parsing them costs more than a snapshot, and
 health itself re-asserts them only every 5 s."""
@@ -80,11 +90,26 @@ class Aggregator:
             ))  # fmt: skip
         await self.bus.watch_latest(self.bus.names.subject("inventory.>"), Decoder(NodeInventory), self._on_inventory)
         self._stop_follow = await self.store.follow(self._on_record)
+        await self._restore_rollups()
         if serve_metrics:
             registry = CollectorRegistry()
             registry.register(ChamberCollector(self.metrics, self._model_of, lambda: self.latest))
             self._http, _ = start_http_server(self.ctx.settings.metrics_port, self.ctx.settings.http_host, registry)
             log.info("collector.metrics_listening", port=self._http.server_port)
+
+    async def _restore_rollups(self) -> None:
+        """The hour's and the day's rollups so far, from the minutes this collector (or the one before it) published:
+        a restart used to begin them anew, so the day's point after a restart at 18:00 was the mean of six hours."""
+        subject = self.bus.names.subject(f"metrics.rollup.{MINUTE}")
+        try:
+            # (`since` is a time of storing, on this machine's clock; the points' own times say which bucket)
+            minutes = await self.bus.read_since(METRICS_STREAM, subject, time.time() - DAY_S - 120, _rollup)
+        except (BusError, nats.errors.Error, TimeoutError) as exc:  # (the rollups start anew, as they did before)
+            log.warning("collector.rollups_not_restored", error=str(exc))
+            return
+        restored = self.rollups.restore(minutes, self.ctx.clock.now())
+        if restored:
+            log.info("collector.rollups_restored", minutes=restored)
 
     @property
     def metrics_port(self) -> int:
@@ -136,7 +161,7 @@ class Aggregator:
         fleet = self.metrics.snapshot(now)
         reported_at, reported_gpus = self.metrics.take_reported()
         self.latest = fleet
-        closed = self.rollups.add(now, {k: getattr(fleet, k) for k in (*METRICS, "gpus_activity_unknown")})
+        closed = self.rollups.add(now, {k: getattr(fleet, k) for k in METRICS})
         self.snapshot_ms.append((time.perf_counter() - started) * 1000)
         self.snapshot_cpu_ms.append((time.thread_time() - started_cpu) * 1000)
         try:

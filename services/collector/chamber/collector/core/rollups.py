@@ -8,13 +8,15 @@ of a fleet half cordoned as much as one of the whole fleet.
 """
 
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from chamber.common.contracts import RollupPoint
 from chamber.common.metrics_names import METRICS
 
 RESOLUTIONS: dict[str, tuple[float, int]] = {"1m": (60.0, 1440), "1h": (3600.0, 720), "1d": (86400.0, 400)}
+MINUTE = "1m"
+DAY_S = 86400.0
 
 
 def _healthy(values: Mapping[str, float]) -> float:
@@ -53,6 +55,20 @@ class _Bucket:
                 self.weights[k] += weight
         self.samples += 1
 
+    def fold(self, point: RollupPoint) -> None:
+        """Take in a finished finer point as the snapshots it was made of (its means times its samples)."""
+        n = point.samples
+        for k in METRICS:
+            value = float(point.values.get(k, 0.0))
+            weigh = WEIGHTS.get(k)
+            if weigh is None:
+                self.sums[k] += value * n
+            else:
+                weight = weigh(point.values) * n
+                self.sums[k] += value * weight
+                self.weights[k] += weight
+        self.samples += n
+
     def value(self, metric: str) -> float:
         if metric in WEIGHTS:
             weight = self.weights[metric]
@@ -85,6 +101,27 @@ class Rollups:
                 current = self._open[res] = _Bucket(start)
             current.add(values)
         return closed
+
+    def restore(self, minutes: Iterable[RollupPoint], now: float) -> int:
+        """Before the first `add`: the open buckets coarser than a minute, from the minutes already published in them
+        (a collector that restarts keeps its hour and its day); how many minutes were taken. The minute open at the
+        restart is lost (at most one minute of each)."""
+        taken = 0
+        for point in sorted(minutes, key=lambda p: p.start):
+            if point.resolution != MINUTE or point.samples <= 0 or point.start >= now - now % 60.0:
+                continue
+            used = False
+            for res, (width, _) in RESOLUTIONS.items():
+                start = now - now % width
+                if res == MINUTE or not start <= point.start < start + width:
+                    continue
+                bucket = self._open.get(res)
+                if bucket is None:
+                    bucket = self._open[res] = _Bucket(start)
+                bucket.fold(point)
+                used = True
+            taken += used
+        return taken
 
     def series(self, metric: str, resolution: str, since: float) -> list[tuple[float, float]]:
         points = [(p.start, p.values[metric]) for p in self.done[resolution] if p.start >= since]
