@@ -94,7 +94,7 @@ async def test_a_restarted_collector_takes_its_hour_and_day_back_from_the_minute
     for start in starts:
         point = RollupPoint(resolution="1m", start=start, values=values, samples=4)
         await bus.publish(bus.names.subject("metrics.rollup.1m"), point)
-    await bus.publish(bus.names.subject("metrics.rollup.1m"), b"not a point")
+    await bus.publish_raw(bus.names.subject("metrics.rollup.1m"), b"not a point")
     ledger = ctx.ledger()
     aggregator = Aggregator(ctx, bus, ledger, await JobStore.open(bus))
     try:
