@@ -44,27 +44,22 @@ class _Bucket:
     samples: int = 0
 
     def add(self, values: Mapping[str, float]) -> None:
+        """Take in one snapshot."""
+        self._take(values, 1)
+
+    def fold(self, point: RollupPoint) -> None:
+        """Take in a finished finer point as the snapshots it was made of (its means times its samples)."""
+        self._take(point.values, point.samples)
+
+    def _take(self, values: Mapping[str, float], n: int) -> None:
+        """`n` snapshots whose means are `values`."""
         for k in METRICS:
             value = float(values.get(k, 0.0))
             weigh = WEIGHTS.get(k)
             if weigh is None:
-                self.sums[k] += value
-            else:
-                weight = weigh(values)
-                self.sums[k] += value * weight
-                self.weights[k] += weight
-        self.samples += 1
-
-    def fold(self, point: RollupPoint) -> None:
-        """Take in a finished finer point as the snapshots it was made of (its means times its samples)."""
-        n = point.samples
-        for k in METRICS:
-            value = float(point.values.get(k, 0.0))
-            weigh = WEIGHTS.get(k)
-            if weigh is None:
                 self.sums[k] += value * n
             else:
-                weight = weigh(point.values) * n
+                weight = weigh(values) * n
                 self.sums[k] += value * weight
                 self.weights[k] += weight
         self.samples += n
