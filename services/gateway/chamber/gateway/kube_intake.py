@@ -101,24 +101,23 @@ class TeamNamespaces:
     (`TeamConfig.priorities`), as the quota configuration says now."""
 
     def __init__(self) -> None:
-        self.allowed: dict[str, frozenset[str]] = {}
         self.teams: dict[str, TeamConfig] = {}
 
     def update(self, config: QuotaConfig) -> None:
-        self.allowed = {t.name: frozenset(t.namespaces) for t in config.teams if t.namespaces}
         self.teams = {t.name: t for t in config.teams}
 
     def refusal(self, team: str, workload: Obj, priority: str) -> str:
         """Why `workload` (of this priority class) may not run as `team` (empty: it may)."""
-        denied = priority_denial(self.teams.get(team), priority)
+        config = self.teams.get(team)
+        denied = priority_denial(config, priority)
         if denied is not None:
             return denied
         namespace = str(meta(workload).get("namespace") or "default")
-        allowed = self.allowed.get(team)
-        if allowed is None or namespace in allowed:
+        allowed = sorted(set(config.namespaces)) if config is not None else []
+        if not allowed or namespace in allowed:
             return ""
         return (f"team {team} takes workloads only from namespace{'s' * (len(allowed) > 1)} "
-                f"{', '.join(sorted(allowed))}, not {namespace}")  # fmt: skip
+                f"{', '.join(allowed)}, not {namespace}")  # fmt: skip
 
 
 class Admission:

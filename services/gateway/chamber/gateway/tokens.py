@@ -118,8 +118,8 @@ class TokenStore:
     def refusal(self, token: str) -> str:
         """Why `authenticate` refuses `token`, for the caller."""
         record = self._by_hash.get(digest(token))
-        if record is not None and record.expires_at is not None and not record.usable(self.clock.now()):
-            when = datetime.fromtimestamp(record.expires_at, UTC).isoformat(timespec="seconds")
+        if record is not None and not record.usable(self.clock.now()):
+            when = datetime.fromtimestamp(record.expires_at or 0.0, UTC).isoformat(timespec="seconds")
             return f"token {record.id} expired at {when}: ask an admin for a new one"
         return "unknown or revoked token"
 
